@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Loads each saved file in a process that has imported nothing but torch and
+# trt_inline, runs it on the stored inputs and writes the outputs back.
+_LOADER = textwrap.dedent(
+    """
+    import sys, torch, trt_inline
+    inputs = torch.load(sys.argv[1], weights_only=True)
+    results = {}
+    for path in sys.argv[3:]:
+        program = torch.export.load(path)
+        program.graph_module.graph.lint()
+        calls = [n.name for n in program.graph.nodes if n.op == "call_module"]
+        with torch.no_grad():
+            outputs = program.module()(*inputs)
+        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        results[path] = {"outputs": outputs, "call_modules": calls}
+    torch.save(results, sys.argv[2])
+    """
+)
+
+
+def load_in_fresh_process(tmp_path: Path, paths: Sequence[Path], inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """Load and run each file in a new interpreter; return {path: {"outputs", "call_modules"}}."""
+    inputs_file = tmp_path / "inputs.pt"
+    results_file = tmp_path / "results.pt"
+    torch.save(list(inputs), inputs_file)
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOADER, str(inputs_file), str(results_file), *map(str, paths)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results: dict[str, Any] = torch.load(results_file, weights_only=True)
+    return results
+
+
+def as_list(outputs: Any) -> list[torch.Tensor]:
+    return list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+
+
+def max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    assert len(a) == len(b), f"{len(a)} outputs vs {len(b)}"
+    diffs = []
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and x.dtype == y.dtype, f"{x.shape}/{x.dtype} vs {y.shape}/{y.dtype}"
+        diffs.append((x.double() - y.double()).abs().max().item() if x.numel() else 0.0)
+    return max(diffs)
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    torch.manual_seed(0)

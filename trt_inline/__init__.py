@@ -1,0 +1,32 @@
+"""trt-inline: correct ExportedProgram saves of Torch-TensorRT modules with PyTorch fallbacks.
+
+``inline_trt_modules`` and ``inline_torch_modules`` flatten a partitioned module
+(``_run_on_acc_N`` engines, ``_run_on_gpu_N`` fallbacks) into one graph, wiring
+every submodule input to its producer by argument position. ``transform`` runs
+both on a copy and lints the result; ``save`` writes the ExportedProgram.
+
+Importing this package registers ``torch.ops.trt_inline.execute_engine``, the op
+of the CPU reference backend (:mod:`trt_inline.reference`), so files saved from
+that backend load after ``import trt_inline``.
+"""
+
+from trt_inline import reference
+from trt_inline.errors import EngineFormatError, InlineError, SaveError, TrtInlineError
+from trt_inline.export import exported_program_from_graph, save, to_exported_program
+from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EngineFormatError",
+    "InlineError",
+    "SaveError",
+    "TrtInlineError",
+    "exported_program_from_graph",
+    "inline_torch_modules",
+    "inline_trt_modules",
+    "reference",
+    "save",
+    "to_exported_program",
+    "transform",
+]

@@ -1,0 +1,296 @@
+"""From a compiled module to a saved ExportedProgram.
+
+Two routes, as in ``torch_tensorrt.save``:
+
+* ``retrace=True``: :func:`transform`, then ``torch.export.export`` of the flat
+  graph with the example inputs (and ``dynamic_shapes``).
+* ``retrace=False``: :func:`transform`, then :func:`exported_program_from_graph`
+  builds the ExportedProgram from the flat graph as it stands, without running
+  it: every ``get_attr`` becomes a lifted placeholder of its true kind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram, ExportGraphSignature
+from torch.export.exported_program import (
+    ConstantArgument,
+    CustomObjArgument,
+    InputKind,
+    InputSpec,
+    ModuleCallEntry,
+    ModuleCallSignature,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
+from torch.fx.graph import _PyTreeCodeGen
+from torch.utils import _pytree as pytree
+
+from trt_inline.errors import SaveError
+from trt_inline.passes import transform
+
+__all__ = ["exported_program_from_graph", "save", "to_exported_program"]
+
+# Order the ExportedProgram verifier expects lifted inputs in, before user inputs.
+_LIFT_ORDER = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
+
+
+def _fetch(gm: torch.nn.Module, target: str) -> tuple[torch.nn.Module, str, Any]:
+    owner_path, _, leaf = target.rpartition(".")
+    owner = gm.get_submodule(owner_path) if owner_path else gm
+    return owner, leaf, getattr(owner, leaf)
+
+
+def _lifted_kind(owner: torch.nn.Module, leaf: str, value: Any) -> tuple[InputKind, bool | None]:
+    if isinstance(value, torch.nn.Parameter):
+        return InputKind.PARAMETER, None
+    if leaf in owner._buffers:
+        return InputKind.BUFFER, leaf not in owner._non_persistent_buffers_set
+    if isinstance(value, torch.Tensor):
+        return InputKind.CONSTANT_TENSOR, None
+    if isinstance(value, torch.ScriptObject):
+        return InputKind.CUSTOM_OBJ, None
+    raise SaveError(f"get_attr target {leaf!r} holds a {type(value).__name__}, which cannot be lifted")
+
+
+def _drop_guard_calls(gm: torch.fx.GraphModule) -> None:
+    """Remove ``_guards_fn`` calls: a loaded program installs guards of its own."""
+    from torch.export._unlift import GuardsFn
+
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        if isinstance(gm.get_submodule(str(node.target)), GuardsFn) and not node.users:
+            gm.graph.erase_node(node)
+            continue
+        raise SaveError(
+            f"node {node.name} still calls submodule {node.target!r}; an ExportedProgram cannot "
+            "hold call_module nodes (was the module inlined with trt_inline.transform?)"
+        )
+    gm.delete_all_unused_submodules()
+
+
+def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = None) -> ExportedProgram:
+    """Build an ExportedProgram from a flat graph without re-executing it.
+
+    Before::
+
+        %x = placeholder[x]
+        %w = get_attr[conv_weight]          # a Parameter
+        %e = get_attr[_run_on_acc_0_engine] # an engine
+        ...
+
+    After (graph signature in brackets)::
+
+        %p_conv_weight = placeholder        [PARAMETER conv_weight]
+        %b__run_on_acc_0_engine = placeholder [BUFFER persistent=False]
+        %x = placeholder                    [USER_INPUT]
+
+    Buffers carry their ``persistent`` flag, plain tensors become constants, script
+    objects (TensorRT engines) custom objects. ``gm`` is consumed.
+    """
+    _drop_guard_calls(gm)
+    user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in user_inputs])
+
+    codegen = gm.graph._codegen
+    output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    flat_outputs = list(pytree.tree_leaves(output_node.args[0]))
+    if isinstance(codegen, _PyTreeCodeGen):
+        in_spec = codegen.pytree_info.in_spec
+        out_spec = codegen.pytree_info.out_spec
+    else:
+        in_spec = pytree.tree_flatten((tuple(user_inputs), {}))[1]
+        out_spec = pytree.tree_flatten(tuple(flat_outputs))[1]
+
+    # Lift get_attr nodes: one placeholder per target, in graph order.
+    lifted: dict[str, tuple[InputKind, bool | None, torch.fx.Node]] = {}
+    state_dict: dict[str, Any] = {}
+    constants: dict[str, Any] = {}
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        target = str(node.target)
+        owner, leaf, value = _fetch(gm, target)
+        if isinstance(value, torch.nn.Module):
+            continue  # subgraphs of higher-order ops stay get_attr
+        if target not in lifted:
+            kind, persistent = _lifted_kind(owner, leaf, value)
+            with gm.graph.inserting_before(None):
+                placeholder = gm.graph.placeholder(_placeholder_name(kind, target))
+            placeholder.meta = dict(node.meta)
+            if isinstance(value, torch.Tensor):
+                placeholder.meta["val"] = (
+                    fake_mode.from_tensor(value, static_shapes=True)
+                    if fake_mode is not None
+                    else torch.empty_like(value, device="meta")
+                )
+            lifted[target] = (kind, persistent, placeholder)
+            if kind is InputKind.PARAMETER or (kind is InputKind.BUFFER and persistent):
+                state_dict[target] = value
+            else:
+                constants[target] = value
+        node.replace_all_uses_with(lifted[target][2])
+        gm.graph.erase_node(node)
+
+    input_specs: list[InputSpec] = []
+    for kind_in_order in _LIFT_ORDER:
+        for target, (kind, persistent, placeholder) in lifted.items():
+            if kind is not kind_in_order:
+                continue
+            arg: TensorArgument | CustomObjArgument = TensorArgument(name=placeholder.name)
+            if kind is InputKind.CUSTOM_OBJ:
+                value = constants[target]
+                arg = CustomObjArgument(name=placeholder.name, class_fqn=value._type().qualified_name())
+            input_specs.append(InputSpec(kind=kind, arg=arg, target=target, persistent=persistent))
+    # Placeholders must appear in the order of the specs.
+    ordered = [lifted[spec.target][2] for spec in input_specs if spec.target is not None]
+    for placeholder in reversed(ordered):
+        next(iter(gm.graph.nodes)).prepend(placeholder)
+    input_specs += [
+        InputSpec(kind=InputKind.USER_INPUT, arg=TensorArgument(name=n.name), target=None) for n in user_inputs
+    ]
+    output_specs = [
+        OutputSpec(
+            kind=OutputKind.USER_OUTPUT,
+            arg=TensorArgument(name=out.name) if isinstance(out, torch.fx.Node) else ConstantArgument(name="", value=out),
+            target=None,
+        )
+        for out in flat_outputs
+    ]
+
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    output_node.args = (tuple(flat_outputs),)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
+        state_dict=state_dict,
+        range_constraints=_range_constraints(user_inputs, fake_mode, dynamic_shapes),
+        module_call_graph=[
+            ModuleCallEntry(
+                "", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec)
+            )
+        ],
+        constants=constants,
+    )
+
+
+def _placeholder_name(kind: InputKind, target: str) -> str:
+    prefix = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}.get(kind, "obj_")
+    return prefix + target.replace(".", "_")
+
+
+def _declared_dims(user_inputs: Sequence[torch.fx.Node], dynamic_shapes: Any) -> list[dict[int, Any]]:
+    """``dynamic_shapes`` (a tuple by position or a dict by input name) as one dict per input."""
+    if dynamic_shapes is None:
+        return [{} for _ in user_inputs]
+    if isinstance(dynamic_shapes, dict):
+        specs = [dynamic_shapes.get(str(n.target)) for n in user_inputs]
+    else:
+        specs = list(dynamic_shapes) + [None] * (len(user_inputs) - len(dynamic_shapes))
+    return [dict(spec) if isinstance(spec, dict) else dict(enumerate(spec or ())) for spec in specs]
+
+
+def _range_constraints(
+    user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dynamic_shapes: Any
+) -> dict[Any, Any]:
+    """The value range of every symbol in the inputs' shapes.
+
+    The bounds a ``Dim`` declares win: the shape env of an export holds ``[2, max]``
+    for a ``Dim(min=1)`` (export's 0/1 specialisation), which would reject batch 1.
+    """
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    if fake_mode is None or fake_mode.shape_env is None:
+        return {}
+    var_to_range = fake_mode.shape_env.var_to_range
+    ranges: dict[Any, Any] = {}
+    for node, declared in zip(user_inputs, _declared_dims(user_inputs, dynamic_shapes)):
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        for index, dim in enumerate(value.shape):
+            if not isinstance(dim, torch.SymInt):
+                continue
+            expr = dim.node.expr
+            spec = declared.get(index)
+            if expr.is_Symbol and hasattr(spec, "min") and hasattr(spec, "max"):
+                ranges[expr] = ValueRanges(spec.min, spec.max)
+                continue
+            for symbol in sorted(expr.free_symbols, key=str):
+                if symbol in var_to_range:
+                    ranges.setdefault(symbol, var_to_range[symbol])
+    return ranges
+
+
+def to_exported_program(
+    module: torch.nn.Module | ExportedProgram,
+    *,
+    arg_inputs: Sequence[Any] | None = None,
+    kwarg_inputs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    retrace: bool = True,
+) -> ExportedProgram:
+    """The ExportedProgram :func:`save` writes, without writing it."""
+    if isinstance(module, ExportedProgram):
+        return module
+    if not isinstance(module, torch.fx.GraphModule):
+        raise SaveError(
+            f"save() takes the GraphModule returned by torch_tensorrt.dynamo.compile or "
+            f"trt_inline.reference.compile (or an ExportedProgram), got {type(module).__qualname__}"
+        )
+    flat = transform(module)
+    if not retrace:
+        return exported_program_from_graph(flat, dynamic_shapes)
+    if arg_inputs is None and not kwarg_inputs:
+        raise SaveError("retrace=True re-exports the inlined graph and needs arg_inputs (or use retrace=False)")
+    return torch.export.export(
+        flat, tuple(arg_inputs or ()), kwargs=kwarg_inputs or None, dynamic_shapes=dynamic_shapes
+    )
+
+
+def save(
+    module: torch.nn.Module | ExportedProgram,
+    path: str | os.PathLike[str],
+    *,
+    arg_inputs: Sequence[Any] | None = None,
+    kwarg_inputs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    retrace: bool = True,
+) -> ExportedProgram:
+    """Inline a compiled module and write it as an ExportedProgram file.
+
+    The file is written to a temporary name beside ``path`` and renamed into
+    place, so an interrupted save never leaves a truncated file where a good one
+    was. Returns the ExportedProgram that was written.
+    """
+    program = to_exported_program(
+        module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
+    )
+    target = Path(path)
+    if target.is_dir():
+        raise SaveError(f"{target} is a directory")
+    if not target.parent.exists():
+        raise SaveError(f"directory {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".pt2", dir=target.parent)
+    os.close(fd)
+    try:
+        torch.export.save(program, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return program

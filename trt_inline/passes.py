@@ -1,0 +1,235 @@
+"""The two inline passes and ``transform``, wiring every input by position.
+
+A partitioned module looks like this (``_run_on_acc_N`` are engines,
+``_run_on_gpu_N`` are PyTorch fallbacks; names are FX's)::
+
+    x -> _run_on_acc_0 ---------------> _run_on_gpu_1(getitem=...) -> _run_on_acc_2 -> getitem, getitem_1
+
+The fallback's placeholder is called ``getitem`` because that was the name of
+its producer *before* partitioning; in the parent, ``getitem`` is now a
+different node (an output of the later engine). Matching placeholders to parent
+nodes by name wires the fallback to that later node: ``lint()`` fails with
+"used before it has been defined", or the file loads and computes with the
+wrong tensor. Every pass here ties a submodule input to its producer through
+the one fact that survives renaming: its position in ``call_node.args``.
+
+Nothing here iterates a set or a dict of nodes to decide an order: nodes are
+visited in graph order, inputs in argument order, outputs by their index.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from trt_inline.engines import emit_engine_call, engine_kind, unique_attr_name
+from trt_inline.errors import InlineError
+from trt_inline.reference.partition import ACC_PREFIX, FALLBACK_PREFIX
+
+__all__ = ["inline_trt_modules", "inline_torch_modules", "transform", "is_accelerated_call", "is_fallback_call"]
+
+
+def is_accelerated_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A ``call_module`` of an engine, or of a submodule the partitioner named ``_run_on_acc_N``."""
+    if node.op != "call_module":
+        return False
+    return str(node.target).startswith(ACC_PREFIX) or engine_kind(gm.get_submodule(str(node.target))) is not None
+
+
+def is_fallback_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A ``call_module`` of a submodule the partitioner left to PyTorch (``_run_on_gpu_N``)."""
+    return node.op == "call_module" and str(node.target).startswith(FALLBACK_PREFIX)
+
+
+def _getitem_index(user: torch.fx.Node) -> int | None:
+    if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
+        return user.args[1]
+    return None
+
+
+def inline_trt_modules(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
+    """Replace every engine ``call_module`` by the engine op, in place.
+
+    Before::
+
+        %acc = call_module[_run_on_acc_0](%a, %b)          # one output
+        %acc2 = call_module[_run_on_acc_2](%c)             # two outputs
+        %getitem_1 = getitem(%acc2, 1)
+        %getitem = getitem(%acc2, 0)
+
+    After::
+
+        %_run_on_acc_0_engine = get_attr[_run_on_acc_0_engine]
+        %execute_engine = execute_engine((%a, %b), %_run_on_acc_0_engine)
+        %getitem_2 = getitem(%execute_engine, 0)           # new, meta["val"] = val[0]
+        %execute_engine_1 = execute_engine((%c,), ...)
+        %getitem_1 = getitem(%execute_engine_1, 1)         # kept, meta["val"] = val[1]
+        %getitem = getitem(%execute_engine_1, 0)           # kept, meta["val"] = val[0]
+
+    The engine's inputs are the call's arguments in order. A multi-output
+    engine keeps the partitioner's ``getitem`` nodes; each takes ``meta["val"]``
+    from its own index argument, whatever order the users were created in.
+    """
+    for call_node in list(gm.graph.nodes):
+        if not is_accelerated_call(gm, call_node):
+            continue
+        name = str(call_node.target)
+        vals = call_node.meta.get("val")
+        if not isinstance(vals, (list, tuple)) or not vals:
+            raise InlineError(
+                f"{name}: call node {call_node.name} has no meta['val'] listing the engine's output "
+                "values; it is set by torch_tensorrt's compile_module (or trt_inline.reference.compile)"
+            )
+        if call_node.kwargs:
+            raise InlineError(f"{name}: engine called with keyword arguments {sorted(call_node.kwargs)}")
+        module = gm.get_submodule(name)
+        engine_call = emit_engine_call(gm, call_node, module, cross_compile_module=cross_compile_module)
+        engine_call.meta["val"] = list(vals)
+
+        if len(vals) == 1:
+            with gm.graph.inserting_after(engine_call):
+                output = gm.graph.call_function(operator.getitem, (engine_call, 0))
+            output.meta["val"] = vals[0]
+            call_node.replace_all_uses_with(output)
+        else:
+            for user in list(call_node.users):
+                index = _getitem_index(user)
+                if index is None or not -len(vals) <= index < len(vals):
+                    raise InlineError(
+                        f"{name}: {len(vals)}-output engine is used by {user.name} ({user.op} "
+                        f"{user.target}), expected getitem nodes with an index below {len(vals)}"
+                    )
+                user.meta["val"] = vals[index]
+            call_node.replace_all_uses_with(engine_call)
+        gm.graph.erase_node(call_node)
+    gm.recompile()
+    return gm
+
+
+def _move_attribute(
+    gm: torch.fx.GraphModule,
+    fallback_module: torch.nn.Module,
+    fallback_name: str,
+    target: str,
+    moved: dict[int, str],
+) -> str:
+    """Register ``fallback_module.<target>`` on ``gm`` under a fresh flat name; return it.
+
+    Parameters stay parameters and buffers stay buffers (with their persistence),
+    so export lifts each with its true kind. The same object reached from two
+    fallbacks (a shared weight) is registered once.
+    """
+    owner_path, _, leaf = target.rpartition(".")
+    try:
+        owner = fallback_module.get_submodule(owner_path) if owner_path else fallback_module
+        value = getattr(owner, leaf)
+    except AttributeError as exc:
+        raise InlineError(f"{fallback_name}: references attribute {target!r}, which it does not have") from exc
+    if id(value) in moved:
+        return moved[id(value)]
+    name = unique_attr_name(gm, f"{fallback_name}_{target}")
+    if isinstance(value, torch.nn.Parameter):
+        gm.register_parameter(name, value)
+    elif isinstance(value, torch.nn.Module):
+        gm.add_module(name, value)
+    elif leaf in owner._buffers:
+        gm.register_buffer(name, value, persistent=leaf not in owner._non_persistent_buffers_set)
+    else:
+        setattr(gm, name, value)
+    moved[id(value)] = name
+    return name
+
+
+def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Copy every fallback submodule's body in front of its call, in place.
+
+    Before::
+
+        %getitem = getitem(%execute_engine_1, 0)     # a later engine's output
+        ...
+        %gpu = call_module[_run_on_gpu_1](%getitem_2)
+            # _run_on_gpu_1: placeholder getitem -> relu(getitem) -> output relu
+
+    After::
+
+        %relu = relu(%getitem_2)                     # argument 0 -> placeholder 0
+        (%gpu's users now read %relu)
+
+    ``graph_copy`` is seeded with ``val_map = {placeholder_i: call_node.args[i]}``,
+    so no placeholder is copied and no name is consulted. A multi-output
+    fallback's ``getitem(call, i)`` users are replaced by output ``i``; an output
+    that is a placeholder passed through becomes the call's argument. Attributes
+    the copied nodes read (parameters, buffers, constants, ``call_module``
+    targets such as ``_guards_fn``) move to ``gm`` under names that cannot
+    collide, and the copies are retargeted.
+    """
+    moved: dict[int, str] = {}
+    for call_node in list(gm.graph.nodes):
+        if not is_fallback_call(gm, call_node):
+            continue
+        name = str(call_node.target)
+        fallback_module = gm.get_submodule(name)
+        if not isinstance(fallback_module, torch.fx.GraphModule):
+            raise InlineError(
+                f"{name}: fallback submodule is a {type(fallback_module).__qualname__}, expected a GraphModule"
+            )
+        if call_node.kwargs:
+            raise InlineError(f"{name}: fallback called with keyword arguments {sorted(call_node.kwargs)}")
+        placeholders = [n for n in fallback_module.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(call_node.args):
+            raise InlineError(
+                f"{name}: call node {call_node.name} passes {len(call_node.args)} arguments, "
+                f"the submodule has {len(placeholders)} placeholders "
+                f"({', '.join(p.name for p in placeholders)})"
+            )
+
+        val_map: dict[torch.fx.Node, Any] = dict(zip(placeholders, call_node.args))
+        with gm.graph.inserting_before(call_node):
+            output = gm.graph.graph_copy(fallback_module.graph, val_map)
+
+        for node in fallback_module.graph.nodes:
+            if node.op in ("get_attr", "call_module"):
+                val_map[node].target = _move_attribute(gm, fallback_module, name, str(node.target), moved)
+
+        _replace_fallback_uses(call_node, output, name)
+        gm.graph.erase_node(call_node)
+    gm.recompile()
+    return gm
+
+
+def _replace_fallback_uses(call_node: torch.fx.Node, output: Any, name: str) -> None:
+    if isinstance(output, (tuple, list)):
+        for user in list(call_node.users):
+            index = _getitem_index(user)
+            if index is None or not -len(output) <= index < len(output):
+                raise InlineError(
+                    f"{name}: {len(output)}-output fallback is used by {user.name} ({user.op} "
+                    f"{user.target}), expected getitem nodes with an index below {len(output)}"
+                )
+            user.replace_all_uses_with(output[index])
+            user.graph.erase_node(user)
+        return
+    if call_node.users and not isinstance(output, torch.fx.Node):
+        raise InlineError(f"{name}: fallback returns {output!r}, which its users cannot read")
+    call_node.replace_all_uses_with(output)
+
+
+def transform(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
+    """Flatten a compiled module into one graph: a deep copy, both passes, cleanup, ``lint()``.
+
+    The argument is left untouched. Submodules no node calls any more are
+    deleted, dead code is eliminated, and the graph is linted, so a miswired
+    graph fails here rather than in a deployment.
+    """
+    gm = copy.deepcopy(gm)
+    inline_trt_modules(gm, cross_compile_module)
+    inline_torch_modules(gm)
+    gm.delete_all_unused_submodules()
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return gm

@@ -1,0 +1,455 @@
+"""The reference engine: a CPU (and CUDA) stand-in for a TensorRT engine.
+
+An accelerated block ``_run_on_acc_N`` of a partitioned graph is frozen into two
+things, the way TensorRT freezes it into an engine:
+
+* ``program``: a JSON string describing the block's ATen graph: one step per
+  node, arguments given as references to earlier values, inputs, or weights;
+* ``engine``: a ``uint8`` tensor holding every weight the block reads, packed
+  at 64-byte aligned offsets.
+
+Both travel into the saved ExportedProgram: the payload as a lifted constant
+(the analogue of TensorRT's engine object) and the program as a string argument
+of ``torch.ops.trt_inline.execute_engine``. The op's fake kernel reads only the
+program string and the weights' recorded shapes, never the payload bytes, so
+shape propagation under ``FakeTensorMode`` never has to materialise a real
+tensor inside a fake context (the ``torch.export.load``-inside-a-fake-kernel
+failure, "set the storage of a tensor on device meta to a storage on different
+device cpu", cannot happen by construction).
+
+Loading a program never unpickles: it is JSON, and every step's target must be
+an ``OpOverload`` registered in ``torch.ops`` or one of a few ``operator``
+functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from trt_inline.errors import EngineFormatError
+
+__all__ = [
+    "FORMAT",
+    "ReferenceEngine",
+    "EngineProgram",
+    "build_engine",
+    "encodable_target",
+    "load_program",
+]
+
+FORMAT = "trt_inline.reference/1"
+_ALIGN = 64
+
+# Python-level callables an engine may contain besides OpOverloads. getitem is what
+# FX uses to unpack multi-output ops (batch norm, split, topk) inside a block.
+_PY_TARGETS: dict[str, Callable[..., Any]] = {"operator.getitem": operator.getitem}
+_PY_TARGET_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
+
+
+def encodable_target(target: Any) -> str | None:
+    """Name under which a node target is stored in a program, or None if it can't be."""
+    if isinstance(target, torch._ops.OpOverload):
+        namespace, _, rest = target.name().partition("::")
+        overload = target._overloadname
+        opname = rest.split(".")[0]
+        return f"{namespace}::{opname}.{overload}"
+    return _PY_TARGET_NAMES.get(target)
+
+
+def _resolve_target(name: str) -> Callable[..., Any]:
+    if name in _PY_TARGETS:
+        return _PY_TARGETS[name]
+    namespace, sep, rest = name.partition("::")
+    opname, dot, overload = rest.rpartition(".")
+    if not sep or not dot or not namespace or not opname:
+        raise EngineFormatError(f"engine program names an invalid target {name!r}")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), opname), overload)  # type: ignore[no-any-return]
+    except (AttributeError, RuntimeError) as exc:
+        raise EngineFormatError(
+            f"engine program uses operator {name!r}, which is not registered in this process"
+        ) from exc
+
+
+# ---------------------------------------------------------------------------
+# Encoding of node arguments
+# ---------------------------------------------------------------------------
+
+
+class _Unencodable(Exception):
+    pass
+
+
+def _encode_arg(arg: Any, refs: dict[torch.fx.Node, int]) -> Any:
+    """Turn one FX argument into JSON. Node references become ``{"ref": k}``."""
+    if isinstance(arg, torch.fx.Node):
+        if arg not in refs:
+            raise _Unencodable(f"reference to {arg.name}, which is not in the block")
+        return {"ref": refs[arg]}
+    if arg is None or isinstance(arg, (bool, int, float, str)):
+        return arg
+    if isinstance(arg, list):
+        return [_encode_arg(a, refs) for a in arg]
+    if isinstance(arg, tuple):
+        return {"tuple": [_encode_arg(a, refs) for a in arg]}
+    if isinstance(arg, torch.dtype):
+        return {"dtype": str(arg).removeprefix("torch.")}
+    if isinstance(arg, torch.device):
+        # Engines run wherever their inputs are; the recorded device is dropped.
+        return {"device": None}
+    if isinstance(arg, torch.memory_format):
+        return {"memory_format": str(arg).removeprefix("torch.")}
+    if isinstance(arg, torch.layout):
+        return {"layout": str(arg).removeprefix("torch.")}
+    raise _Unencodable(f"argument of type {type(arg).__name__}")
+
+
+def can_encode_args(node: torch.fx.Node) -> bool:
+    """Whether a node's non-Node arguments can be written into a program."""
+    refs = {n: 0 for n in node.all_input_nodes}
+    try:
+        _encode_arg(list(node.args), refs)
+        _encode_arg(list(node.kwargs.values()), refs)
+    except _Unencodable:
+        return False
+    return True
+
+
+class _Ref:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class _Device:
+    __slots__ = ()
+
+
+_DEVICE = _Device()
+
+
+def _decode_arg(value: Any, num_values: int) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, list):
+        return [_decode_arg(v, num_values) for v in value]
+    if isinstance(value, dict) and len(value) == 1:
+        ((tag, payload),) = value.items()
+        if tag == "ref":
+            if not isinstance(payload, int) or not 0 <= payload < num_values:
+                raise EngineFormatError(f"engine program has a dangling reference {payload!r}")
+            return _Ref(payload)
+        if tag == "tuple" and isinstance(payload, list):
+            return tuple(_decode_arg(v, num_values) for v in payload)
+        if tag == "dtype":
+            return _torch_attr(payload, torch.dtype)
+        if tag == "device":
+            return _DEVICE
+        if tag == "memory_format":
+            return _torch_attr(payload, torch.memory_format)
+        if tag == "layout":
+            return _torch_attr(payload, torch.layout)
+    raise EngineFormatError(f"engine program has an unreadable argument {value!r}")
+
+
+def _torch_attr(name: Any, kind: type) -> Any:
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(value, kind):
+        raise EngineFormatError(f"engine program names an unknown {kind.__name__} {name!r}")
+    return value
+
+
+def _substitute(value: Any, env: list[Any], device: torch.device) -> Any:
+    if isinstance(value, _Ref):
+        return env[value.index]
+    if isinstance(value, list):
+        return [_substitute(v, env, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_substitute(v, env, device) for v in value)
+    if value is _DEVICE:
+        return device
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Programs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class _Step:
+    target: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EngineProgram:
+    """A decoded program: what :func:`load_program` returns."""
+
+    num_inputs: int
+    weights: tuple[WeightSpec, ...]
+    steps: tuple[_Step, ...]
+    outputs: tuple[int, ...]
+
+    def weight_tensors(self, payload: torch.Tensor, like: torch.Tensor | None) -> list[torch.Tensor]:
+        """Views of the payload (real run) or fresh fake tensors (fake run)."""
+        if isinstance(payload, torch._subclasses.fake_tensor.FakeTensor) or payload.device.type == "meta":
+            base = like if like is not None else payload
+            return [base.new_empty(w.shape, dtype=w.dtype) for w in self.weights]
+        if payload.dim() != 1 or payload.dtype != torch.uint8:
+            raise EngineFormatError("engine payload must be a 1-D uint8 tensor")
+        end = max((w.offset + w.nbytes for w in self.weights), default=0)
+        if payload.numel() < end:
+            raise EngineFormatError(
+                f"engine payload holds {payload.numel()} bytes, its program needs {end}"
+            )
+        if like is not None and like.device != payload.device:
+            payload = _payload_on(payload, like.device)
+        return [
+            payload[w.offset : w.offset + w.nbytes].view(w.dtype).view(w.shape) for w in self.weights
+        ]
+
+    def run(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor) -> list[torch.Tensor]:
+        if len(inputs) != self.num_inputs:
+            raise EngineFormatError(
+                f"engine expects {self.num_inputs} inputs, got {len(inputs)}"
+            )
+        like = inputs[0] if inputs else None
+        device = like.device if like is not None else payload.device
+        env: list[Any] = [*inputs, *self.weight_tensors(payload, like)]
+        for step in self.steps:
+            args = _substitute(step.args, env, device)
+            kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
+            env.append(step.target(*args, **kwargs))
+        return [env[i] for i in self.outputs]
+
+
+_device_copies: weakref.WeakKeyDictionary[torch.Tensor, dict[torch.device, torch.Tensor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _payload_on(payload: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The payload moved to ``device``, copied once per payload and device."""
+    copies = _device_copies.setdefault(payload, {})
+    if device not in copies:
+        copies[device] = payload.to(device)
+    return copies[device]
+
+
+@functools.lru_cache(maxsize=256)
+def load_program(program: str) -> EngineProgram:
+    """Decode a program string. Cached: the same string object arrives on every call."""
+    try:
+        doc = json.loads(program)
+    except ValueError as exc:
+        raise EngineFormatError(f"engine program is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise EngineFormatError(f"engine program is not in format {FORMAT!r}")
+    try:
+        num_inputs = int(doc["inputs"])
+        weights = tuple(
+            WeightSpec(
+                dtype=_torch_attr(w["dtype"], torch.dtype),
+                shape=tuple(int(d) for d in w["shape"]),
+                offset=int(w["offset"]),
+                nbytes=int(w["nbytes"]),
+            )
+            for w in doc["weights"]
+        )
+        steps = []
+        num_values = num_inputs + len(weights)
+        for raw in doc["steps"]:
+            steps.append(
+                _Step(
+                    target=_resolve_target(str(raw["target"])),
+                    args=tuple(_decode_arg(raw["args"], num_values)),
+                    kwargs={str(k): _decode_arg(v, num_values) for k, v in raw["kwargs"].items()},
+                )
+            )
+            num_values += 1
+        outputs = tuple(int(i) for i in doc["outputs"])
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, EngineFormatError):
+            raise
+        raise EngineFormatError(f"engine program is incomplete: {exc!r}") from exc
+    if any(not 0 <= i < num_values for i in outputs):
+        raise EngineFormatError("engine program returns a value it never computes")
+    return EngineProgram(num_inputs, weights, tuple(steps), outputs)
+
+
+# ---------------------------------------------------------------------------
+# The op
+# ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("trt_inline::execute_engine", mutates_args=())
+def execute_engine(
+    inputs: list[torch.Tensor], engine: torch.Tensor, program: str
+) -> list[torch.Tensor]:
+    """Run a reference engine: ``program`` over ``inputs`` with weights from ``engine``."""
+    outputs = load_program(program).run(inputs, engine)
+    # A custom op's outputs may not alias its inputs or each other: a block that
+    # returns an input, a weight, or a view of one gets a copy.
+    seen = {t.untyped_storage().data_ptr() for t in (*inputs, engine) if t.numel()}
+    result = []
+    for out in outputs:
+        ptr = out.untyped_storage().data_ptr()
+        if out.numel() and ptr in seen:
+            out = out.clone()
+            ptr = out.untyped_storage().data_ptr()
+        seen.add(ptr)
+        result.append(out)
+    return result
+
+
+@execute_engine.register_fake
+def _execute_engine_fake(
+    inputs: list[torch.Tensor], engine: torch.Tensor, program: str
+) -> list[torch.Tensor]:
+    outputs = load_program(program).run(inputs, engine)
+    return [out.clone() for out in outputs]
+
+
+# ---------------------------------------------------------------------------
+# Building engines from accelerated blocks
+# ---------------------------------------------------------------------------
+
+
+def _fetch_attr(module: torch.nn.Module, target: str) -> Any:
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
+    """Freeze an accelerated block (a ``_run_on_acc_N`` GraphModule) into an engine."""
+    refs: dict[torch.fx.Node, int] = {}
+    weights: list[torch.Tensor] = []
+    weight_index: dict[str, int] = {}
+    placeholders = [n for n in block.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        refs[node] = i
+
+    for node in block.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        if node.target not in weight_index:
+            value = _fetch_attr(block, str(node.target))
+            if not isinstance(value, torch.Tensor):
+                raise EngineFormatError(
+                    f"{name}: get_attr {node.name} reads a {type(value).__name__}, "
+                    "an engine can only hold tensors"
+                )
+            weight_index[str(node.target)] = len(weights)
+            weights.append(value.detach())
+        refs[node] = len(placeholders) + weight_index[str(node.target)]
+
+    steps = []
+    next_ref = len(placeholders) + len(weights)
+    outputs: list[int] = []
+    for node in block.graph.nodes:
+        if node.op == "call_function":
+            target = encodable_target(node.target)
+            if target is None:
+                raise EngineFormatError(f"{name}: node {node.name} calls {node.target}, which an engine cannot hold")
+            try:
+                steps.append(
+                    {
+                        "target": target,
+                        "args": _encode_arg(list(node.args), refs),
+                        "kwargs": {k: _encode_arg(v, refs) for k, v in node.kwargs.items()},
+                    }
+                )
+            except _Unencodable as exc:
+                raise EngineFormatError(f"{name}: node {node.name} has an {exc}") from exc
+            refs[node] = next_ref
+            next_ref += 1
+        elif node.op == "output":
+            result = node.args[0]
+            values = list(result) if isinstance(result, (tuple, list)) else [result]
+            for value in values:
+                if not isinstance(value, torch.fx.Node) or value not in refs:
+                    raise EngineFormatError(f"{name}: output {value!r} is not a tensor of the block")
+                outputs.append(refs[value])
+        elif node.op not in ("placeholder", "get_attr"):
+            raise EngineFormatError(f"{name}: node {node.name} ({node.op}) cannot be part of an engine")
+
+    specs = []
+    offset = 0
+    for tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        specs.append(
+            {
+                "dtype": str(tensor.dtype).removeprefix("torch."),
+                "shape": list(tensor.shape),
+                "offset": offset,
+                "nbytes": nbytes,
+            }
+        )
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    payload = torch.zeros(offset, dtype=torch.uint8)
+    for spec, tensor in zip(specs, weights):
+        flat = tensor.to("cpu").contiguous().reshape(-1)
+        payload[spec["offset"] : spec["offset"] + spec["nbytes"]] = flat.view(torch.uint8)
+
+    program = json.dumps(
+        {
+            "format": FORMAT,
+            "inputs": len(placeholders),
+            "weights": specs,
+            "steps": steps,
+            "outputs": outputs,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    load_program(program)  # fail now, not at the first call, if something did not round-trip
+    return ReferenceEngine(program, payload, num_outputs=len(outputs), name=name)
+
+
+class ReferenceEngine(torch.nn.Module):
+    """An accelerated block after compilation by the reference backend.
+
+    ``forward`` takes the block's tensors positionally and returns one tensor, or a
+    tuple of tensors when the block has several outputs, exactly as the
+    ``_run_on_acc_N`` GraphModule it replaces did.
+    """
+
+    engine: torch.Tensor
+
+    def __init__(self, program: str, payload: torch.Tensor, *, num_outputs: int, name: str) -> None:
+        super().__init__()
+        self.program = program
+        self.num_outputs = num_outputs
+        self.name = name
+        # Non-persistent: the engine follows .to(device) but is not a user weight.
+        self.register_buffer("engine", payload, persistent=False)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        outputs = torch.ops.trt_inline.execute_engine.default(list(inputs), self.engine, self.program)
+        if self.num_outputs == 1:
+            return outputs[0]  # type: ignore[no-any-return]
+        return tuple(outputs)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, outputs={self.num_outputs}, payload_bytes={self.engine.numel()}"
