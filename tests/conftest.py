@@ -4,8 +4,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -57,7 +58,7 @@ def as_list(outputs: Any) -> list[torch.Tensor]:
 def max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     assert len(a) == len(b), f"{len(a)} outputs vs {len(b)}"
     diffs = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         assert x.shape == y.shape and x.dtype == y.dtype, f"{x.shape}/{x.dtype} vs {y.shape}/{y.dtype}"
         diffs.append((x.double() - y.double()).abs().max().item() if x.numel() else 0.0)
     return max(diffs)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -28,9 +29,7 @@ def _roundtrip(
     check_inputs: Sequence[Sequence[torch.Tensor]] = (),
 ) -> torch.fx.GraphModule:
     model = model.eval()
-    compiled = reference.compile(
-        model, inputs, torch_executed_ops=torch_executed_ops, dynamic_shapes=dynamic_shapes
-    )
+    compiled = reference.compile(model, inputs, torch_executed_ops=torch_executed_ops, dynamic_shapes=dynamic_shapes)
     kinds = {type(m).__name__ for _, m in compiled.named_children()}
     assert "ReferenceEngine" in kinds and "GraphModule" in kinds, "scenario must mix engines and fallbacks"
 
@@ -67,7 +66,7 @@ def _name_hazards(compiled: torch.fx.GraphModule) -> list[tuple[str, str, str]]:
         if not is_fallback_call(gm, call_node):
             continue
         placeholders = [n for n in gm.get_submodule(str(call_node.target)).graph.nodes if n.op == "placeholder"]
-        for placeholder, arg in zip(placeholders, call_node.args):
+        for placeholder, arg in zip(placeholders, call_node.args, strict=False):
             namesake = by_name.get(placeholder.name)
             if namesake is not None and namesake is not arg:
                 hazards.append((str(call_node.target), placeholder.name, arg.name))
@@ -120,11 +119,7 @@ def test_convolution_falls_back_with_parameters(tmp_path: Path) -> None:
 def test_multi_output_ops_on_both_sides(tmp_path: Path) -> None:
     x = torch.randn(4, 16)
     compiled = _roundtrip(tmp_path, MultiOutputBothSides(), (x,), torch_executed_ops=["aten.topk.default"])
-    multi_fallbacks = [
-        n
-        for n in compiled.graph.nodes
-        if is_fallback_call(compiled, n) and len(n.users) > 1
-    ]
+    multi_fallbacks = [n for n in compiled.graph.nodes if is_fallback_call(compiled, n) and len(n.users) > 1]
     assert multi_fallbacks, "topk must leave a multi-output fallback"
 
 

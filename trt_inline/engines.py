@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.export.exported_program import CustomObjArgument
+from torch.export.graph_signature import CustomObjArgument
 
 from trt_inline.errors import InlineError
 from trt_inline.reference.engine import ReferenceEngine
@@ -101,7 +101,7 @@ def emit_engine_call(
             if cross_compile_module:
                 from torch_tensorrt.dynamo.runtime._TorchTensorRTModule import ENGINE_IDX
 
-                engine_info = list(module._pack_engine_info())
+                engine_info = list(module._pack_engine_info())  # type: ignore[operator]
                 engine_info[ENGINE_IDX] = base64.b64encode(engine_info[ENGINE_IDX]).decode("utf-8")
                 return gm.graph.call_function(
                     torch.ops.tensorrt.no_op_placeholder_for_execute_engine.default,
@@ -111,9 +111,7 @@ def emit_engine_call(
             setattr(gm, attr, module.engine)
             engine_node = gm.graph.get_attr(attr)
             engine_node.meta["val"] = CustomObjArgument(name=engine_node.name, class_fqn="")
-            return gm.graph.call_function(
-                torch.ops.tensorrt.execute_engine.default, (inputs, engine_node)
-            )
+            return gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (inputs, engine_node))
     raise InlineError(
         f"{name}: accelerated submodule of type {type(module).__module__}.{type(module).__qualname__} "
         "is not an engine trt_inline knows (expected torch_tensorrt's TorchTensorRTModule "

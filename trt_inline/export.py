@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
-from torch.export import ExportedProgram, ExportGraphSignature
-from torch.export.exported_program import (
+from torch.export import ExportedProgram, ExportGraphSignature, ModuleCallEntry, ModuleCallSignature
+from torch.export.graph_signature import (
     ConstantArgument,
     CustomObjArgument,
     InputKind,
     InputSpec,
-    ModuleCallEntry,
-    ModuleCallSignature,
     OutputKind,
     OutputSpec,
     TensorArgument,
@@ -104,7 +103,7 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
     codegen = gm.graph._codegen
     output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     flat_outputs = list(pytree.tree_leaves(output_node.args[0]))
-    if isinstance(codegen, _PyTreeCodeGen):
+    if isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info.out_spec is not None:
         in_spec = codegen.pytree_info.in_spec
         out_spec = codegen.pytree_info.out_spec
     else:
@@ -159,12 +158,7 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
         InputSpec(kind=InputKind.USER_INPUT, arg=TensorArgument(name=n.name), target=None) for n in user_inputs
     ]
     output_specs = [
-        OutputSpec(
-            kind=OutputKind.USER_OUTPUT,
-            arg=TensorArgument(name=out.name) if isinstance(out, torch.fx.Node) else ConstantArgument(name="", value=out),
-            target=None,
-        )
-        for out in flat_outputs
+        OutputSpec(kind=OutputKind.USER_OUTPUT, arg=_output_argument(out), target=None) for out in flat_outputs
     ]
 
     gm.graph._codegen = torch.fx.graph.CodeGen()
@@ -180,12 +174,16 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
         state_dict=state_dict,
         range_constraints=_range_constraints(user_inputs, fake_mode, dynamic_shapes),
         module_call_graph=[
-            ModuleCallEntry(
-                "", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec)
-            )
+            ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
         ],
         constants=constants,
     )
+
+
+def _output_argument(value: Any) -> TensorArgument | ConstantArgument:
+    if isinstance(value, torch.fx.Node):
+        return TensorArgument(name=value.name)
+    return ConstantArgument(name="", value=value)
 
 
 def _placeholder_name(kind: InputKind, target: str) -> str:
@@ -204,9 +202,7 @@ def _declared_dims(user_inputs: Sequence[torch.fx.Node], dynamic_shapes: Any) ->
     return [dict(spec) if isinstance(spec, dict) else dict(enumerate(spec or ())) for spec in specs]
 
 
-def _range_constraints(
-    user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dynamic_shapes: Any
-) -> dict[Any, Any]:
+def _range_constraints(user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dynamic_shapes: Any) -> dict[Any, Any]:
     """The value range of every symbol in the inputs' shapes.
 
     The bounds a ``Dim`` declares win: the shape env of an export holds ``[2, max]``
@@ -218,7 +214,7 @@ def _range_constraints(
         return {}
     var_to_range = fake_mode.shape_env.var_to_range
     ranges: dict[Any, Any] = {}
-    for node, declared in zip(user_inputs, _declared_dims(user_inputs, dynamic_shapes)):
+    for node, declared in zip(user_inputs, _declared_dims(user_inputs, dynamic_shapes), strict=False):
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor):
             continue

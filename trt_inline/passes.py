@@ -187,7 +187,7 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 f"({', '.join(p.name for p in placeholders)})"
             )
 
-        val_map: dict[torch.fx.Node, Any] = dict(zip(placeholders, call_node.args))
+        val_map: dict[torch.fx.Node, Any] = dict(zip(placeholders, call_node.args, strict=False))
         with gm.graph.inserting_before(call_node):
             output = gm.graph.graph_copy(fallback_module.graph, val_map)
 
@@ -225,7 +225,7 @@ def transform(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> t
     deleted, dead code is eliminated, and the graph is linted, so a miswired
     graph fails here rather than in a deployment.
     """
-    gm = copy.deepcopy(gm)
+    gm = _deepcopy(gm)
     inline_trt_modules(gm, cross_compile_module)
     inline_torch_modules(gm)
     gm.delete_all_unused_submodules()
@@ -233,3 +233,25 @@ def transform(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> t
     gm.graph.lint()
     gm.recompile()
     return gm
+
+
+def _deepcopy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``copy.deepcopy`` that keeps every tensor attribute of the kind it was.
+
+    A GraphModule's deepcopy re-registers every tensor as a persistent buffer,
+    which would turn scratch buffers into saved state and plain constants into
+    buffers. Restore both.
+    """
+    result = copy.deepcopy(gm)
+    copies = dict(result.named_modules())
+    for name, module in gm.named_modules():
+        copied = copies.get(name)
+        if copied is None:
+            continue
+        for attr in list(copied._buffers):
+            if attr in module._non_persistent_buffers_set:
+                copied._non_persistent_buffers_set.add(attr)
+            elif attr not in module._buffers and isinstance(module.__dict__.get(attr), torch.Tensor):
+                value = copied._buffers.pop(attr)
+                copied.__dict__[attr] = value
+    return result

@@ -11,7 +11,8 @@ compile -> save -> load -> compare loop runs without a GPU.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -23,7 +24,7 @@ from trt_inline.reference.partition import ACC_PREFIX, FALLBACK_PREFIX, partitio
 __all__ = ["compile", "ReferenceEngine", "ACC_PREFIX", "FALLBACK_PREFIX"]
 
 
-def compile(  # noqa: A001 - mirrors torch_tensorrt.dynamo.compile
+def compile(
     model: torch.nn.Module | torch.export.ExportedProgram,
     arg_inputs: Sequence[Any],
     *,
@@ -82,7 +83,7 @@ def _copy_placeholder_meta(source: torch.fx.GraphModule, split: torch.fx.GraphMo
     """split_by_tags builds fresh placeholders; give them back their fake values (by position)."""
     source_inputs = [n for n in source.graph.nodes if n.op == "placeholder"]
     split_inputs = [n for n in split.graph.nodes if n.op == "placeholder"]
-    for src, dst in zip(source_inputs, split_inputs):
+    for src, dst in zip(source_inputs, split_inputs, strict=False):
         for key, value in src.meta.items():
             dst.meta.setdefault(key, value)
 

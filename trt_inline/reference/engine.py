@@ -28,8 +28,9 @@ import functools
 import json
 import operator
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -57,7 +58,7 @@ _PY_TARGET_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
 def encodable_target(target: Any) -> str | None:
     """Name under which a node target is stored in a program, or None if it can't be."""
     if isinstance(target, torch._ops.OpOverload):
-        namespace, _, rest = target.name().partition("::")
+        namespace, _, rest = str(target._schema.name).partition("::")
         overload = target._overloadname
         opname = rest.split(".")[0]
         return f"{namespace}::{opname}.{overload}"
@@ -218,20 +219,14 @@ class EngineProgram:
             raise EngineFormatError("engine payload must be a 1-D uint8 tensor")
         end = max((w.offset + w.nbytes for w in self.weights), default=0)
         if payload.numel() < end:
-            raise EngineFormatError(
-                f"engine payload holds {payload.numel()} bytes, its program needs {end}"
-            )
+            raise EngineFormatError(f"engine payload holds {payload.numel()} bytes, its program needs {end}")
         if like is not None and like.device != payload.device:
             payload = _payload_on(payload, like.device)
-        return [
-            payload[w.offset : w.offset + w.nbytes].view(w.dtype).view(w.shape) for w in self.weights
-        ]
+        return [payload[w.offset : w.offset + w.nbytes].view(w.dtype).view(w.shape) for w in self.weights]
 
     def run(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor) -> list[torch.Tensor]:
         if len(inputs) != self.num_inputs:
-            raise EngineFormatError(
-                f"engine expects {self.num_inputs} inputs, got {len(inputs)}"
-            )
+            raise EngineFormatError(f"engine expects {self.num_inputs} inputs, got {len(inputs)}")
         like = inputs[0] if inputs else None
         device = like.device if like is not None else payload.device
         env: list[Any] = [*inputs, *self.weight_tensors(payload, like)]
@@ -242,9 +237,7 @@ class EngineProgram:
         return [env[i] for i in self.outputs]
 
 
-_device_copies: weakref.WeakKeyDictionary[torch.Tensor, dict[torch.device, torch.Tensor]] = (
-    weakref.WeakKeyDictionary()
-)
+_device_copies: weakref.WeakKeyDictionary[torch.Tensor, dict[torch.device, torch.Tensor]] = weakref.WeakKeyDictionary()
 
 
 def _payload_on(payload: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -302,9 +295,7 @@ def load_program(program: str) -> EngineProgram:
 
 
 @torch.library.custom_op("trt_inline::execute_engine", mutates_args=())
-def execute_engine(
-    inputs: list[torch.Tensor], engine: torch.Tensor, program: str
-) -> list[torch.Tensor]:
+def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
     """Run a reference engine: ``program`` over ``inputs`` with weights from ``engine``."""
     outputs = load_program(program).run(inputs, engine)
     # A custom op's outputs may not alias its inputs or each other: a block that
@@ -322,9 +313,7 @@ def execute_engine(
 
 
 @execute_engine.register_fake
-def _execute_engine_fake(
-    inputs: list[torch.Tensor], engine: torch.Tensor, program: str
-) -> list[torch.Tensor]:
+def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
     outputs = load_program(program).run(inputs, engine)
     return [out.clone() for out in outputs]
 
@@ -357,8 +346,7 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
             value = _fetch_attr(block, str(node.target))
             if not isinstance(value, torch.Tensor):
                 raise EngineFormatError(
-                    f"{name}: get_attr {node.name} reads a {type(value).__name__}, "
-                    "an engine can only hold tensors"
+                    f"{name}: get_attr {node.name} reads a {type(value).__name__}, an engine can only hold tensors"
                 )
             weight_index[str(node.target)] = len(weights)
             weights.append(value.detach())
@@ -394,10 +382,12 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
         elif node.op not in ("placeholder", "get_attr"):
             raise EngineFormatError(f"{name}: node {node.name} ({node.op}) cannot be part of an engine")
 
-    specs = []
+    specs: list[dict[str, Any]] = []
+    offsets: list[int] = []
     offset = 0
     for tensor in weights:
         nbytes = tensor.numel() * tensor.element_size()
+        offsets.append(offset)
         specs.append(
             {
                 "dtype": str(tensor.dtype).removeprefix("torch."),
@@ -408,9 +398,9 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
         )
         offset += -(-nbytes // _ALIGN) * _ALIGN
     payload = torch.zeros(offset, dtype=torch.uint8)
-    for spec, tensor in zip(specs, weights):
-        flat = tensor.to("cpu").contiguous().reshape(-1)
-        payload[spec["offset"] : spec["offset"] + spec["nbytes"]] = flat.view(torch.uint8)
+    for start, tensor in zip(offsets, weights, strict=True):
+        flat = tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        payload[start : start + flat.numel()] = flat
 
     program = json.dumps(
         {

@@ -12,17 +12,14 @@ the point of this module.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.fx
 from torch.fx.passes.operator_support import OperatorSupportBase
-from torch.fx.passes.splitter_base import (
-    FxNetAccFusionsFinder,
-    FxNetAccNodesFinder,
-    Subgraph,
-    _SplitterBase,
-)
+from torch.fx.passes.splitter_base import FxNetAccNodesFinder, Subgraph, _SplitterBase
+from torch.fx.passes.tools_common import FxNetAccFusionsFinder
 
 from trt_inline.reference.engine import can_encode_args, encodable_target
 
