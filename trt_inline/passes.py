@@ -15,6 +15,12 @@ the one fact that survives renaming: its position in ``call_node.args``.
 
 Nothing here iterates a set or a dict of nodes to decide an order: nodes are
 visited in graph order, inputs in argument order, outputs by their index.
+
+Like other FX passes, the two inline passes edit ``gm.graph`` and leave
+``gm.recompile()`` to the caller (``transform`` does it once, after dropping the
+absorbed submodules): recompiling a GraphModule regenerates the code of every
+GraphModule child too, which would cost the passes far more than the inlining.
+Until then ``gm`` keeps running its previous, equivalent code.
 """
 
 from __future__ import annotations
@@ -106,7 +112,6 @@ def inline_trt_modules(gm: torch.fx.GraphModule, cross_compile_module: bool = Fa
                 user.meta["val"] = vals[index]
             call_node.replace_all_uses_with(engine_call)
         gm.graph.erase_node(call_node)
-    gm.recompile()
     return gm
 
 
@@ -179,7 +184,13 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             )
         if call_node.kwargs:
             raise InlineError(f"{name}: fallback called with keyword arguments {sorted(call_node.kwargs)}")
-        placeholders = [n for n in fallback_module.graph.nodes if n.op == "placeholder"]
+        placeholders: list[torch.fx.Node] = []
+        attribute_nodes: list[torch.fx.Node] = []
+        for node in fallback_module.graph.nodes:
+            if node.op == "placeholder":
+                placeholders.append(node)
+            elif node.op == "get_attr" or node.op == "call_module":
+                attribute_nodes.append(node)
         if len(placeholders) != len(call_node.args):
             raise InlineError(
                 f"{name}: call node {call_node.name} passes {len(call_node.args)} arguments, "
@@ -191,13 +202,11 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         with gm.graph.inserting_before(call_node):
             output = gm.graph.graph_copy(fallback_module.graph, val_map)
 
-        for node in fallback_module.graph.nodes:
-            if node.op in ("get_attr", "call_module"):
-                val_map[node].target = _move_attribute(gm, fallback_module, name, str(node.target), moved)
+        for node in attribute_nodes:
+            val_map[node].target = _move_attribute(gm, fallback_module, name, str(node.target), moved)
 
         _replace_fallback_uses(call_node, output, name)
         gm.graph.erase_node(call_node)
-    gm.recompile()
     return gm
 
 
