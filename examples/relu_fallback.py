@@ -16,6 +16,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ from torch import nn
 
 import trt_inline
 from trt_inline import reference
+
+# torch's own deprecation notice from deep-copying pytree specs; nothing to act on here.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 
 # A loaded file must reproduce the in-memory module exactly on the reference
 # backend; TensorRT may pick different kernels after deserialisation.
