@@ -14,6 +14,7 @@ from trt_inline import reference
 from trt_inline.errors import EngineFormatError, InlineError, SaveError, TrtInlineError
 from trt_inline.export import exported_program_from_graph, save, to_exported_program
 from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
+from trt_inline.plugin import enabled, install, is_active, uninstall
 
 __version__ = "0.1.0"
 
@@ -22,11 +23,15 @@ __all__ = [
     "InlineError",
     "SaveError",
     "TrtInlineError",
+    "enabled",
     "exported_program_from_graph",
     "inline_torch_modules",
     "inline_trt_modules",
+    "install",
+    "is_active",
     "reference",
     "save",
     "to_exported_program",
     "transform",
+    "uninstall",
 ]

@@ -36,7 +36,7 @@ from torch.utils import _pytree as pytree
 from trt_inline.errors import SaveError
 from trt_inline.passes import transform
 
-__all__ = ["exported_program_from_graph", "save", "to_exported_program"]
+__all__ = ["drop_guard_calls", "exported_program_from_graph", "lift", "lift_attributes", "save", "to_exported_program"]
 
 # Order the ExportedProgram verifier expects lifted inputs in, before user inputs.
 _LIFT_ORDER = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
@@ -60,21 +60,28 @@ def _lifted_kind(owner: torch.nn.Module, leaf: str, value: Any) -> tuple[InputKi
     raise SaveError(f"get_attr target {leaf!r} holds a {type(value).__name__}, which cannot be lifted")
 
 
-def _drop_guard_calls(gm: torch.fx.GraphModule) -> None:
-    """Remove ``_guards_fn`` calls: a loaded program installs guards of its own."""
+def drop_guard_calls(gm: torch.fx.GraphModule) -> None:
+    """Remove unused ``_guards_fn`` calls: a loaded program installs guards of its own.
+
+    ``ExportedProgram.module()`` adds a ``call_module`` to a ``GuardsFn``; after
+    inlining it sits in the flat graph, and no ExportedProgram may hold a
+    ``call_module``.
+    """
     from torch.export._unlift import GuardsFn
 
     for node in list(gm.graph.nodes):
-        if node.op != "call_module":
-            continue
-        if isinstance(gm.get_submodule(str(node.target)), GuardsFn) and not node.users:
+        if node.op == "call_module" and not node.users and isinstance(gm.get_submodule(str(node.target)), GuardsFn):
             gm.graph.erase_node(node)
-            continue
-        raise SaveError(
-            f"node {node.name} still calls submodule {node.target!r}; an ExportedProgram cannot "
-            "hold call_module nodes (was the module inlined with trt_inline.transform?)"
-        )
     gm.delete_all_unused_submodules()
+
+
+def _refuse_call_modules(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            raise SaveError(
+                f"node {node.name} still calls submodule {node.target!r}; an ExportedProgram cannot "
+                "hold call_module nodes (save with retrace=True to trace through it)"
+            )
 
 
 def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = None) -> ExportedProgram:
@@ -96,7 +103,8 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
     Buffers carry their ``persistent`` flag, plain tensors become constants, script
     objects (TensorRT engines) custom objects. ``gm`` is consumed.
     """
-    _drop_guard_calls(gm)
+    drop_guard_calls(gm)
+    _refuse_call_modules(gm)
     user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode([n.meta.get("val") for n in user_inputs])
 
@@ -110,8 +118,47 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
         in_spec = pytree.tree_flatten((tuple(user_inputs), {}))[1]
         out_spec = pytree.tree_flatten(tuple(flat_outputs))[1]
 
-    # Lift get_attr nodes: one placeholder per target, in graph order.
+    input_specs, state_dict, constants, _ = lift_attributes(gm, fake_mode)
+    input_specs += [
+        InputSpec(kind=InputKind.USER_INPUT, arg=TensorArgument(name=n.name), target=None) for n in user_inputs
+    ]
+    output_specs = [
+        OutputSpec(kind=OutputKind.USER_OUTPUT, arg=_output_argument(out), target=None) for out in flat_outputs
+    ]
+
+    gm.graph._codegen = torch.fx.graph.CodeGen()
+    output_node.args = (tuple(flat_outputs),)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+
+    return ExportedProgram(
+        root=gm,
+        graph=gm.graph,
+        graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
+        state_dict=state_dict,
+        range_constraints=_range_constraints(user_inputs, fake_mode, dynamic_shapes),
+        module_call_graph=[
+            ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
+        ],
+        constants=constants,
+    )
+
+
+def lift_attributes(
+    gm: torch.fx.GraphModule, fake_mode: Any
+) -> tuple[list[InputSpec], dict[str, Any], dict[str, Any], dict[str, str]]:
+    """Turn every ``get_attr`` of a tensor or script object into a leading placeholder.
+
+    One placeholder per target, created in graph order, then placed at the start
+    of the graph in the order the ExportedProgram verifier expects (parameters,
+    buffers, constants, custom objects). Returns their input specs, the state
+    dict (parameters and persistent buffers), the constants (everything else),
+    and ``{get_attr node name: placeholder name}`` for callers holding specs that
+    name a replaced node.
+    """
     lifted: dict[str, tuple[InputKind, bool | None, torch.fx.Node]] = {}
+    renamed: dict[str, str] = {}
     state_dict: dict[str, Any] = {}
     constants: dict[str, Any] = {}
     for node in list(gm.graph.nodes):
@@ -137,47 +184,49 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
                 state_dict[target] = value
             else:
                 constants[target] = value
+        renamed[node.name] = lifted[target][2].name
         node.replace_all_uses_with(lifted[target][2])
         gm.graph.erase_node(node)
 
-    input_specs: list[InputSpec] = []
+    specs: list[InputSpec] = []
     for kind_in_order in _LIFT_ORDER:
         for target, (kind, persistent, placeholder) in lifted.items():
             if kind is not kind_in_order:
                 continue
             arg: TensorArgument | CustomObjArgument = TensorArgument(name=placeholder.name)
             if kind is InputKind.CUSTOM_OBJ:
-                value = constants[target]
-                arg = CustomObjArgument(name=placeholder.name, class_fqn=value._type().qualified_name())
-            input_specs.append(InputSpec(kind=kind, arg=arg, target=target, persistent=persistent))
-    # Placeholders must appear in the order of the specs.
-    ordered = [lifted[spec.target][2] for spec in input_specs if spec.target is not None]
-    for placeholder in reversed(ordered):
-        next(iter(gm.graph.nodes)).prepend(placeholder)
-    input_specs += [
-        InputSpec(kind=InputKind.USER_INPUT, arg=TensorArgument(name=n.name), target=None) for n in user_inputs
-    ]
-    output_specs = [
-        OutputSpec(kind=OutputKind.USER_OUTPUT, arg=_output_argument(out), target=None) for out in flat_outputs
-    ]
+                arg = CustomObjArgument(name=placeholder.name, class_fqn=constants[target]._type().qualified_name())
+            specs.append(InputSpec(kind=kind, arg=arg, target=target, persistent=persistent))
+    for spec in reversed(specs):
+        next(iter(gm.graph.nodes)).prepend(lifted[str(spec.target)][2])
+    return specs, state_dict, constants, renamed
 
-    gm.graph._codegen = torch.fx.graph.CodeGen()
-    output_node.args = (tuple(flat_outputs),)
+
+def lift(
+    gm: torch.fx.GraphModule, graph_signature: ExportGraphSignature
+) -> tuple[torch.fx.GraphModule, ExportGraphSignature, dict[str, Any], dict[str, Any]]:
+    """Drop-in for Torch-TensorRT's ``_exporter.lift`` (the legacy ``retrace=False`` exporter).
+
+    Same contract: lift ``get_attr`` nodes into placeholders, add their specs
+    before the user inputs of ``graph_signature``, return the graph, the
+    signature, the state dict and the constants. Unlike the stock function before
+    2.14, buffer specs carry ``persistent`` (torch >= 2.3 refuses them without
+    it), non-persistent buffers are not saved as state, and ``_guards_fn`` calls
+    left by ``ExportedProgram.module()`` are dropped instead of reaching the
+    serializer.
+    """
+    drop_guard_calls(gm)
+    _refuse_call_modules(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
+    specs, state_dict, constants, renamed = lift_attributes(gm, fake_mode)
+    graph_signature.input_specs[0:0] = specs
+    for spec in graph_signature.output_specs:
+        if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
+            spec.arg = TensorArgument(name=renamed[spec.arg.name])
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
-    gm.recompile()
-
-    return ExportedProgram(
-        root=gm,
-        graph=gm.graph,
-        graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
-        state_dict=state_dict,
-        range_constraints=_range_constraints(user_inputs, fake_mode, dynamic_shapes),
-        module_call_graph=[
-            ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
-        ],
-        constants=constants,
-    )
+    return gm, graph_signature, state_dict, constants
 
 
 def _output_argument(value: Any) -> TensorArgument | ConstantArgument:

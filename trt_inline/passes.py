@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,6 +58,10 @@ def _getitem_index(user: torch.fx.Node) -> int | None:
     return None
 
 
+# Called after each engine call is inlined with (engine op node, engine module, number of outputs).
+EngineHook = Callable[[torch.fx.Node, torch.nn.Module, int], None]
+
+
 def inline_trt_modules(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
     """Replace every engine ``call_module`` by the engine op, in place.
 
@@ -80,6 +85,13 @@ def inline_trt_modules(gm: torch.fx.GraphModule, cross_compile_module: bool = Fa
     engine keeps the partitioner's ``getitem`` nodes; each takes ``meta["val"]``
     from its own index argument, whatever order the users were created in.
     """
+    return inline_engines(gm, cross_compile_module=cross_compile_module)
+
+
+def inline_engines(
+    gm: torch.fx.GraphModule, *, cross_compile_module: bool = False, on_engine: EngineHook | None = None
+) -> torch.fx.GraphModule:
+    """``inline_trt_modules`` with a hook per engine (Torch-TensorRT 2.14 exposes KV-cache mutations there)."""
     for call_node in list(gm.graph.nodes):
         if not is_accelerated_call(gm, call_node):
             continue
@@ -112,6 +124,8 @@ def inline_trt_modules(gm: torch.fx.GraphModule, cross_compile_module: bool = Fa
                 user.meta["val"] = vals[index]
             call_node.replace_all_uses_with(engine_call)
         gm.graph.erase_node(call_node)
+        if on_engine is not None:
+            on_engine(engine_call, module, len(vals))
     return gm
 
 
