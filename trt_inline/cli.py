@@ -26,17 +26,25 @@ class Finding:
 
 
 def _package_status(distribution: str, module: str) -> tuple[str, bool, bool]:
-    """(text, installed, importable) for a distribution and the module it provides."""
+    """(text, installed, importable) for a distribution and the module it provides.
+
+    A module importable without distribution metadata (a source build on the path)
+    counts as installed, with the version it declares.
+    """
+    import importlib.util
+
     try:
-        version = importlib.metadata.version(distribution)
+        version: str | None = importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
-        return "not installed", False, False
+        if importlib.util.find_spec(module) is None:
+            return "not installed", False, False
+        version = None
     try:
-        importlib.import_module(module)
+        imported = importlib.import_module(module)
     except Exception as exc:  # a missing libnvinfer surfaces as OSError, ImportError, RuntimeError...
         first_line = (str(exc).strip().splitlines() or [""])[0]
-        return f"{version}, not importable ({type(exc).__name__}: {first_line})", True, False
-    return version, True, True
+        return f"{version or 'unknown version'}, not importable ({type(exc).__name__}: {first_line})", True, False
+    return str(version or getattr(imported, "__version__", "unknown version")), True, True
 
 
 def _entry_point() -> str | None:
