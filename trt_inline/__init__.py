@@ -15,6 +15,7 @@ from trt_inline.errors import EngineFormatError, InlineError, SaveError, TrtInli
 from trt_inline.export import exported_program_from_graph, save, to_exported_program
 from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall
+from trt_inline.verify import VerifyInputError, VerifyReport, verify
 
 __version__ = "0.1.0"
 
@@ -34,4 +35,7 @@ __all__ = [
     "to_exported_program",
     "transform",
     "uninstall",
+    "verify",
+    "VerifyInputError",
+    "VerifyReport",
 ]

@@ -1,4 +1,4 @@
-"""``trt-inline`` command line.
+"""``trt-inline`` command line: ``doctor``, ``verify``, ``inspect``.
 
 Errors print one line on stderr and exit 2 (unusable input) or 1 (a check
 failed); ``--debug`` shows the traceback instead.
@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["main"]
 
@@ -112,6 +113,99 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return 0 if all(f.ok for f in findings) else 1
 
 
+def _load_tensors(path: str, what: str) -> Any:
+    from trt_inline.verify import VerifyInputError
+
+    if not os.path.exists(path):
+        raise VerifyInputError(f"{what} file {path}: no such file")
+    try:
+        return torch_load(path)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise VerifyInputError(
+            f"{what} file {path} is not a tensor file readable with weights_only=True: {first}"
+        ) from exc
+
+
+def torch_load(path: str) -> Any:
+    import torch
+
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def _split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
+    """An inputs file holds a tensor, a list/tuple of tensors, or {"args": [...], "kwargs": {...}}."""
+    import torch
+
+    from trt_inline.verify import VerifyInputError
+
+    if isinstance(value, torch.Tensor):
+        return [value], {}
+    if isinstance(value, (list, tuple)):
+        return list(value), {}
+    if isinstance(value, dict) and set(value) <= {"args", "kwargs"}:
+        return list(value.get("args", [])), dict(value.get("kwargs", {}))
+    raise VerifyInputError('an inputs file holds a tensor, a list of tensors, or {"args": [...], "kwargs": {...}}')
+
+
+def _print_report(report: Any) -> None:
+    status = "PASS" if report.ok else ("FAIL" if report.problems else "UNVERIFIED")
+    print(f"{status} {report.source} (reference: {report.reference})")
+    for output in report.outputs:
+        dims = ", ".join(map(str, output.shape))
+        mark = "ok  " if output.ok else "DIFF"
+        print(
+            f"  {mark} output {output.index}  {output.dtype}[{dims}]  max abs diff {output.max_abs_diff:.6g}  "
+            f"max rel diff {output.max_rel_diff:.6g}  (atol {output.atol:g}, rtol {output.rtol:g})"
+        )
+    for problem in report.problems:
+        print(f"  problem: {problem}")
+    for note in report.notes:
+        print(f"  note: {note}")
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from trt_inline.verify import VerifyInputError, verify
+
+    if (args.inputs is None) != (args.expected is None):
+        raise VerifyInputError("--inputs and --expected go together")
+    arg_inputs = kwarg_inputs = expected = None
+    if args.inputs is not None:
+        arg_inputs, kwarg_inputs = _split_inputs(_load_tensors(args.inputs, "inputs"))
+        loaded = _load_tensors(args.expected, "expected")
+        expected = list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
+    report = verify(
+        args.path,
+        arg_inputs=arg_inputs,
+        kwarg_inputs=kwarg_inputs,
+        expected=expected,
+        atol=args.atol,
+        rtol=args.rtol,
+        device=args.device,
+    )
+    if args.json:
+        print(report.to_json())
+    else:
+        _print_report(report)
+    if report.problems:
+        return 1
+    if not report.compared:
+        raise VerifyInputError(
+            f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
+            "--inputs FILE --expected FILE"
+        )
+    return 0
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from trt_inline.graph_table import describe_program
+    from trt_inline.verify import load_exported_program
+
+    program, _ = load_exported_program(args.path)
+    print(describe_program(program))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trt-inline", description="Correct ExportedProgram saves of Torch-TensorRT modules."
@@ -122,6 +216,24 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", help="report versions, CUDA, and whether torch_tensorrt.save is patched"
     )
     doctor_parser.set_defaults(run=_run_doctor)
+
+    verify_parser = commands.add_parser(
+        "verify",
+        help="check a saved ExportedProgram: loads, graph sound, outputs match the reference",
+        description="Exit 0: passed. 1: a structural problem or an output mismatch. 2: unusable input.",
+    )
+    verify_parser.add_argument("path")
+    verify_parser.add_argument("--inputs", help="torch.save'd tensor, list of tensors, or {'args', 'kwargs'}")
+    verify_parser.add_argument("--expected", help="torch.save'd tensor or list of tensors: the expected outputs")
+    verify_parser.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
+    verify_parser.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
+    verify_parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
+    verify_parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify_parser.set_defaults(run=_run_verify)
+
+    inspect_parser = commands.add_parser("inspect", help="table of engines, fallback ops and their wiring")
+    inspect_parser.add_argument("path")
+    inspect_parser.set_defaults(run=_run_inspect)
     return parser
 
 
@@ -132,11 +244,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
         return code
     except Exception as exc:
+        from trt_inline.errors import TrtInlineError
+
         if args.debug:
             traceback.print_exc()
         else:
             first_line = (str(exc).strip().splitlines() or [""])[0]
-            print(f"trt-inline {args.command}: {type(exc).__name__}: {first_line}", file=sys.stderr)
+            kind = "" if isinstance(exc, TrtInlineError) else f"{type(exc).__name__}: "
+            print(f"trt-inline {args.command}: {kind}{first_line}", file=sys.stderr)
         return 2
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,16 @@ from torch.utils import _pytree as pytree
 from trt_inline.errors import SaveError
 from trt_inline.passes import transform
 
-__all__ = ["drop_guard_calls", "exported_program_from_graph", "lift", "lift_attributes", "save", "to_exported_program"]
+__all__ = [
+    "drop_guard_calls",
+    "exported_program_from_graph",
+    "lift",
+    "lift_attributes",
+    "reference_extra_files",
+    "save",
+    "to_exported_program",
+    "write_program",
+]
 
 # Order the ExportedProgram verifier expects lifted inputs in, before user inputs.
 _LIFT_ORDER = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
@@ -307,6 +317,9 @@ def to_exported_program(
     )
 
 
+DEFAULT_REFERENCE_LIMIT_BYTES = 64 << 20
+
+
 def save(
     module: torch.nn.Module | ExportedProgram,
     path: str | os.PathLike[str],
@@ -315,27 +328,68 @@ def save(
     kwarg_inputs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
     retrace: bool = True,
+    embed_reference: bool = True,
+    reference_limit_bytes: int = DEFAULT_REFERENCE_LIMIT_BYTES,
 ) -> ExportedProgram:
     """Inline a compiled module and write it as an ExportedProgram file.
+
+    With sample inputs, the file also carries reference I/O: the inputs and the
+    in-memory module's outputs for them, so ``trt-inline verify PATH`` can check
+    the saved program against what was compiled. ``embed_reference=False`` leaves
+    them out; above ``reference_limit_bytes`` they are left out with a warning.
 
     The file is written to a temporary name beside ``path`` and renamed into
     place, so an interrupted save never leaves a truncated file where a good one
     was. Returns the ExportedProgram that was written.
     """
-    program = to_exported_program(
-        module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
-    )
     target = Path(path)
     if target.is_dir():
         raise SaveError(f"{target} is a directory")
     if not target.parent.exists():
         raise SaveError(f"directory {target.parent} does not exist")
+    program = to_exported_program(
+        module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
+    )
+    extra_files: dict[str, str] = {}
+    if embed_reference and (arg_inputs is not None or kwarg_inputs):
+        runnable = module.module() if isinstance(module, ExportedProgram) else module
+        extra_files = reference_extra_files(runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes)
+    write_program(program, target, extra_files)
+    return program
+
+
+def reference_extra_files(
+    module: Any, arg_inputs: Sequence[Any] | None, kwarg_inputs: dict[str, Any] | None, target: Path, limit: int
+) -> dict[str, str]:
+    """The extra file carrying reference I/O, or nothing (with a warning saying why)."""
+    from trt_inline.verify import REFERENCE_IO_FILE, VerifyInputError, capture_reference_io, encode_reference_io
+
+    try:
+        reference_io = capture_reference_io(module, list(arg_inputs or ()), kwarg_inputs)
+    except VerifyInputError as exc:
+        warnings.warn(f"trt-inline: reference I/O not embedded in {target}: {exc}", stacklevel=3)
+        return {}
+    size = reference_io.nbytes()
+    if size > limit:
+        warnings.warn(
+            f"trt-inline: reference I/O not embedded in {target}: the sample inputs and outputs take "
+            f"{size / 2**20:.1f} MiB, over the limit of {limit / 2**20:.1f} MiB "
+            "(reference_limit_bytes); raise it, or verify with --inputs/--expected",
+            stacklevel=3,
+        )
+        return {}
+    return {REFERENCE_IO_FILE: encode_reference_io(reference_io)}
+
+
+def write_program(program: ExportedProgram, target: Path, extra_files: dict[str, str] | None = None) -> None:
+    """``torch.export.save`` to ``target`` atomically (temporary file, then rename)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".pt2", dir=target.parent)
     os.close(fd)
     try:
-        torch.export.save(program, tmp)
+        # Through a file object: the archive's root folder is then a fixed name, not the temporary one.
+        with open(tmp, "wb") as handle:
+            torch.export.save(program, handle, extra_files=extra_files or None)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return program

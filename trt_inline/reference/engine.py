@@ -206,6 +206,8 @@ class EngineProgram:
     """A decoded program: what :func:`load_program` returns."""
 
     num_inputs: int
+    # (dtype, dims) per input, a dim None where it is symbolic; None where not recorded.
+    input_specs: tuple[tuple[torch.dtype, tuple[int | None, ...]] | None, ...]
     weights: tuple[WeightSpec, ...]
     steps: tuple[_Step, ...]
     outputs: tuple[int, ...]
@@ -280,13 +282,19 @@ def load_program(program: str) -> EngineProgram:
             )
             num_values += 1
         outputs = tuple(int(i) for i in doc["outputs"])
+        input_specs = tuple(
+            None if spec is None else (_torch_attr(spec["dtype"], torch.dtype), tuple(spec["shape"]))
+            for spec in doc.get("input_specs", [None] * num_inputs)
+        )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, EngineFormatError):
             raise
         raise EngineFormatError(f"engine program is incomplete: {exc!r}") from exc
     if any(not 0 <= i < num_values for i in outputs):
         raise EngineFormatError("engine program returns a value it never computes")
-    return EngineProgram(num_inputs, weights, tuple(steps), outputs)
+    if len(input_specs) != num_inputs:
+        raise EngineFormatError("engine program describes a different number of inputs than it takes")
+    return EngineProgram(num_inputs, input_specs, weights, tuple(steps), outputs)
 
 
 # ---------------------------------------------------------------------------
@@ -406,6 +414,7 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
         {
             "format": FORMAT,
             "inputs": len(placeholders),
+            "input_specs": [_input_spec(node) for node in placeholders],
             "weights": specs,
             "steps": steps,
             "outputs": outputs,
@@ -415,6 +424,17 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
     )
     load_program(program)  # fail now, not at the first call, if something did not round-trip
     return ReferenceEngine(program, payload, num_outputs=len(outputs), name=name)
+
+
+def _input_spec(placeholder: torch.fx.Node) -> dict[str, Any] | None:
+    """dtype and dims of an engine input as the block saw it; symbolic dims as None."""
+    val = placeholder.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    return {
+        "dtype": str(val.dtype).removeprefix("torch."),
+        "shape": [d if isinstance(d, int) else None for d in val.shape],
+    }
 
 
 class ReferenceEngine(torch.nn.Module):

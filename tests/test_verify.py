@@ -1,0 +1,245 @@
+"""Verification: good files pass, miswired files fail naming the output, unusable input exits 2."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import operator
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+from models import RELU, ConvBnRelu
+
+import trt_inline
+from trt_inline import reference
+from trt_inline.verify import (
+    REFERENCE_IO_FILE,
+    VerifyInputError,
+    decode_reference_io,
+    load_exported_program,
+    structural_problems,
+    verify,
+)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The seed scenario saved with and without reference I/O, and a miswired copy."""
+    root = tmp_path_factory.mktemp("verify")
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    compiled = reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
+    good, bare = root / "good.pt2", root / "bare.pt2"
+    trt_inline.save(compiled, good, arg_inputs=(x,))
+    trt_inline.save(compiled, bare, arg_inputs=(x,), embed_reference=False)
+    with torch.no_grad():
+        expected = list(compiled(x))
+    torch.save([x], root / "inputs.pt")
+    torch.save(expected, root / "expected.pt")
+    torch.save([torch.randn(2, 5, 8, 8)], root / "wrong_inputs.pt")
+    return {"good": good, "bare": bare, "miswired": miswire(good, root / "miswired.pt2"), "root": root}
+
+
+def miswire(source: Path, target: Path) -> Path:
+    """Loadable but wrong: the second relu reads the first engine's output (same shape and dtype)."""
+    extra = {REFERENCE_IO_FILE: ""}
+    program = torch.export.load(source, extra_files=extra)
+    relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
+    first_input, second_input = relus[0].args[0], relus[1].args[0]
+    assert first_input.meta["val"].shape == second_input.meta["val"].shape
+    relus[1].replace_input_with(second_input, first_input)
+    program.graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    program.graph.lint()
+    torch.export.save(program, target, extra_files=extra)
+    return target
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    run_env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "trt_inline.cli", *args], capture_output=True, text=True, env=run_env, timeout=300
+    )
+
+
+def assert_unusable(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_good_file_verifies_with_only_its_path(saved: dict[str, Path]) -> None:
+    proc = cli("verify", str(saved["good"]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"PASS {saved['good']} (reference: embedded)")
+    assert proc.stdout.count("max abs diff 0 ") == 2
+
+
+def test_json_report(saved: dict[str, Path]) -> None:
+    proc = cli("verify", str(saved["good"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["reference"] == "embedded"
+    assert [o["max_abs_diff"] for o in report["outputs"]] == [0.0, 0.0]
+
+
+def test_miswired_file_fails_and_names_the_output(saved: dict[str, Path]) -> None:
+    report = verify(saved["miswired"])
+    assert not report.ok
+    assert [o.index for o in report.outputs if not o.ok] == [0, 1]
+    assert report.outputs[0].max_abs_diff > 1e-3
+    proc = cli("verify", str(saved["miswired"]))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL" in proc.stdout and "problem: output 0 differs: max abs diff" in proc.stdout
+
+
+def test_reference_module_and_given_tensors(saved: dict[str, Path]) -> None:
+    x = torch.load(saved["root"] / "inputs.pt", weights_only=True)
+    expected = torch.load(saved["root"] / "expected.pt", weights_only=True)
+    assert verify(saved["bare"], arg_inputs=x, expected=expected).ok
+    assert not verify(saved["bare"], arg_inputs=x, expected=[e + 1 for e in expected]).ok
+    program, _ = load_exported_program(saved["good"])
+    assert verify(saved["miswired"], reference=program.module()).ok is False
+
+
+def test_file_without_reference_io(saved: dict[str, Path]) -> None:
+    report = verify(saved["bare"])
+    assert not report.compared and not report.problems and not report.ok
+    assert_unusable(cli("verify", str(saved["bare"])), "comparing outputs needs --inputs FILE --expected FILE")
+    root = saved["root"]
+    proc = cli(
+        "verify", str(saved["bare"]), "--inputs", str(root / "inputs.pt"), "--expected", str(root / "expected.pt")
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reference: given" in proc.stdout
+
+
+def _torchscript(path: Path) -> Path:
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(path))
+    return path
+
+
+def _zip_without_program(path: Path) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.txt", "hello")
+    return path
+
+
+def _truncated(source: Path, path: Path, fraction: float) -> Path:
+    data = source.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    return path
+
+
+def _tampered(source: Path, path: Path, marker: Path) -> Path:
+    """The reference I/O replaced by a pickle that would create ``marker`` if unpickled."""
+
+    class Exploit:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    program = torch.export.load(source)
+    payload = base64.b64encode(pickle.dumps({"version": 1, "args": Exploit()})).decode()
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: payload})
+    return path
+
+
+def test_bad_inputs_exit_2_with_one_line(saved: dict[str, Path], tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.pt2"
+    garbage.write_bytes(os.urandom(4096))
+    empty = tmp_path / "empty.pt2"
+    empty.write_bytes(b"")
+    marker = tmp_path / "exploited"
+    root = saved["root"]
+    cases = [
+        ([str(tmp_path / "missing.pt2")], "no such file"),
+        ([str(empty)], "empty file"),
+        ([str(garbage)], "not a zip archive"),
+        ([str(_truncated(saved["good"], tmp_path / "half.pt2", 0.5))], "not a zip archive"),
+        ([str(_truncated(saved["good"], tmp_path / "most.pt2", 0.98))], "not a zip archive"),
+        ([str(_zip_without_program(tmp_path / "other.zip"))], "a zip archive without an ExportedProgram"),
+        ([str(_torchscript(tmp_path / "script.pt"))], "a TorchScript archive"),
+        ([str(_tampered(saved["good"], tmp_path / "tampered.pt2", marker))], "embedded reference I/O refused"),
+        ([str(saved["good"]), "--inputs", str(root / "inputs.pt")], "--inputs and --expected go together"),
+        (
+            [str(saved["good"]), "--inputs", str(root / "wrong_inputs.pt"), "--expected", str(root / "expected.pt")],
+            "the program does not accept the reference inputs",
+        ),
+        (
+            [str(saved["good"]), "--inputs", str(tmp_path / "nope.pt"), "--expected", str(root / "expected.pt")],
+            "no such file",
+        ),
+    ]
+    for args, fragment in cases:
+        assert_unusable(cli("verify", *args), fragment)
+    assert not marker.exists(), "the tampered payload was unpickled"
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    proc = cli("--debug", "verify", str(tmp_path / "missing.pt2"))
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr
+
+
+def test_reference_io_refuses_non_tensor_payloads() -> None:
+    buffer = io.BytesIO()
+    torch.save({"version": 1, "args": [torch.ones(1)], "kwargs": {}, "outputs": [torch.ones(1)]}, buffer)
+    good = base64.b64encode(buffer.getvalue()).decode()
+    assert torch.equal(decode_reference_io(good).outputs[0], torch.ones(1))
+    with pytest.raises(VerifyInputError, match="not base64"):
+        decode_reference_io("***")
+    with pytest.raises(VerifyInputError, match="refused"):
+        decode_reference_io(base64.b64encode(pickle.dumps(print)).decode())
+
+
+def test_structural_checks_name_the_node(saved: dict[str, Path]) -> None:
+    program, _ = load_exported_program(saved["good"])
+    assert structural_problems(program)[0] == []
+
+    getitem = next(n for n in program.graph.nodes if n.target is operator.getitem)
+    getitem.args = (getitem.args[0], 5)
+    engine = next(n for n in program.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default)
+    engine.args = ((*engine.args[0], engine.args[0][0]), *engine.args[1:])
+    problems = structural_problems(program)[0]
+    assert f"{getitem.name} reads output 5 of {engine.name}, which has 1" in problems
+    assert f"engine {engine.name}: 2 inputs wired, the engine takes 1" in problems
+
+
+def test_save_size_cap_leaves_reference_out_with_a_warning(tmp_path: Path) -> None:
+    x = torch.randn(2, 3, 8, 8)
+    compiled = reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
+    with pytest.warns(UserWarning, match=r"reference I/O not embedded .* over the limit of 0\.0 MiB"):
+        trt_inline.save(compiled, tmp_path / "capped.pt2", arg_inputs=(x,), reference_limit_bytes=100)
+    assert verify(tmp_path / "capped.pt2").reference == "none"
+
+
+def test_inspect_shows_wiring_by_position(saved: dict[str, Path]) -> None:
+    proc = cli("inspect", str(saved["good"]))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("engine 3") for line in lines)
+    assert "  in[1]" in proc.stdout and "<- getitem_3 = engine 2 output 1" in proc.stdout
+    assert "relu.default(getitem = engine 0 output 0)" in proc.stdout
+    # The miswired relu reads engine 0; the engine it should have read became dead and was pruned.
+    miswired = cli("inspect", str(saved["miswired"])).stdout
+    assert "relu_1                   float32[2, 8, 8, 8]    relu.default(getitem = engine 0 output 0)" in miswired
+    assert not any(line.startswith("engine 3") for line in miswired.splitlines())
+
+
+def test_verify_saved_model_example(saved: dict[str, Path]) -> None:
+    script = REPO / "examples" / "verify_saved_model.py"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    good = subprocess.run([sys.executable, str(script), str(saved["good"])], capture_output=True, text=True, env=env)
+    assert good.returncode == 0 and "PASS" in good.stdout, good.stderr
+    bad = subprocess.run([sys.executable, str(script), str(saved["miswired"])], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "output 0 differs" in bad.stdout, bad.stderr

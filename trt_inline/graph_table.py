@@ -1,0 +1,91 @@
+"""A readable table of a flat program at engine / fallback granularity (``trt-inline inspect``).
+
+For each engine: which producer feeds each input position, and who consumes each
+output. For each op left to PyTorch: its producers and consumers. A miswired
+input shows up as an engine output feeding the wrong position, or an op reading
+a producer from the wrong engine.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+__all__ = ["describe_program", "is_engine_node"]
+
+_ENGINE_OPS = ("trt_inline.execute_engine", "tensorrt.execute_engine", "tensorrt.no_op_placeholder_for_execute_engine")
+
+
+def is_engine_node(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and str(node.target).rsplit(".", 1)[0] in _ENGINE_OPS
+
+
+def _input_kinds(program: ExportedProgram) -> dict[str, str]:
+    kinds = {}
+    for spec in program.graph_signature.input_specs:
+        name = getattr(spec.arg, "name", None)
+        if name is not None:
+            kinds[name] = (
+                "user input" if spec.kind is InputKind.USER_INPUT else spec.kind.name.lower().replace("_", " ")
+            )
+    return kinds
+
+
+def _shape(node: torch.fx.Node) -> str:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return f"{str(val.dtype).removeprefix('torch.')}[{', '.join(str(d) for d in val.shape)}]"
+    return ""
+
+
+def describe_program(program: ExportedProgram) -> str:
+    graph = program.graph
+    kinds = _input_kinds(program)
+    engine_index = {n: i for i, n in enumerate(n for n in graph.nodes if is_engine_node(n))}
+
+    def producer(node: object) -> str:
+        if not isinstance(node, torch.fx.Node):
+            return repr(node)
+        if node.op == "placeholder":
+            return f"{node.name} ({kinds.get(node.name, 'input')})"
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0] in engine_index:
+            return f"{node.name} = engine {engine_index[node.args[0]]} output {node.args[1]}"
+        return node.name
+
+    def consumers(node: torch.fx.Node) -> str:
+        names = [u.name if u.op != "output" else "OUTPUT" for u in node.users]
+        return ", ".join(names) or "(unused)"
+
+    def row(kind: str, name: object, value: str, wiring: str) -> str:
+        return f"{kind:<9}{name!s:<24} {value:<22} {wiring}".rstrip()
+
+    lines = [row("kind", "node", "value", "wiring")]
+    for node in graph.nodes:
+        if node.op == "placeholder" and kinds.get(node.name) == "user input":
+            lines.append(row("input", node.name, _shape(node), f"-> {consumers(node)}"))
+        elif is_engine_node(node):
+            wired = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            lines.append(row(f"engine {engine_index[node]}", node.name, "", str(node.target)))
+            for position, arg in enumerate(wired):
+                lines.append(row(f"  in[{position}]", "", "", f"<- {producer(arg)}"))
+            for user in node.users:
+                index = user.args[1] if user.target is operator.getitem else "?"
+                lines.append(row(f"  out[{index}]", user.name, _shape(user), f"-> {consumers(user)}"))
+        elif node.op == "call_function" and not (
+            node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0] in engine_index
+        ):
+            target = str(node.target).removeprefix("aten.")
+            sources = ", ".join(producer(a) for a in node.all_input_nodes if kinds.get(a.name) not in _WEIGHT_KINDS)
+            lines.append(row("torch", node.name, _shape(node), f"{target}({sources}) -> {consumers(node)}"))
+        elif node.op == "output":
+            outputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            for position, value in enumerate(outputs):
+                lines.append(row(f"output {position}", "", "", f"<- {producer(value)}"))
+    return "\n".join(lines)
+
+
+_WEIGHT_KINDS = {"parameter", "buffer", "constant tensor", "custom obj"}
