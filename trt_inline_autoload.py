@@ -1,6 +1,7 @@
 """``torch.backends`` entry point of trt-inline: runs at ``import torch``.
 
-It only registers a post-import hook for ``torch_tensorrt.dynamo._exporter``; it
+It only registers post-import hooks for ``torch_tensorrt.dynamo._exporter`` (the
+inline passes) and ``torch_tensorrt._compile`` (``save``, to embed reference I/O); it
 imports neither ``torch_tensorrt`` nor ``trt_inline`` (which loads on the
 exporter's first import). An exception escaping an entry point of this group
 makes ``import torch`` fail, so nothing here raises: a failure becomes one
@@ -15,6 +16,7 @@ import warnings
 from types import ModuleType
 
 EXPORTER = "torch_tensorrt.dynamo._exporter"
+COMPILE = "torch_tensorrt._compile"
 DISABLE_ENV = "TRT_INLINE_DISABLE"
 
 
@@ -43,7 +45,8 @@ def register() -> None:
     try:
         import wrapt
 
-        wrapt.register_post_import_hook(_on_exporter_import, EXPORTER)
+        for name in (EXPORTER, COMPILE):
+            wrapt.register_post_import_hook(_on_exporter_import, name)
     except Exception as exc:
         warnings.warn(
             f"trt-inline: could not register its import hook ({type(exc).__name__}: {exc}); "

@@ -337,3 +337,50 @@ def test_2_5_adapter_takes_engine_shapes_from_the_outputs_map() -> None:
         first, second = gm(*inputs)
     assert torch.equal(first, torch.relu(inputs[0] * 3.0) + 1.0)
     assert torch.equal(second, torch.relu(inputs[0] * 3.0) - 5.0)
+
+
+def _compile_module(with_extra_files: bool) -> str:
+    """A stand-in for torch_tensorrt/_compile.py: save() through the (patched) exporter, as the real one does."""
+    extra = "extra_files=None, " if with_extra_files else ""
+    write = "extra_files=extra_files" if with_extra_files else "extra_files=None"
+    return textwrap.dedent(
+        f"""
+        import torch
+        __all__ = ["save"]
+
+        def save(module, file_path="", *, {extra}output_format="exported_program", inputs=None,
+                 arg_inputs=None, kwarg_inputs=None, retrace=True):
+            from torch_tensorrt.dynamo._exporter import export
+            program = export(module, arg_inputs=arg_inputs or inputs, use_legacy_exporter=not retrace)
+            torch.export.save(program, file_path, {write})
+        """
+    )
+
+
+_SAVE_THROUGH_TORCH_TENSORRT = """
+    import sys, torch
+    import torch_tensorrt, trt_inline
+    from models import ConvBnRelu
+
+    x = torch.randn(2, 3, 8, 8)
+    compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    torch_tensorrt.save(compiled, sys.argv[1], arg_inputs=[x], retrace=False)
+    report = trt_inline.verify(sys.argv[1])
+    print(report.reference, report.ok, " ".join(trt_inline.plugin.replaced_functions()))
+    trt_inline.uninstall()
+    print(torch_tensorrt.save.__module__, getattr(torch_tensorrt.save, "__wrapped__", None) is None)
+"""
+
+
+@pytest.mark.parametrize("with_extra_files", [True, False], ids=["2.12+", "before-2.12"])
+def test_patched_torch_tensorrt_save_embeds_reference_io(tmp_path: Path, with_extra_files: bool) -> None:
+    tree = package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0"))
+    (tree / "torch_tensorrt" / "_compile.py").write_text(_compile_module(with_extra_files))
+    (tree / "torch_tensorrt" / "__init__.py").write_text(
+        "__version__ = '2.13.0'\nfrom torch_tensorrt._compile import *  # noqa: F403\n"
+    )
+    proc = run_python(_SAVE_THROUGH_TORCH_TENSORRT, tree, str(tmp_path / "model.pt2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = proc.stdout.strip().splitlines()[-2:]
+    assert first == "embedded True inline_torch_modules inline_trt_modules lift save"
+    assert second == "torch_tensorrt._compile True", "uninstall must put the stock save back"

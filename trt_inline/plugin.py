@@ -29,13 +29,16 @@ Torch-TensorRT    ``inline_trt_modules`` signature            replaced
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import inspect
+import os
 import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -48,6 +51,10 @@ from trt_inline.errors import TrtInlineError
 __all__ = ["EXPORTER", "PatchError", "enabled", "install", "is_active", "replaced_functions", "uninstall"]
 
 EXPORTER = "torch_tensorrt.dynamo._exporter"
+COMPILE = "torch_tensorrt._compile"
+TARGETS = (EXPORTER, COMPILE)
+# TRT_INLINE_REFERENCE_IO=0: the patched torch_tensorrt.save embeds no reference I/O.
+REFERENCE_IO_ENV = "TRT_INLINE_REFERENCE_IO"
 
 
 class PatchError(TrtInlineError, RuntimeError):
@@ -63,6 +70,8 @@ class _PluginState:
     hook_registered: bool = False
     originals: dict[str, Any] = field(default_factory=dict)
     replacements: dict[str, Any] = field(default_factory=dict)
+    # (stock torch_tensorrt.save, our wrapper) once wrapped.
+    save: tuple[Any, Any] | None = None
 
 
 _state = _PluginState()
@@ -172,15 +181,82 @@ def _restore() -> None:
     _state.originals, _state.replacements = {}, {}
 
 
-def _on_import(exporter: ModuleType) -> None:
-    """Post-import hook: patch unless this process said no. Never raises."""
+def _save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch_tensorrt.save`` that also embeds reference I/O when given tensor inputs.
+
+    From 2.12 the stock function takes ``extra_files``; before, the written
+    archive is rewritten once with the extra file added.
+    """
+    accepts_extra_files = "extra_files" in inspect.signature(stock_save).parameters
+
+    @functools.wraps(stock_save)
+    def save(module: Any, file_path: str = "", **kwargs: Any) -> Any:
+        extra = _reference_io_for_save(module, file_path, kwargs)
+        if extra and accepts_extra_files:
+            kwargs["extra_files"] = {**(kwargs.get("extra_files") or {}), **extra}
+        result = stock_save(module, file_path, **kwargs)
+        if extra and not accepts_extra_files:
+            export.write_program(torch.export.load(file_path), Path(file_path), extra)
+        return result
+
+    save.__trt_inline_stock__ = stock_save  # type: ignore[attr-defined]
+    return save
+
+
+def _reference_io_for_save(module: Any, file_path: str, kwargs: dict[str, Any]) -> dict[str, str]:
+    """The reference-I/O extra file for a ``torch_tensorrt.save`` call, or {} where it does not apply."""
+    if os.environ.get(REFERENCE_IO_ENV, "1").strip() in ("0", "false", "no"):
+        return {}
+    if kwargs.get("output_format", "exported_program") != "exported_program":
+        return {}
+    if not isinstance(module, torch.fx.GraphModule) or not file_path:
+        return {}
+    args = kwargs.get("arg_inputs") or kwargs.get("inputs")
+    kwarg_inputs = kwargs.get("kwarg_inputs") or {}
+    values = [*(args or ()), *kwarg_inputs.values()]
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        return {}  # torch_tensorrt.Input specs carry no data to keep
+    return export.reference_extra_files(
+        module, list(args or ()), kwarg_inputs, Path(file_path), export.DEFAULT_REFERENCE_LIMIT_BYTES
+    )
+
+
+def _patch_save(compile_module: ModuleType) -> None:
+    stock = getattr(compile_module, "save")  # noqa: B009 - a module attribute mypy cannot see
+    if hasattr(stock, "__trt_inline_stock__"):
+        return
+    wrapper = _save_with_reference_io(stock)
+    package = sys.modules.get("torch_tensorrt")
+    # torch_tensorrt/__init__ star-imports _compile: its `save` is the stock one, or not bound yet.
+    for module in (compile_module, package):
+        if module is not None and getattr(module, "save", None) in (stock, None):
+            module.__dict__["save"] = wrapper
+    _state.save = (stock, wrapper)
+
+
+def _restore_save() -> None:
+    if _state.save is None:
+        return
+    stock, wrapper = _state.save
+    for name in (COMPILE, "torch_tensorrt"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "save", None) is wrapper:
+            module.__dict__["save"] = stock
+    _state.save = None
+
+
+def _on_import(module: ModuleType) -> None:
+    """Post-import hook for both target modules: patch unless this process said no. Never raises."""
     if _state.wanted is False:
         return
     try:
-        _patch(exporter)
+        if module.__name__ == COMPILE:
+            _patch_save(module)
+        else:
+            _patch(module)
     except Exception as exc:  # a failed patch must never break importing torch_tensorrt
         warnings.warn(
-            f"trt-inline: could not patch {EXPORTER} ({type(exc).__name__}: {exc}); "
+            f"trt-inline: could not patch {module.__name__} ({type(exc).__name__}: {exc}); "
             "torch_tensorrt's stock exporter stays in use",
             RuntimeWarning,
             stacklevel=2,
@@ -191,7 +267,8 @@ def _register_hook() -> None:
     if not _state.hook_registered:
         import wrapt
 
-        wrapt.register_post_import_hook(_on_import, EXPORTER)
+        for name in TARGETS:
+            wrapt.register_post_import_hook(_on_import, name)
         _state.hook_registered = True
 
 
@@ -205,6 +282,9 @@ def install() -> None:
     exporter = sys.modules.get(EXPORTER)
     if exporter is not None:
         _patch(exporter)
+    compile_module = sys.modules.get(COMPILE)
+    if compile_module is not None:
+        _patch_save(compile_module)
     _register_hook()
 
 
@@ -212,6 +292,7 @@ def uninstall() -> None:
     """Put the exact stock functions back and stop patching on import. Idempotent."""
     _state.wanted = False
     _restore()
+    _restore_save()
 
 
 def is_active() -> bool:
@@ -225,8 +306,9 @@ def is_active() -> bool:
 
 
 def replaced_functions() -> list[str]:
-    """Names of the exporter functions currently replaced."""
-    return sorted(_state.replacements) if is_active() else []
+    """Names of the functions currently replaced (``save`` is torch_tensorrt.save)."""
+    names = sorted(_state.replacements) if is_active() else []
+    return names + (["save"] if _state.save is not None else [])
 
 
 @contextlib.contextmanager
@@ -239,4 +321,5 @@ def enabled() -> Iterator[None]:
     finally:
         if not was_active:
             _restore()
+            _restore_save()
         _state.wanted = was_wanted
