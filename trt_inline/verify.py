@@ -215,7 +215,12 @@ def load_exported_program(path: str | os.PathLike[str]) -> tuple[ExportedProgram
     finally:
         logger.setLevel(previous)
     text = extra.get(REFERENCE_IO_FILE) or ""
-    return program, decode_reference_io(text) if text else None
+    if not text:
+        return program, None
+    try:
+        return program, decode_reference_io(text)
+    except VerifyInputError as exc:
+        raise VerifyInputError(f"{file}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------
