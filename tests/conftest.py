@@ -13,14 +13,16 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Loads each saved file in a process that has imported nothing but torch and
-# trt_inline, runs it on the stored inputs and writes the outputs back.
+# Loads each saved file in a process that has imported nothing but torch and the
+# named modules, runs it on the stored inputs and writes the outputs back.
 _LOADER = textwrap.dedent(
     """
-    import sys, torch, trt_inline
+    import importlib, sys, torch
+    for name in sys.argv[3].split(","):
+        importlib.import_module(name)
     inputs = torch.load(sys.argv[1], weights_only=True)
     results = {}
-    for path in sys.argv[3:]:
+    for path in sys.argv[4:]:
         program = torch.export.load(path)
         program.graph_module.graph.lint()
         calls = [n.name for n in program.graph.nodes if n.op == "call_module"]
@@ -33,14 +35,19 @@ _LOADER = textwrap.dedent(
 )
 
 
-def load_in_fresh_process(tmp_path: Path, paths: Sequence[Path], inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
-    """Load and run each file in a new interpreter; return {path: {"outputs", "call_modules"}}."""
+def load_in_fresh_process(
+    tmp_path: Path, paths: Sequence[Path], inputs: Sequence[torch.Tensor], imports: Sequence[str] = ("trt_inline",)
+) -> dict[str, Any]:
+    """Load and run each file in a new interpreter that imported only torch and ``imports``.
+
+    Returns {path: {"outputs", "call_modules"}}.
+    """
     inputs_file = tmp_path / "inputs.pt"
     results_file = tmp_path / "results.pt"
     torch.save(list(inputs), inputs_file)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
-        [sys.executable, "-c", _LOADER, str(inputs_file), str(results_file), *map(str, paths)],
+        [sys.executable, "-c", _LOADER, str(inputs_file), str(results_file), ",".join(imports), *map(str, paths)],
         capture_output=True,
         text=True,
         env=env,

@@ -74,6 +74,8 @@ class ReferenceIO:
     args: list[torch.Tensor]
     kwargs: dict[str, torch.Tensor]
     outputs: list[torch.Tensor]
+    # Where the inputs were when captured: verify runs there by default (TensorRT engines need CUDA).
+    device: str = "cpu"
 
     def nbytes(self) -> int:
         tensors = [*self.args, *self.kwargs.values(), *self.outputs]
@@ -102,6 +104,7 @@ def capture_reference_io(
         [a.detach().cpu() for a in args],
         {k: v.detach().cpu() for k, v in kwargs.items()},
         _tensors_only(outputs, "outputs"),
+        device=str(flat[0].device) if flat else "cpu",
     )
 
 
@@ -114,6 +117,7 @@ def encode_reference_io(reference: ReferenceIO) -> str:
             "args": [t.detach().cpu() for t in reference.args],
             "kwargs": {k: v.detach().cpu() for k, v in reference.kwargs.items()},
             "outputs": [t.detach().cpu() for t in reference.outputs],
+            "device": reference.device,
         },
         buffer,
     )
@@ -144,7 +148,10 @@ def decode_reference_io(text: str) -> ReferenceIO:
         and all(isinstance(t, torch.Tensor) for t in [*args, *kwargs.values(), *outputs])
     ):
         raise VerifyInputError("embedded reference I/O must hold lists of tensors")
-    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs))
+    device = payload.get("device", "cpu")
+    if not isinstance(device, str):
+        raise VerifyInputError("embedded reference I/O names no valid device")
+    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device)
 
 
 # ---------------------------------------------------------------------------
@@ -506,6 +513,13 @@ def verify(
         report.reference = "module"
     elif embedded is not None:
         args, kwargs, want, report.reference = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
+        if device is None and embedded.device != "cpu":
+            if not torch.cuda.is_available() and embedded.device.startswith("cuda"):
+                raise VerifyInputError(
+                    f"the reference was captured on {embedded.device} and no CUDA device is available here "
+                    "(pass --device to run elsewhere)"
+                )
+            device = embedded.device
     else:
         report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
         return report
