@@ -10,6 +10,34 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles for the random-graph suite (tests/test_fuzz.py): `ci` is
+# derandomized so that CI is reproducible; `--slow` searches far more graphs.
+settings.register_profile(
+    "ci",
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile(
+    "slow",
+    max_examples=2000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="run the random-graph suite with 2000 random examples")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.register_profile("trt_inline", settings.get_profile("slow" if config.getoption("--slow") else "ci"))
+
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -309,12 +309,24 @@ def to_exported_program(
         )
     flat = transform(module)
     if not retrace:
-        return exported_program_from_graph(flat, dynamic_shapes)
+        return drop_provenance(exported_program_from_graph(flat, dynamic_shapes))
     if arg_inputs is None and not kwarg_inputs:
         raise SaveError("retrace=True re-exports the inlined graph and needs arg_inputs (or use retrace=False)")
-    return torch.export.export(
-        flat, tuple(arg_inputs or ()), kwargs=kwarg_inputs or None, dynamic_shapes=dynamic_shapes
+    return drop_provenance(
+        torch.export.export(flat, tuple(arg_inputs or ()), kwargs=kwarg_inputs or None, dynamic_shapes=dynamic_shapes)
     )
+
+
+def drop_provenance(program: ExportedProgram) -> ExportedProgram:
+    """Remove ``meta["from_node"]``: FX's provenance records ``id(graph)``, a memory address.
+
+    Left in, it is serialized, and the same model saved twice gives different files.
+    """
+    for module in program.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for node in module.graph.nodes:
+                node.meta.pop("from_node", None)
+    return program
 
 
 DEFAULT_REFERENCE_LIMIT_BYTES = 64 << 20

@@ -11,6 +11,7 @@ compile -> save -> load -> compare loop runs without a GPU.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -52,7 +53,8 @@ def compile(
         exported = model
     else:
         exported = torch.export.export(model, tuple(arg_inputs), dynamic_shapes=dynamic_shapes)
-    exported = exported.run_decompositions()
+    if not _is_core_aten(exported.graph):
+        exported = exported.run_decompositions()
     flat = exported.module()
     assert isinstance(flat, torch.fx.GraphModule)
     codegen = flat.graph._codegen
@@ -77,6 +79,19 @@ def compile(
         setattr(split, name, build_engine(block, name))
     split.recompile()
     return split
+
+
+def _is_core_aten(graph: torch.fx.Graph) -> bool:
+    """Whether every op is already core ATen, so that decomposing would change nothing.
+
+    Re-tracing for decomposition is most of the cost of compiling a small model.
+    """
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.core not in node.target.tags:
+            return False
+    return True
 
 
 def _copy_placeholder_meta(source: torch.fx.GraphModule, split: torch.fx.GraphModule) -> None:

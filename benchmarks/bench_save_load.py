@@ -1,0 +1,96 @@
+"""End-to-end cost of a save, of a load, and of running what was loaded (reference backend, CPU).
+
+For the seed scenario (conv-bn-relu, relu falling back) and a ResNet-style
+model (residual add falling back): median ``trt_inline.save`` time for both
+``retrace`` values, file size, median ``torch.export.load`` time, and the
+latency of the loaded program against the in-memory compiled module (median of
+interleaved runs; target ratio <= 1.01). The models are the test suite's.
+
+    python benchmarks/bench_save_load.py [--repeats 5] [--runs 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import trt_inline
+from trt_inline import reference
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from models import ConvBnRelu, TinyResNet
+
+
+def median_seconds(function: Callable[[], object], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def latency_ratio(first: Callable[[], object], second: Callable[[], object], runs: int) -> tuple[float, float]:
+    """Medians of ``first`` and ``second`` timed alternately, so that drift hits both alike."""
+    times: tuple[list[float], list[float]] = ([], [])
+    with torch.no_grad():
+        for _ in range(20):
+            first(), second()
+        for _ in range(runs):
+            for index, function in enumerate((first, second)):
+                start = time.perf_counter()
+                function()
+                times[index].append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=300)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # latency comparisons on a shared 2-core machine
+
+    scenarios = {
+        "seed conv-bn-relu": (ConvBnRelu(16).eval(), torch.randn(4, 3, 32, 32), ["aten.relu.default"]),
+        "resnet-style": (TinyResNet(16).eval(), torch.randn(4, 3, 32, 32), ["aten.add.Tensor"]),
+    }
+    print(f"median of {args.repeats} saves/loads; latency: median of {args.runs} interleaved runs, 1 thread")
+    print(
+        f"{'model':<18} {'retrace':<7} {'save s':>7} {'size KiB':>9} {'load s':>7} "
+        f"{'in-mem ms':>9} {'loaded ms':>9} {'ratio':>6}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (model, x, fallback_ops) in scenarios.items():
+            compiled = reference.compile(model, (x,), torch_executed_ops=fallback_ops)
+            for retrace in (True, False):
+                path = Path(tmp) / f"{name.replace(' ', '_')}_{retrace}.pt2"
+                print(measure(name, compiled, x, retrace, path, args.repeats, args.runs))
+
+
+def measure(
+    name: str, compiled: torch.fx.GraphModule, x: torch.Tensor, retrace: bool, path: Path, repeats: int, runs: int
+) -> str:
+    """One table row: save, size, load, and latency of the loaded program against the compiled module."""
+    save = median_seconds(lambda: trt_inline.save(compiled, path, arg_inputs=(x,), retrace=retrace), repeats)
+    load = median_seconds(lambda: torch.export.load(path), repeats)
+    loaded = torch.export.load(path).module()
+    in_memory, from_file = latency_ratio(lambda: compiled(x), lambda: loaded(x), runs)
+    return (
+        f"{name:<18} {retrace!s:<7} {save:>7.3f} {path.stat().st_size / 1024:>9.1f} {load:>7.3f} "
+        f"{in_memory * 1e3:>9.3f} {from_file * 1e3:>9.3f} {from_file / in_memory:>6.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
