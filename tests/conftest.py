@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,30 @@ def max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     torch.manual_seed(0)
+
+
+@dataclass
+class SavedSeed:
+    """The seed scenario compiled once and saved with (``good``) and without (``bare``) reference I/O."""
+
+    root: Path
+    x: torch.Tensor
+    compiled: torch.fx.GraphModule
+    good: Path
+    bare: Path
+
+
+@pytest.fixture(scope="session")
+def saved_seed(tmp_path_factory: pytest.TempPathFactory) -> SavedSeed:
+    from models import RELU, ConvBnRelu
+
+    import trt_inline
+
+    root = tmp_path_factory.mktemp("saved_seed")
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
+    good, bare = root / "good.pt2", root / "bare.pt2"
+    trt_inline.save(compiled, good, arg_inputs=(x,))
+    trt_inline.save(compiled, bare, arg_inputs=(x,), embed_reference=False)
+    return SavedSeed(root, x, compiled, good, bare)

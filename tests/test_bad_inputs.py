@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import RELU, ConvBnRelu
+from conftest import SavedSeed
+from models import ConvBnRelu
 
 import trt_inline
 from trt_inline import cli, reference
@@ -43,15 +44,8 @@ class Files:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
-    root = tmp_path_factory.mktemp("bad_inputs")
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 8, 8)
-    compiled = reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
-    good, bare = root / "good.pt2", root / "bare.pt2"
-    trt_inline.save(compiled, good, arg_inputs=(x,))
-    trt_inline.save(compiled, bare, arg_inputs=(x,), embed_reference=False)
-    return Files(root, good, bare, x, compiled)
+def files(saved_seed: SavedSeed) -> Files:
+    return Files(saved_seed.root, saved_seed.good, saved_seed.bare, saved_seed.x, saved_seed.compiled)
 
 
 def _truncated(fraction: float) -> Callable[[Files], list[str]]:

@@ -292,13 +292,17 @@ def test_doctor_reports_and_exits_zero_without_torch_tensorrt() -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_doctor_flags_an_unsupported_exporter(tmp_path: Path) -> None:
-    tree = package_tree(tmp_path / "site", "9.9.0", _BROKEN_EXPORTER)
+def run_doctor(tree: Path) -> subprocess.CompletedProcess[str]:
+    """``trt-inline doctor`` with ``tree``'s torch_tensorrt importable and autoload on."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     env.pop("TRT_INLINE_DISABLE", None)
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "trt_inline.cli", "doctor"], capture_output=True, text=True, env=env, timeout=120
     )
+
+
+def test_doctor_flags_an_unsupported_exporter(tmp_path: Path) -> None:
+    proc = run_doctor(package_tree(tmp_path / "site", "9.9.0", _BROKEN_EXPORTER))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "torch_tensorrt  9.9.0" in proc.stdout
     assert (
@@ -309,12 +313,7 @@ def test_doctor_flags_an_unsupported_exporter(tmp_path: Path) -> None:
 
 
 def test_doctor_reports_an_active_patch(tmp_path: Path) -> None:
-    tree = package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0"))
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    env.pop("TRT_INLINE_DISABLE", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline.cli", "doctor"], capture_output=True, text=True, env=env, timeout=120
-    )
+    proc = run_doctor(package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0")))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "exporter patch (2.13)  active: inline_torch_modules, inline_trt_modules, lift" in proc.stdout
 

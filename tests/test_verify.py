@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, SavedSeed
 from models import RELU, ConvBnRelu
 
 import trt_inline
@@ -30,21 +30,16 @@ from trt_inline.verify import (
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The seed scenario saved with and without reference I/O, and a miswired copy."""
-    root = tmp_path_factory.mktemp("verify")
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 8, 8)
-    compiled = reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
-    good, bare = root / "good.pt2", root / "bare.pt2"
-    trt_inline.save(compiled, good, arg_inputs=(x,))
-    trt_inline.save(compiled, bare, arg_inputs=(x,), embed_reference=False)
+def saved(saved_seed: SavedSeed) -> dict[str, Path]:
+    """The seed files, a miswired copy, and tensor files for --inputs/--expected."""
+    root = saved_seed.root
     with torch.no_grad():
-        expected = list(compiled(x))
-    torch.save([x], root / "inputs.pt")
+        expected = list(saved_seed.compiled(saved_seed.x))
+    torch.save([saved_seed.x], root / "inputs.pt")
     torch.save(expected, root / "expected.pt")
     torch.save([torch.randn(2, 5, 8, 8)], root / "wrong_inputs.pt")
-    return {"good": good, "bare": bare, "miswired": miswire(good, root / "miswired.pt2"), "root": root}
+    miswired = miswire(saved_seed.good, root / "miswired.pt2")
+    return {"good": saved_seed.good, "bare": saved_seed.bare, "miswired": miswired, "root": root}
 
 
 def miswire(source: Path, target: Path) -> Path:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trt_inline.errors import TrtInlineError, first_line
+
 __all__ = ["main"]
 
 
@@ -43,8 +45,8 @@ def _package_status(distribution: str, module: str) -> tuple[str, bool, bool]:
     try:
         imported = importlib.import_module(module)
     except Exception as exc:  # a missing libnvinfer surfaces as OSError, ImportError, RuntimeError...
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return f"{version or 'unknown version'}, not importable ({type(exc).__name__}: {first_line})", True, False
+        reason = f"{type(exc).__name__}: {first_line(exc)}"
+        return f"{version or 'unknown version'}, not importable ({reason})", True, False
     return str(version or getattr(imported, "__version__", "unknown version")), True, True
 
 
@@ -121,7 +123,7 @@ def _load_tensors(path: str, what: str) -> Any:
     try:
         return torch_load(path)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
+        first = first_line(exc)
         raise VerifyInputError(
             f"{what} file {path} is not a tensor file readable with weights_only=True: {first}"
         ) from exc
@@ -244,14 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
         return code
     except Exception as exc:
-        from trt_inline.errors import TrtInlineError
-
         if args.debug:
             traceback.print_exc()
         else:
-            first_line = (str(exc).strip().splitlines() or [""])[0]
             kind = "" if isinstance(exc, TrtInlineError) else f"{type(exc).__name__}: "
-            print(f"trt-inline {args.command}: {kind}{first_line}", file=sys.stderr)
+            print(f"trt-inline {args.command}: {kind}{first_line(exc)}", file=sys.stderr)
         return 2
 
 

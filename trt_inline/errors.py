@@ -27,3 +27,9 @@ class EngineFormatError(TrtInlineError, ValueError):
 
 class SaveError(TrtInlineError, ValueError):
     """``trt_inline.save`` was given something it cannot write."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message: what a one-line error report shows."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""

@@ -38,7 +38,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from trt_inline.errors import TrtInlineError
+from trt_inline.errors import TrtInlineError, first_line
 from trt_inline.reference.engine import load_program
 
 __all__ = [
@@ -215,7 +215,7 @@ def load_exported_program(path: str | os.PathLike[str]) -> tuple[ExportedProgram
     try:
         program = torch.export.load(file, extra_files=extra)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
+        first = first_line(exc)
         raise VerifyInputError(
             f"{file}: cannot be loaded by torch {torch.__version__} ({type(exc).__name__}: {first})"
         ) from exc
@@ -306,7 +306,7 @@ def structural_problems(program: ExportedProgram) -> tuple[list[str], list[str]]
     try:
         graph.lint()
     except Exception as exc:
-        problems.append(f"lint: {(str(exc).strip().splitlines() or [''])[0]}")
+        problems.append(f"lint: {first_line(exc)}")
 
     defined: set[torch.fx.Node] = set()
     for node in graph.nodes:
@@ -460,7 +460,7 @@ def _run(
         with torch.no_grad():
             outputs = module(*args, **kwargs)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
+        first = first_line(exc)
         raise VerifyInputError(
             f"the program does not accept the reference inputs ({type(exc).__name__}: {first})"
         ) from exc
