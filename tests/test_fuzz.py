@@ -18,8 +18,9 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 import trt_inline
@@ -190,3 +191,30 @@ def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool) -> None:
 @given(spec=specs(), executed=st.lists(st.sampled_from(FALLBACK_CANDIDATES), unique=True), retrace=st.booleans())
 def test_random_partitioned_graphs_roundtrip_bitwise(spec: Spec, executed: list[Any], retrace: bool) -> None:
     check_roundtrip(spec, executed, retrace)
+
+
+def test_property_catches_name_matched_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The property has bite: with the seed bug put back, it finds a failing graph."""
+    positional = trt_inline.passes.inline_torch_modules
+
+    def name_matching(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        # The stock exporter's pairing: a fallback placeholder binds to the parent node of the same name.
+        by_name = {node.name: node for node in gm.graph.nodes}
+        for call_node in list(gm.graph.nodes):
+            if trt_inline.passes.is_fallback_call(gm, call_node):
+                fallback = gm.get_submodule(str(call_node.target))
+                placeholders = [n for n in fallback.graph.nodes if n.op == "placeholder"]
+                call_node.args = tuple(
+                    by_name.get(p.name, a) for p, a in zip(placeholders, call_node.args, strict=True)
+                )
+        return positional(gm)
+
+    monkeypatch.setattr(trt_inline.passes, "inline_torch_modules", name_matching)
+
+    @settings(max_examples=300, deadline=None, derandomize=True, phases=[Phase.generate], database=None)
+    @given(spec=specs(), executed=st.lists(st.sampled_from(FALLBACK_CANDIDATES), unique=True), retrace=st.booleans())
+    def property_under_mutation(spec: Spec, executed: list[Any], retrace: bool) -> None:
+        check_roundtrip(spec, executed, retrace)
+
+    with pytest.raises((AssertionError, RuntimeError)):
+        property_under_mutation()

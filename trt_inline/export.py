@@ -94,7 +94,11 @@ def _refuse_call_modules(gm: torch.fx.GraphModule) -> None:
             )
 
 
-def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = None) -> ExportedProgram:
+def exported_program_from_graph(
+    gm: torch.fx.GraphModule,
+    dynamic_shapes: Any = None,
+    example_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+) -> ExportedProgram:
     """Build an ExportedProgram from a flat graph without re-executing it.
 
     Before::
@@ -112,6 +116,10 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
 
     Buffers carry their ``persistent`` flag, plain tensors become constants, script
     objects (TensorRT engines) custom objects. ``gm`` is consumed.
+
+    ``example_inputs`` (``(args, kwargs)``) are kept in the program as
+    ``torch.export`` keeps them: ``ExportedProgram.module()`` compiles its input
+    guards from them, and otherwise checks every call in Python instead.
     """
     drop_guard_calls(gm)
     _refuse_call_modules(gm)
@@ -149,9 +157,20 @@ def exported_program_from_graph(gm: torch.fx.GraphModule, dynamic_shapes: Any = 
         state_dict=state_dict,
         range_constraints=_range_constraints(user_inputs, fake_mode, dynamic_shapes),
         module_call_graph=[
-            ModuleCallEntry("", ModuleCallSignature(inputs=[], outputs=[], in_spec=in_spec, out_spec=out_spec))
+            ModuleCallEntry(
+                "",
+                ModuleCallSignature(
+                    inputs=[TensorArgument(name=n.name) for n in user_inputs],
+                    outputs=[_output_argument(out) for out in flat_outputs],
+                    in_spec=in_spec,
+                    out_spec=out_spec,
+                    # The caller's argument names, so that the loaded module takes x=... as the model did.
+                    forward_arg_names=[str(n.target) for n in user_inputs],
+                ),
+            )
         ],
         constants=constants,
+        example_inputs=example_inputs,
     )
 
 
@@ -309,7 +328,10 @@ def to_exported_program(
         )
     flat = transform(module)
     if not retrace:
-        return drop_provenance(exported_program_from_graph(flat, dynamic_shapes))
+        examples = None
+        if arg_inputs is not None or kwarg_inputs:
+            examples = (tuple(arg_inputs or ()), dict(kwarg_inputs or {}))
+        return drop_provenance(exported_program_from_graph(flat, dynamic_shapes, examples))
     if arg_inputs is None and not kwarg_inputs:
         raise SaveError("retrace=True re-exports the inlined graph and needs arg_inputs (or use retrace=False)")
     return drop_provenance(
