@@ -35,8 +35,6 @@ from trt_inline.reference.engine import ReferenceEngine
 
 __all__ = ["emit_engine_call", "engine_kind", "unique_attr_name"]
 
-_TRT_MODULE_CLASSES = ("TorchTensorRTModule",)
-
 
 def engine_kind(module: torch.nn.Module) -> str | None:
     """``"reference"``, ``"tensorrt"``, or None for a module that is no engine."""

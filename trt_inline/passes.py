@@ -212,7 +212,7 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 f"({', '.join(p.name for p in placeholders)})"
             )
 
-        val_map: dict[torch.fx.Node, Any] = dict(zip(placeholders, call_node.args, strict=False))
+        val_map: dict[torch.fx.Node, Any] = dict(zip(placeholders, call_node.args, strict=True))
         with gm.graph.inserting_before(call_node):
             output = gm.graph.graph_copy(fallback_module.graph, val_map)
 

@@ -257,7 +257,7 @@ def _on_import(module: ModuleType) -> None:
     except Exception as exc:  # a failed patch must never break importing torch_tensorrt
         warnings.warn(
             f"trt-inline: could not patch {module.__name__} ({type(exc).__name__}: {exc}); "
-            "torch_tensorrt's stock exporter stays in use",
+            "torch_tensorrt's stock behaviour stays in use",
             RuntimeWarning,
             stacklevel=2,
         )
