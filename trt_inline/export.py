@@ -34,6 +34,7 @@ from torch.export.graph_signature import (
 from torch.fx.graph import _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 
+from trt_inline.attributes import resolve_attribute
 from trt_inline.errors import SaveError
 from trt_inline.passes import transform
 
@@ -50,12 +51,6 @@ __all__ = [
 
 # Order the ExportedProgram verifier expects lifted inputs in, before user inputs.
 _LIFT_ORDER = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
-
-
-def _fetch(gm: torch.nn.Module, target: str) -> tuple[torch.nn.Module, str, Any]:
-    owner_path, _, leaf = target.rpartition(".")
-    owner = gm.get_submodule(owner_path) if owner_path else gm
-    return owner, leaf, getattr(owner, leaf)
 
 
 def _lifted_kind(owner: torch.nn.Module, leaf: str, value: Any) -> tuple[InputKind, bool | None]:
@@ -140,9 +135,8 @@ def exported_program_from_graph(
     input_specs += [
         InputSpec(kind=InputKind.USER_INPUT, arg=TensorArgument(name=n.name), target=None) for n in user_inputs
     ]
-    output_specs = [
-        OutputSpec(kind=OutputKind.USER_OUTPUT, arg=_output_argument(out), target=None) for out in flat_outputs
-    ]
+    output_args = [_output_argument(out) for out in flat_outputs]
+    output_specs = [OutputSpec(kind=OutputKind.USER_OUTPUT, arg=arg, target=None) for arg in output_args]
 
     gm.graph._codegen = torch.fx.graph.CodeGen()
     output_node.args = (tuple(flat_outputs),)
@@ -161,10 +155,10 @@ def exported_program_from_graph(
                 "",
                 ModuleCallSignature(
                     inputs=[TensorArgument(name=n.name) for n in user_inputs],
-                    outputs=[_output_argument(out) for out in flat_outputs],
+                    outputs=[*output_args],
                     in_spec=in_spec,
                     out_spec=out_spec,
-                    # The caller's argument names, so that the loaded module takes x=... as the model did.
+                    # The loaded module's forward is named after the caller's arguments (x, not arg_0).
                     forward_arg_names=[str(n.target) for n in user_inputs],
                 ),
             )
@@ -194,7 +188,7 @@ def lift_attributes(
         if node.op != "get_attr":
             continue
         target = str(node.target)
-        owner, leaf, value = _fetch(gm, target)
+        owner, leaf, value = resolve_attribute(gm, target)
         if isinstance(value, torch.nn.Module):
             continue  # subgraphs of higher-order ops stay get_attr
         if target not in lifted:

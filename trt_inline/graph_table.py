@@ -15,6 +15,8 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from trt_inline.verify import describe_value
+
 __all__ = ["describe_program", "is_engine_node"]
 
 _ENGINE_OPS = ("trt_inline.execute_engine", "tensorrt.execute_engine", "tensorrt.no_op_placeholder_for_execute_engine")
@@ -37,9 +39,7 @@ def _input_kinds(program: ExportedProgram) -> dict[str, str]:
 
 def _shape(node: torch.fx.Node) -> str:
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return f"{str(val.dtype).removeprefix('torch.')}[{', '.join(str(d) for d in val.shape)}]"
-    return ""
+    return describe_value(val) if isinstance(val, torch.Tensor) else ""
 
 
 def describe_program(program: ExportedProgram) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from trt_inline.attributes import resolve_attribute
 from trt_inline.engines import emit_engine_call, engine_kind, unique_attr_name
 from trt_inline.errors import InlineError
 from trt_inline.reference.partition import ACC_PREFIX, FALLBACK_PREFIX
@@ -52,10 +53,22 @@ def is_fallback_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return node.op == "call_module" and str(node.target).startswith(FALLBACK_PREFIX)
 
 
-def _getitem_index(user: torch.fx.Node) -> int | None:
-    if user.op == "call_function" and user.target is operator.getitem and isinstance(user.args[1], int):
-        return user.args[1]
-    return None
+def _getitem_users(call_node: torch.fx.Node, count: int, what: str) -> list[tuple[torch.fx.Node, int]]:
+    """The ``getitem(call_node, i)`` users of a ``count``-output call, each with its own index.
+
+    Anything else reading the call (or an index out of range) is an error naming
+    the submodule: a multi-output submodule is only ever read through getitems.
+    """
+    result = []
+    for user in list(call_node.users):
+        index = user.args[1] if user.op == "call_function" and user.target is operator.getitem else None
+        if not isinstance(index, int) or not -count <= index < count:
+            raise InlineError(
+                f"{call_node.target}: {count}-output {what} is used by {user.name} ({user.op} "
+                f"{user.target}), expected getitem nodes with an index below {count}"
+            )
+        result.append((user, index))
+    return result
 
 
 # Called after each engine call is inlined with (engine op node, engine module, number of outputs).
@@ -114,13 +127,7 @@ def inline_engines(
             output.meta["val"] = vals[0]
             call_node.replace_all_uses_with(output)
         else:
-            for user in list(call_node.users):
-                index = _getitem_index(user)
-                if index is None or not -len(vals) <= index < len(vals):
-                    raise InlineError(
-                        f"{name}: {len(vals)}-output engine is used by {user.name} ({user.op} "
-                        f"{user.target}), expected getitem nodes with an index below {len(vals)}"
-                    )
+            for user, index in _getitem_users(call_node, len(vals), "engine"):
                 user.meta["val"] = vals[index]
             call_node.replace_all_uses_with(engine_call)
         gm.graph.erase_node(call_node)
@@ -142,10 +149,8 @@ def _move_attribute(
     so export lifts each with its true kind. The same object reached from two
     fallbacks (a shared weight) is registered once.
     """
-    owner_path, _, leaf = target.rpartition(".")
     try:
-        owner = fallback_module.get_submodule(owner_path) if owner_path else fallback_module
-        value = getattr(owner, leaf)
+        owner, leaf, value = resolve_attribute(fallback_module, target)
     except AttributeError as exc:
         raise InlineError(f"{fallback_name}: references attribute {target!r}, which it does not have") from exc
     if id(value) in moved:
@@ -226,13 +231,7 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 def _replace_fallback_uses(call_node: torch.fx.Node, output: Any, name: str) -> None:
     if isinstance(output, (tuple, list)):
-        for user in list(call_node.users):
-            index = _getitem_index(user)
-            if index is None or not -len(output) <= index < len(output):
-                raise InlineError(
-                    f"{name}: {len(output)}-output fallback is used by {user.name} ({user.op} "
-                    f"{user.target}), expected getitem nodes with an index below {len(output)}"
-                )
+        for user, index in _getitem_users(call_node, len(output), "fallback"):
             user.replace_all_uses_with(output[index])
             user.graph.erase_node(user)
         return

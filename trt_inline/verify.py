@@ -38,6 +38,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
+from trt_inline.attributes import resolve_attribute
 from trt_inline.errors import TrtInlineError, first_line
 from trt_inline.reference.engine import load_program
 
@@ -49,6 +50,7 @@ __all__ = [
     "VerifyReport",
     "capture_reference_io",
     "decode_reference_io",
+    "describe_value",
     "default_tolerance",
     "encode_reference_io",
     "load_exported_program",
@@ -270,7 +272,7 @@ def _engine_problems(node: torch.fx.Node) -> list[str]:
                 or any(d is not None and isinstance(v, int) and v != d for v, d in zip(val.shape, dims, strict=False))
             ):
                 problems.append(
-                    f"engine {node.name}: input {index} is {arg.name} ({_describe(val)}), "
+                    f"engine {node.name}: input {index} is {arg.name} ({describe_value(val)}), "
                     f"the engine expects {str(dtype).removeprefix('torch.')}{list(dims)}"
                 )
         vals = _values(node)
@@ -281,7 +283,8 @@ def _engine_problems(node: torch.fx.Node) -> list[str]:
     return problems
 
 
-def _describe(val: Any) -> str:
+def describe_value(val: Any) -> str:
+    """``float32[2, 3, 8, 8]`` for a tensor (fake or real), the type's name otherwise."""
     if isinstance(val, torch.Tensor):
         return f"{str(val.dtype).removeprefix('torch.')}{list(val.shape)}"
     return type(val).__name__
@@ -324,7 +327,7 @@ def structural_problems(program: ExportedProgram) -> tuple[list[str], list[str]]
                 notes.append(f"lifted input {node.name} is never used")
         elif node.op == "get_attr":
             try:
-                operator.attrgetter(str(node.target))(gm)
+                resolve_attribute(gm, str(node.target))
             except AttributeError:
                 problems.append(f"get_attr {node.name} names {node.target!r}, which the module does not have")
         elif node.op == "call_module":
@@ -341,8 +344,8 @@ def structural_problems(program: ExportedProgram) -> tuple[list[str], list[str]]
                 if vals is not None and isinstance(index, int) and -len(vals) <= index < len(vals):
                     if not _same_meta(node.meta.get("val"), vals[index]):
                         problems.append(
-                            f"{node.name}: meta {_describe(node.meta.get('val'))} disagrees with output {index} "
-                            f"of {producer.name} ({_describe(vals[index])})"
+                            f"{node.name}: meta {describe_value(node.meta.get('val'))} disagrees with output {index} "
+                            f"of {producer.name} ({describe_value(vals[index])})"
                         )
     if any(n.op == "call_function" and str(n.target).startswith("tensorrt.") for n in graph.nodes):
         notes.append("TensorRT engine inputs are not checked without the TensorRT runtime")
@@ -427,7 +430,7 @@ def _compare(
         )
     actual = actual.detach().cpu()
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        mismatch = f"output {index} is {_describe(actual)}, expected {_describe(expected)}"
+        mismatch = f"output {index} is {describe_value(actual)}, expected {describe_value(expected)}"
         return OutputComparison(index, shape, dtype, float("inf"), float("inf"), atol, rtol, False, mismatch)
     if expected.numel() == 0:
         return OutputComparison(index, shape, dtype, 0.0, 0.0, atol, rtol, True)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from trt_inline.attributes import resolve_attribute
 from trt_inline.errors import EngineFormatError
 
 __all__ = [
@@ -331,13 +332,6 @@ def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, progr
 # ---------------------------------------------------------------------------
 
 
-def _fetch_attr(module: torch.nn.Module, target: str) -> Any:
-    obj: Any = module
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
     """Freeze an accelerated block (a ``_run_on_acc_N`` GraphModule) into an engine."""
     refs: dict[torch.fx.Node, int] = {}
@@ -351,7 +345,7 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
         if node.op != "get_attr":
             continue
         if node.target not in weight_index:
-            value = _fetch_attr(block, str(node.target))
+            value = resolve_attribute(block, str(node.target))[2]
             if not isinstance(value, torch.Tensor):
                 raise EngineFormatError(
                     f"{name}: get_attr {node.name} reads a {type(value).__name__}, an engine can only hold tensors"
