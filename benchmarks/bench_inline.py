@@ -31,7 +31,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import trt_inline
-from trt_inline.passes import is_fallback_call
+from trt_inline.engines import is_fallback_call
 from trt_inline.reference.engine import ReferenceEngine, build_engine
 
 WIDTH = 32

@@ -14,7 +14,7 @@ from models import RELU, ConvBnRelu, EdgesFallBack, MultiOutputBothSides, TinyRe
 
 import trt_inline
 from trt_inline import reference
-from trt_inline.passes import is_fallback_call
+from trt_inline.engines import is_fallback_call
 
 EAGER_ATOL = 1e-4
 

@@ -201,7 +201,7 @@ def test_property_catches_name_matched_wiring(monkeypatch: pytest.MonkeyPatch) -
         # The stock exporter's pairing: a fallback placeholder binds to the parent node of the same name.
         by_name = {node.name: node for node in gm.graph.nodes}
         for call_node in list(gm.graph.nodes):
-            if trt_inline.passes.is_fallback_call(gm, call_node):
+            if trt_inline.engines.is_fallback_call(gm, call_node):
                 fallback = gm.get_submodule(str(call_node.target))
                 placeholders = [n for n in fallback.graph.nodes if n.op == "placeholder"]
                 call_node.args = tuple(

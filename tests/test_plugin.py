@@ -9,6 +9,7 @@ it the way ``torch_tensorrt.save`` does.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -22,8 +23,10 @@ import pytest
 import torch
 from conftest import REPO, load_in_fresh_process, max_abs_diff
 
+import trt_inline
 import trt_inline_autoload
 from trt_inline import passes, plugin
+from trt_inline.plugin import adapters
 
 TESTS = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("TRT_INLINE_TEST_CACHE", Path.home() / ".cache" / "trt-inline-tests"))
@@ -248,28 +251,28 @@ def _fake_exporter(params: str, **extra: object) -> ModuleType:
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
-        ("gm, outputs_map", "_inline_trt_modules_with_outputs_map"),  # 2.5
+        ("gm, outputs_map", "inline_trt_modules_with_outputs_map"),  # 2.5
         ("gm, cross_compile_flag=False", "inline_trt_modules"),  # 2.6
         ("gm, cross_compile_module=False", "inline_trt_modules"),  # 2.7 ... 2.13
     ],
 )
 def test_replacements_by_signature(params: str, expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plugin, "torch_tensorrt_version", lambda: (2, 13))
+    monkeypatch.setattr(adapters, "torch_tensorrt_version", lambda: (2, 13))
     replacements = plugin.replacements_for(_fake_exporter(params))
     assert replacements["inline_trt_modules"].__name__ == expected
     assert replacements["inline_torch_modules"] is passes.inline_torch_modules
-    assert replacements["lift"].__module__ == "trt_inline.export"
+    assert replacements["lift"] is adapters.lift
 
 
 def test_replacements_for_2_14_keep_the_stock_mutation_exposure(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plugin, "torch_tensorrt_version", lambda: (2, 14))
+    monkeypatch.setattr(adapters, "torch_tensorrt_version", lambda: (2, 14))
     calls: list[tuple[str, int]] = []
     exposer = lambda gm, node, module, n: calls.append((node.name, n))  # noqa: E731
     exporter = _fake_exporter(
         "gm, cross_compile_module=False, expose_aliased_mutations=True", _expose_aliased_buffer_mutations=exposer
     )
     replacements = plugin.replacements_for(exporter)
-    assert replacements["lift"].__module__ == "trt_inline.plugin"  # stock lift, guard calls dropped first
+    assert replacements["lift"].__name__ == "lift" and replacements["lift"] is not adapters.lift  # stock lift, wrapped
 
     from test_passes import seed_collision_graph
 
@@ -326,7 +329,9 @@ def test_2_5_adapter_takes_engine_shapes_from_the_outputs_map() -> None:
         if node.op == "call_module" and str(node.target).startswith("_run_on_acc_"):
             del node.meta["val"]
     outputs_map = {"_run_on_acc_0": [(4, 5)], "_run_on_acc_2": [(4, 5), (4, 5)]}
-    plugin._inline_trt_modules_with_outputs_map(gm, outputs_map)
+    # These hand-built engines were traced without fake values, so they record no output dtypes.
+    with pytest.warns(RuntimeWarning, match="_run_on_acc_0 does not record its output dtypes"):
+        adapters.inline_trt_modules_with_outputs_map(gm, outputs_map)
     engine_calls = [n for n in gm.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default]
     assert [[tuple(v.shape) for v in n.meta["val"]] for n in engine_calls] == [[(4, 5)], [(4, 5), (4, 5)]]
     gm = passes.inline_torch_modules(gm)
@@ -336,6 +341,39 @@ def test_2_5_adapter_takes_engine_shapes_from_the_outputs_map() -> None:
         first, second = gm(*inputs)
     assert torch.equal(first, torch.relu(inputs[0] * 3.0) + 1.0)
     assert torch.equal(second, torch.relu(inputs[0] * 3.0) - 5.0)
+
+
+class _HalfModel(torch.nn.Module):
+    """fp16 engines on both sides of an fp16 fallback, one engine with two outputs."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(x * 2.0 + 1.0)
+        a, b = (y - 0.5).chunk(2, dim=-1)
+        return a * b, b + 3.0
+
+
+def test_2_5_adapter_types_engine_outputs_from_the_engine() -> None:
+    """Torch-TensorRT 2.5 gives shapes only; dtype and device must come from the engine, not float32."""
+    x = torch.randn(4, 6, dtype=torch.float16)
+    compiled = trt_inline.reference.compile(_HalfModel().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    calls = [n for n in compiled.graph.nodes if n.op == "call_module" and str(n.target).startswith("_run_on_acc_")]
+    assert len(calls) >= 2 and any(len(n.meta["val"]) == 2 for n in calls), "needs a multi-output engine"
+    outputs_map = {}
+    for node in calls:
+        outputs_map[str(node.target)] = [tuple(v.shape) for v in node.meta.pop("val")]
+    flat = adapters.inline_trt_modules_with_outputs_map(copy.deepcopy(compiled), outputs_map)
+    engine_calls = [n for n in flat.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default]
+    dtypes = {v.dtype for n in engine_calls for v in n.meta["val"]}
+    devices = {v.device.type for n in engine_calls for v in n.meta["val"]}
+    assert dtypes == {torch.float16} and devices == {"cpu"}
+    getitems = [u for n in engine_calls for u in n.users]
+    assert {u.meta["val"].dtype for u in getitems} == {torch.float16}
+    flat = passes.inline_torch_modules(flat)
+    flat.graph.lint()
+    flat.recompile()
+    with torch.no_grad():
+        assert [t.dtype for t in flat(x)] == [torch.float16, torch.float16]
+        assert max_abs_diff(list(flat(x)), list(compiled(x))) == 0.0
 
 
 def _compile_module(with_extra_files: bool) -> str:

@@ -102,7 +102,7 @@ def test_reference_module_and_given_tensors(saved: dict[str, Path]) -> None:
     expected = torch.load(saved["root"] / "expected.pt", weights_only=True)
     assert verify(saved["bare"], arg_inputs=x, expected=expected).ok
     assert not verify(saved["bare"], arg_inputs=x, expected=[e + 1 for e in expected]).ok
-    program, _ = load_exported_program(saved["good"])
+    program = load_exported_program(saved["good"]).program
     assert verify(saved["miswired"], reference=program.module()).ok is False
 
 
@@ -174,7 +174,7 @@ def test_reference_io_refuses_non_tensor_payloads() -> None:
 
 
 def test_structural_checks_name_the_node(saved: dict[str, Path]) -> None:
-    program, _ = load_exported_program(saved["good"])
+    program = load_exported_program(saved["good"]).program
     assert structural_problems(program)[0] == []
 
     getitem = next(n for n in program.graph.nodes if n.target is operator.getitem)

@@ -1,22 +1,28 @@
-"""``trt-inline`` command line: ``doctor``, ``verify``, ``inspect``.
+"""``trt-inline`` command line: ``doctor``, ``verify``, ``inspect`` (also ``python -m trt_inline``).
 
 Errors print one line on stderr and exit 2 (unusable input) or 1 (a check
-failed); ``--debug`` shows the traceback instead.
+failed). Warnings and log records torch emits while loading a file are kept off
+stderr; ``--debug`` shows them, the traceback of an error, and trt_inline's own
+DEBUG records (the graph before and after each pass).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.metadata
+import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trt_inline.errors import TrtInlineError, first_line
+from trt_inline.errors import TrtInlineError, VerifyInputError, first_line
+from trt_inline.logs import debug_to_stderr
 
 __all__ = ["main"]
 
@@ -104,6 +110,8 @@ def doctor() -> list[Finding]:
         findings.append(Finding(label, f"inactive ({autoload}); would replace " + ", ".join(planned)))
     else:
         findings.append(Finding(label, "NOT ACTIVE although autoload is on", ok=False))
+    for name, why in sorted(plugin.refused_replacements().items()):
+        findings.append(Finding(f"left stock: {name}", f"the replacement failed its preflight ({why})", ok=False))
     return findings
 
 
@@ -116,30 +124,21 @@ def _run_doctor(args: argparse.Namespace) -> int:
 
 
 def _load_tensors(path: str, what: str) -> Any:
-    from trt_inline.verify import VerifyInputError
+    import torch
 
     if not os.path.exists(path):
         raise VerifyInputError(f"{what} file {path}: no such file")
     try:
-        return torch_load(path)
+        return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:
-        first = first_line(exc)
         raise VerifyInputError(
-            f"{what} file {path} is not a tensor file readable with weights_only=True: {first}"
+            f"{what} file {path} is not a tensor file readable with weights_only=True: {first_line(exc)}"
         ) from exc
-
-
-def torch_load(path: str) -> Any:
-    import torch
-
-    return torch.load(path, weights_only=True, map_location="cpu")
 
 
 def _split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
     """An inputs file holds a tensor, a list/tuple of tensors, or {"args": [...], "kwargs": {...}}."""
     import torch
-
-    from trt_inline.verify import VerifyInputError
 
     if isinstance(value, torch.Tensor):
         return [value], {}
@@ -150,27 +149,13 @@ def _split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
     raise VerifyInputError('an inputs file holds a tensor, a list of tensors, or {"args": [...], "kwargs": {...}}')
 
 
-def _print_report(report: Any) -> None:
-    status = "PASS" if report.ok else ("FAIL" if report.problems else "UNVERIFIED")
-    print(f"{status} {report.source} (reference: {report.reference})")
-    for output in report.outputs:
-        dims = ", ".join(map(str, output.shape))
-        mark = "ok  " if output.ok else "DIFF"
-        print(
-            f"  {mark} output {output.index}  {output.dtype}[{dims}]  max abs diff {output.max_abs_diff:.6g}  "
-            f"max rel diff {output.max_rel_diff:.6g}  (atol {output.atol:g}, rtol {output.rtol:g})"
-        )
-    for problem in report.problems:
-        print(f"  problem: {problem}")
-    for note in report.notes:
-        print(f"  note: {note}")
-
-
 def _run_verify(args: argparse.Namespace) -> int:
-    from trt_inline.verify import VerifyInputError, verify
+    from trt_inline.verify import verify
 
     if (args.inputs is None) != (args.expected is None):
         raise VerifyInputError("--inputs and --expected go together")
+    if args.inputs is not None and args.reference_from is not None:
+        raise VerifyInputError("--reference-from replaces --inputs/--expected; give one or the other")
     arg_inputs = kwarg_inputs = expected = None
     if args.inputs is not None:
         arg_inputs, kwarg_inputs = _split_inputs(_load_tensors(args.inputs, "inputs"))
@@ -181,20 +166,19 @@ def _run_verify(args: argparse.Namespace) -> int:
         arg_inputs=arg_inputs,
         kwarg_inputs=kwarg_inputs,
         expected=expected,
+        reference_from=args.reference_from,
         atol=args.atol,
         rtol=args.rtol,
         device=args.device,
+        allow_pickle=args.allow_pickle,
     )
-    if args.json:
-        print(report.to_json())
-    else:
-        _print_report(report)
+    print(report.to_json() if args.json else report.to_text())
     if report.problems:
         return 1
     if not report.compared:
         raise VerifyInputError(
             f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
-            "--inputs FILE --expected FILE"
+            "--inputs FILE --expected FILE or --reference-from NEW.pt2"
         )
     return 0
 
@@ -203,8 +187,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from trt_inline.graph_table import describe_program
     from trt_inline.verify import load_exported_program
 
-    program, _ = load_exported_program(args.path)
-    print(describe_program(program))
+    loaded = load_exported_program(args.path, allow_pickle=args.allow_pickle)
+    print(describe_program(loaded.program))
     return 0
 
 
@@ -212,38 +196,69 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trt-inline", description="Correct ExportedProgram saves of Torch-TensorRT modules."
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks, torch's warnings and trt_inline's DEBUG log"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     doctor_parser = commands.add_parser(
         "doctor", help="report versions, CUDA, and whether torch_tensorrt.save is patched"
     )
     doctor_parser.set_defaults(run=_run_doctor)
 
+    allow_pickle_help = (
+        "load pickles that need more than plain tensors and Torch-TensorRT engines; "
+        "only for files from a trusted source (loading them can run code)"
+    )
     verify_parser = commands.add_parser(
         "verify",
-        help="check a saved ExportedProgram: loads, graph sound, outputs match the reference",
-        description="Exit 0: passed. 1: a structural problem or an output mismatch. 2: unusable input.",
+        help="check a saved ExportedProgram: loads safely, graph sound, outputs match the reference",
+        description="Exit 0: passed. 1: a structural problem or an output mismatch. 2: unusable or refused input.",
     )
     verify_parser.add_argument("path")
     verify_parser.add_argument("--inputs", help="torch.save'd tensor, list of tensors, or {'args', 'kwargs'}")
     verify_parser.add_argument("--expected", help="torch.save'd tensor or list of tensors: the expected outputs")
+    verify_parser.add_argument(
+        "--reference-from",
+        metavar="NEW.pt2",
+        help="run PATH on the reference I/O embedded in another file (a newer trt-inline save of the same module)",
+    )
     verify_parser.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
     verify_parser.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
     verify_parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
     verify_parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify_parser.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help)
     verify_parser.set_defaults(run=_run_verify)
 
     inspect_parser = commands.add_parser("inspect", help="table of engines, fallback ops and their wiring")
     inspect_parser.add_argument("path")
+    inspect_parser.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help)
     inspect_parser.set_defaults(run=_run_inspect)
     return parser
+
+
+@contextlib.contextmanager
+def _quiet(debug: bool) -> Iterator[None]:
+    """Unless debugging: no warnings and no log records reach stderr; both restored afterwards."""
+    if debug:
+        with debug_to_stderr(True):
+            yield
+        return
+    previous = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            logging.disable(previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.run(args)
+        with _quiet(args.debug):
+            code: int = args.run(args)
         return code
     except Exception as exc:
         if args.debug:

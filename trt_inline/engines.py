@@ -1,29 +1,39 @@
-"""What an accelerated submodule is, and the node that replaces its call.
+"""What an engine is: the one place that says so.
 
-Three kinds of accelerated module can sit behind a ``_run_on_acc_N`` call:
+Everything else (the passes, verification, the ``inspect`` table, the plugin,
+the archive safety checks, the reference backend's partitioner) asks this
+module. A new engine op or module type is added here and nowhere else.
 
 ==============================  ==========================================================
-module                          node emitted in the flat graph
+accelerated module              node emitted in the flat graph
 ==============================  ==========================================================
-:class:`ReferenceEngine`        ``get_attr <name>_engine`` (uint8 payload) +
-                                ``trt_inline.execute_engine((inputs...), engine, program)``
+``ReferenceEngine``             ``get_attr <name>_engine`` (uint8 payload) +
+                                ``trt_inline.execute_engine([inputs...], engine, program)``
 ``TorchTensorRTModule``         ``get_attr <name>_engine`` (``tensorrt.Engine``) +
-                                ``tensorrt.execute_engine((inputs...), engine)``
+                                ``tensorrt.execute_engine([inputs...], engine)``
 the same, cross-compiled        ``tensorrt.no_op_placeholder_for_execute_engine(
-                                (inputs...), *engine_info)`` with the engine base64-encoded
+                                [inputs...], *engine_info)`` with the engine base64-encoded
 ==============================  ==========================================================
 
 The Torch-TensorRT forms are the ones its own exporter emits (2.5 ... 2.14), so
 the rest of Torch-TensorRT (``replace_execute_engine_no_op_node``, the runtime,
-the AOTInductor and ExecuTorch paths) accepts the graph. ``torch_tensorrt`` is
-only ever imported here when one of its modules is already in the graph, which
-means it is already imported.
+the AOTInductor and ExecuTorch paths) accepts the graph. Module types are
+recognised by qualified name, so that asking never imports ``torch_tensorrt``
+(which needs ``libnvinfer``) or the reference backend.
+
+Every engine op takes its inputs as one ``Tensor[]`` argument (position 0) and
+returns ``Tensor[]``: a scalar crossing the boundary travels as a 0-d tensor.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
+import operator
+import re
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,21 +41,199 @@ import torch.fx
 from torch.export.graph_signature import CustomObjArgument
 
 from trt_inline.errors import InlineError
-from trt_inline.reference.engine import ReferenceEngine
 
-__all__ = ["emit_engine_call", "engine_kind", "unique_attr_name"]
+__all__ = [
+    "ACC_PREFIX",
+    "ENGINE_OPS",
+    "ENGINE_PICKLE_GLOBALS",
+    "ENGINE_SCRIPT_CLASSES",
+    "FALLBACK_PREFIX",
+    "EngineOp",
+    "EngineSignature",
+    "ValueSpec",
+    "emit_engine_call",
+    "engine_backend",
+    "engine_inputs",
+    "engine_op",
+    "engine_output_users",
+    "engine_signature",
+    "is_accelerated_call",
+    "is_engine_attribute",
+    "is_engine_call",
+    "is_fallback_call",
+    "output_count",
+    "output_specs",
+    "unique_attr_name",
+]
+
+# Submodule names Torch-TensorRT's partitioners give (and the reference backend copies).
+ACC_PREFIX = "_run_on_acc_"
+FALLBACK_PREFIX = "_run_on_gpu_"
+# The attribute an inlined engine object is stored under: "<submodule>_engine", as the stock exporter names it.
+_ENGINE_ATTRIBUTE = re.compile(rf"^{ACC_PREFIX}\d+_engine(_\d+)?$")
 
 
-def engine_kind(module: torch.nn.Module) -> str | None:
+@dataclass(frozen=True)
+class ValueSpec:
+    """What one engine input or output is: a tensor's dtype and dims (None where symbolic), or a scalar."""
+
+    dtype: torch.dtype
+    dims: tuple[int | None, ...] = ()
+    scalar: bool = False
+
+
+@dataclass(frozen=True)
+class EngineSignature:
+    """What an engine call node's engine declares about its inputs and outputs."""
+
+    inputs: tuple[ValueSpec | None, ...]
+    outputs: tuple[ValueSpec | None, ...]
+
+
+@dataclass(frozen=True)
+class EngineOp:
+    """An op that runs an engine.
+
+    ``engine_arg`` is the position of the engine object (``None`` where the
+    engine travels inside the call's own arguments); ``describe`` names, as
+    ``"module:function"``, a function returning the :class:`EngineSignature` of a
+    call, for engines whose calls carry enough to say (imported on first use).
+    """
+
+    name: str
+    backend: str
+    engine_arg: int | None
+    describe: str | None = None
+
+
+REFERENCE_OP = EngineOp(
+    "trt_inline::execute_engine", "reference", engine_arg=1, describe="trt_inline.reference.engine:describe_call"
+)
+TENSORRT_OP = EngineOp("tensorrt::execute_engine", "tensorrt", engine_arg=1)
+CROSS_COMPILE_OP = EngineOp("tensorrt::no_op_placeholder_for_execute_engine", "tensorrt", engine_arg=None)
+ENGINE_OPS: tuple[EngineOp, ...] = (REFERENCE_OP, TENSORRT_OP, CROSS_COMPILE_OP)
+_OPS_BY_NAME = {op.name: op for op in ENGINE_OPS}
+
+# Accelerated module classes, by qualified name (module path + class name).
+_MODULE_BACKENDS = {
+    "trt_inline.reference.engine.ReferenceEngine": "reference",
+    "torch_tensorrt.dynamo.runtime._TorchTensorRTModule.TorchTensorRTModule": "tensorrt",
+}
+
+# How a saved archive stores an engine object, and so what the archive safety
+# checks let through without --allow-pickle:
+# - TorchBind classes, pickled by torch.save (torch.ScriptObject + class name) or
+#   by the TorchScript pickler (a global named after the class); loading runs the
+#   class's registered C++ __setstate__, no Python from the file.
+ENGINE_SCRIPT_CLASSES: tuple[str, ...] = ("__torch__.torch.classes.tensorrt.Engine",)
+# - Python reconstructors (Torch-TensorRT 2.13+ saves engines as opaque objects
+#   whose pickle calls this function of the installed torch_tensorrt with strings).
+ENGINE_PICKLE_GLOBALS: tuple[tuple[str, str], ...] = (
+    ("torch_tensorrt.dynamo.runtime._TRTEngine", "_reconstruct_trt_engine"),
+)
+
+
+# ---------------------------------------------------------------------------
+# Engine call nodes in a flat graph
+# ---------------------------------------------------------------------------
+
+
+def engine_op(node: torch.fx.Node) -> EngineOp | None:
+    """The engine op a ``call_function`` node calls, or None."""
+    if node.op != "call_function":
+        return None
+    schema = getattr(node.target, "_schema", None)
+    return _OPS_BY_NAME.get(getattr(schema, "name", ""))
+
+
+def is_engine_call(node: torch.fx.Node) -> bool:
+    return engine_op(node) is not None
+
+
+def engine_inputs(node: torch.fx.Node) -> list[Any]:
+    """The values wired into an engine call, in input order."""
+    wired = node.args[0] if node.args else ()
+    return list(wired) if isinstance(wired, (list, tuple)) else [wired]
+
+
+def engine_signature(node: torch.fx.Node) -> EngineSignature | None:
+    """What the engine of a call declares about its inputs and outputs, where its call carries that."""
+    op = engine_op(node)
+    if op is None or op.describe is None:
+        return None
+    module_name, _, function = op.describe.partition(":")
+    describe: Callable[[torch.fx.Node], EngineSignature | None] = getattr(
+        importlib.import_module(module_name), function
+    )
+    return describe(node)
+
+
+def output_count(node: torch.fx.Node) -> int | None:
+    """How many outputs an engine call has: from its engine where it says, else from ``meta["val"]``."""
+    signature = engine_signature(node)
+    if signature is not None:
+        return len(signature.outputs)
+    val = node.meta.get("val")
+    return len(val) if isinstance(val, (list, tuple)) else None
+
+
+def engine_output_users(node: torch.fx.Node) -> tuple[dict[int, list[torch.fx.Node]], list[torch.fx.Node]]:
+    """``({output index: getitem users}, other users)`` of an engine call, in graph order."""
+    by_index: dict[int, list[torch.fx.Node]] = {}
+    others: list[torch.fx.Node] = []
+    for user in node.users:
+        index = user.args[1] if user.op == "call_function" and user.target is operator.getitem else None
+        if isinstance(index, int):
+            by_index.setdefault(index, []).append(user)
+        else:
+            others.append(user)
+    return by_index, others
+
+
+# ---------------------------------------------------------------------------
+# Accelerated submodules in a partitioned module
+# ---------------------------------------------------------------------------
+
+
+def engine_backend(module: torch.nn.Module) -> str | None:
     """``"reference"``, ``"tensorrt"``, or None for a module that is no engine."""
-    if isinstance(module, ReferenceEngine):
-        return "reference"
-    if "torch_tensorrt" in sys.modules:
-        runtime = sys.modules.get("torch_tensorrt.dynamo.runtime")
-        trt_class = getattr(runtime, "TorchTensorRTModule", None)
-        if isinstance(trt_class, type) and isinstance(module, trt_class):
-            return "tensorrt"
+    for cls in type(module).__mro__:
+        backend = _MODULE_BACKENDS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if backend is not None:
+            return backend
     return None
+
+
+def is_accelerated_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A ``call_module`` of an engine, or of a submodule the partitioner named ``_run_on_acc_N``."""
+    if node.op != "call_module":
+        return False
+    return str(node.target).startswith(ACC_PREFIX) or engine_backend(gm.get_submodule(str(node.target))) is not None
+
+
+def is_fallback_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A ``call_module`` of a submodule the partitioner left to PyTorch (``_run_on_gpu_N``)."""
+    return node.op == "call_module" and str(node.target).startswith(FALLBACK_PREFIX)
+
+
+def output_specs(module: torch.nn.Module) -> list[tuple[torch.dtype, torch.device]] | None:
+    """(dtype, device) of each output as the engine module itself records them; None where it does not.
+
+    Reference engines record their outputs in their program. A Torch-TensorRT
+    module records no output dtypes it would tell without running.
+    """
+    if engine_backend(module) != "reference":
+        return None
+    payload: torch.Tensor = getattr(module, "engine")  # noqa: B009 - attribute of a module typed nn.Module
+    specs: Sequence[ValueSpec | None] = getattr(module, "output_specs")()  # noqa: B009
+    if any(spec is None for spec in specs):
+        return None
+    return [(spec.dtype, payload.device) for spec in specs if spec is not None]
+
+
+def is_engine_attribute(target: str) -> bool:
+    """Whether an attribute (a lifted constant's target) holds an inlined engine, by the exporters' naming."""
+    return bool(_ENGINE_ATTRIBUTE.match(target.rpartition(".")[2]))
 
 
 def unique_attr_name(gm: torch.nn.Module, base: str) -> str:
@@ -60,9 +248,9 @@ def unique_attr_name(gm: torch.nn.Module, base: str) -> str:
 
 def _fake_like(tensor: torch.Tensor, call_node: torch.fx.Node) -> Any:
     """A fake value for a tensor attribute, in the graph's fake mode when it has one."""
-    from torch._guards import detect_fake_mode
+    from trt_inline import compat
 
-    fake_mode = detect_fake_mode(list(call_node.meta.get("val", [])))
+    fake_mode = compat.detect_fake_mode(list(call_node.meta.get("val", [])))
     if fake_mode is not None:
         return fake_mode.from_tensor(tensor, static_shapes=True)
     return torch.empty_like(tensor, device="meta")
@@ -72,44 +260,42 @@ def emit_engine_call(
     gm: torch.fx.GraphModule,
     call_node: torch.fx.Node,
     module: torch.nn.Module,
+    inputs: Sequence[Any],
     *,
     cross_compile_module: bool,
 ) -> torch.fx.Node:
     """Insert, before ``call_node``, the engine op node that replaces it; return it.
 
-    The engine's inputs are ``call_node.args`` in their order: position is the
-    only thing that ties an engine input to its producer.
+    ``inputs`` are the engine's inputs in their order (the call's arguments, with
+    scalars already turned into 0-d tensors): position is the only thing that
+    ties an engine input to its producer.
     """
     name = str(call_node.target)
-    kind = engine_kind(module)
-    inputs = tuple(call_node.args)
+    backend = engine_backend(module)
+    wired = list(inputs)
     with gm.graph.inserting_before(call_node):
-        if kind == "reference":
-            assert isinstance(module, ReferenceEngine)
+        if backend == "reference":
+            payload: torch.Tensor = getattr(module, "engine")  # noqa: B009
+            program: str = getattr(module, "program")  # noqa: B009
             attr = unique_attr_name(gm, f"{name}_engine")
             # A non-persistent buffer: export lifts it as a constant, not a user weight.
-            gm.register_buffer(attr, module.engine, persistent=False)
+            gm.register_buffer(attr, payload, persistent=False)
             engine_node = gm.graph.get_attr(attr)
-            engine_node.meta["val"] = _fake_like(module.engine, call_node)
-            return gm.graph.call_function(
-                torch.ops.trt_inline.execute_engine.default,
-                (inputs, engine_node, module.program),
-            )
-        if kind == "tensorrt":
+            engine_node.meta["val"] = _fake_like(payload, call_node)
+            return gm.graph.call_function(torch.ops.trt_inline.execute_engine.default, (wired, engine_node, program))
+        if backend == "tensorrt":
             if cross_compile_module:
-                from torch_tensorrt.dynamo.runtime._TorchTensorRTModule import ENGINE_IDX
-
+                runtime = sys.modules["torch_tensorrt.dynamo.runtime._TorchTensorRTModule"]
                 engine_info = list(module._pack_engine_info())  # type: ignore[operator]
-                engine_info[ENGINE_IDX] = base64.b64encode(engine_info[ENGINE_IDX]).decode("utf-8")
+                engine_info[runtime.ENGINE_IDX] = base64.b64encode(engine_info[runtime.ENGINE_IDX]).decode("utf-8")
                 return gm.graph.call_function(
-                    torch.ops.tensorrt.no_op_placeholder_for_execute_engine.default,
-                    (inputs, *engine_info),
+                    torch.ops.tensorrt.no_op_placeholder_for_execute_engine.default, (wired, *engine_info)
                 )
             attr = unique_attr_name(gm, f"{name}_engine")
-            setattr(gm, attr, module.engine)
+            setattr(gm, attr, getattr(module, "engine"))  # noqa: B009
             engine_node = gm.graph.get_attr(attr)
             engine_node.meta["val"] = CustomObjArgument(name=engine_node.name, class_fqn="")
-            return gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (inputs, engine_node))
+            return gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (wired, engine_node))
     raise InlineError(
         f"{name}: accelerated submodule of type {type(module).__module__}.{type(module).__qualname__} "
         "is not an engine trt_inline knows (expected torch_tensorrt's TorchTensorRTModule "

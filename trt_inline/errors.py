@@ -1,7 +1,9 @@
-"""Exceptions raised by trt_inline.
+"""Every exception class trt_inline raises on purpose.
 
-Every error a user can cause names the node or submodule it is about, so that a
-failing save of a large model points at the block to look at.
+Each error a user can cause names the node, submodule, file or archive entry it
+is about, so that a failing save or check of a large model points at the place
+to look. The classes are re-exported where they were first defined
+(``trt_inline.plugin.PatchError``, ``trt_inline.verify.VerifyInputError``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,34 @@ class EngineFormatError(TrtInlineError, ValueError):
 
 class SaveError(TrtInlineError, ValueError):
     """``trt_inline.save`` was given something it cannot write."""
+
+
+class PatchError(TrtInlineError, RuntimeError):
+    """The installed Torch-TensorRT's exporter does not look like any supported version."""
+
+
+class VerifyInputError(TrtInlineError, ValueError):
+    """The input to verification is unusable: not a program file, no reference data, wrong inputs.
+
+    Also raised when a file is refused before loading because loading it could
+    run code from it (a pickle that needs more than plain tensors, a zip bomb).
+    """
+
+
+class UnsafeArchiveError(VerifyInputError):
+    """A file was refused before loading: reading it could run code or exhaust memory.
+
+    The message names the archive entry and why; ``allow_pickle=True`` (CLI
+    ``--allow-pickle``) lets pickles through for files from a trusted source.
+    """
+
+
+class IncompatibleTorchError(TrtInlineError, RuntimeError):
+    """The installed torch lacks a private API that a trt_inline feature needs.
+
+    The message names the feature and the API; see the compatibility table in
+    the README for the torch versions each feature was run on.
+    """
 
 
 def first_line(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ Two routes, as in ``torch_tensorrt.save``:
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import warnings
@@ -20,8 +21,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._guards import detect_fake_mode
-from torch.export import ExportedProgram, ExportGraphSignature, ModuleCallEntry, ModuleCallSignature
+from torch.export import ExportedProgram, ExportGraphSignature, ModuleCallEntry
 from torch.export.graph_signature import (
     ConstantArgument,
     CustomObjArgument,
@@ -31,23 +31,21 @@ from torch.export.graph_signature import (
     OutputSpec,
     TensorArgument,
 )
-from torch.fx.graph import _PyTreeCodeGen
 from torch.utils import _pytree as pytree
 
+from trt_inline import compat
 from trt_inline.attributes import resolve_attribute
-from trt_inline.errors import SaveError
-from trt_inline.passes import transform
+from trt_inline.errors import SaveError, VerifyInputError
+from trt_inline.passes import is_scalar, transform
+from trt_inline.verify.reference_io import (
+    REFERENCE_IO_FILE,
+    capture_reference_io,
+    encode_reference_io,
+)
 
-__all__ = [
-    "drop_guard_calls",
-    "exported_program_from_graph",
-    "lift",
-    "lift_attributes",
-    "reference_extra_files",
-    "save",
-    "to_exported_program",
-    "write_program",
-]
+__all__ = ["exported_program_from_graph", "save", "to_exported_program"]
+
+log = logging.getLogger(__name__)
 
 # Order the ExportedProgram verifier expects lifted inputs in, before user inputs.
 _LIFT_ORDER = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
@@ -66,21 +64,23 @@ def _lifted_kind(owner: torch.nn.Module, leaf: str, value: Any) -> tuple[InputKi
 
 
 def drop_guard_calls(gm: torch.fx.GraphModule) -> None:
-    """Remove unused ``_guards_fn`` calls: a loaded program installs guards of its own.
+    """Remove unused input-guard calls: a loaded program installs guards of its own.
 
-    ``ExportedProgram.module()`` adds a ``call_module`` to a ``GuardsFn``; after
-    inlining it sits in the flat graph, and no ExportedProgram may hold a
-    ``call_module``.
+    From torch 2.9, ``ExportedProgram.module()`` adds a ``call_module`` to a
+    ``GuardsFn``; after inlining it sits in the flat graph, and no
+    ExportedProgram may hold a ``call_module``. Earlier torch adds none.
     """
-    from torch.export._unlift import GuardsFn
-
+    guard_types = compat.guard_call_types()
+    if not guard_types:
+        return
     for node in list(gm.graph.nodes):
-        if node.op == "call_module" and not node.users and isinstance(gm.get_submodule(str(node.target)), GuardsFn):
+        if node.op == "call_module" and not node.users and isinstance(gm.get_submodule(str(node.target)), guard_types):
             gm.graph.erase_node(node)
     gm.delete_all_unused_submodules()
 
 
-def _refuse_call_modules(gm: torch.fx.GraphModule) -> None:
+def refuse_call_modules(gm: torch.fx.GraphModule) -> None:
+    """A :class:`SaveError` naming the first node that still calls a submodule."""
     for node in gm.graph.nodes:
         if node.op == "call_module":
             raise SaveError(
@@ -117,16 +117,15 @@ def exported_program_from_graph(
     guards from them, and otherwise checks every call in Python instead.
     """
     drop_guard_calls(gm)
-    _refuse_call_modules(gm)
+    refuse_call_modules(gm)
     user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in user_inputs])
+    fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in user_inputs])
 
-    codegen = gm.graph._codegen
     output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     flat_outputs = list(pytree.tree_leaves(output_node.args[0]))
-    if isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info.out_spec is not None:
-        in_spec = codegen.pytree_info.in_spec
-        out_spec = codegen.pytree_info.out_spec
+    specs = compat.pytree_specs(gm.graph)
+    if specs is not None:
+        in_spec, out_spec = specs
     else:
         in_spec = pytree.tree_flatten((tuple(user_inputs), {}))[1]
         out_spec = pytree.tree_flatten(tuple(flat_outputs))[1]
@@ -138,13 +137,13 @@ def exported_program_from_graph(
     output_args = [_output_argument(out) for out in flat_outputs]
     output_specs = [OutputSpec(kind=OutputKind.USER_OUTPUT, arg=arg, target=None) for arg in output_args]
 
-    gm.graph._codegen = torch.fx.graph.CodeGen()
+    compat.set_codegen(gm.graph, None)
     output_node.args = (tuple(flat_outputs),)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
 
-    return ExportedProgram(
+    return compat.exported_program(
         root=gm,
         graph=gm.graph,
         graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
@@ -153,7 +152,7 @@ def exported_program_from_graph(
         module_call_graph=[
             ModuleCallEntry(
                 "",
-                ModuleCallSignature(
+                compat.module_call_signature(
                     inputs=[TensorArgument(name=n.name) for n in user_inputs],
                     outputs=[*output_args],
                     in_spec=in_spec,
@@ -225,35 +224,12 @@ def lift_attributes(
     return specs, state_dict, constants, renamed
 
 
-def lift(
-    gm: torch.fx.GraphModule, graph_signature: ExportGraphSignature
-) -> tuple[torch.fx.GraphModule, ExportGraphSignature, dict[str, Any], dict[str, Any]]:
-    """Drop-in for Torch-TensorRT's ``_exporter.lift`` (the legacy ``retrace=False`` exporter).
-
-    Same contract: lift ``get_attr`` nodes into placeholders, add their specs
-    before the user inputs of ``graph_signature``, return the graph, the
-    signature, the state dict and the constants. Unlike the stock function before
-    2.14, buffer specs carry ``persistent`` (torch >= 2.3 refuses them without
-    it), non-persistent buffers are not saved as state, and ``_guards_fn`` calls
-    left by ``ExportedProgram.module()`` are dropped instead of reaching the
-    serializer.
-    """
-    drop_guard_calls(gm)
-    _refuse_call_modules(gm)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in placeholders])
-    specs, state_dict, constants, renamed = lift_attributes(gm, fake_mode)
-    graph_signature.input_specs[0:0] = specs
-    for spec in graph_signature.output_specs:
-        if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
-            spec.arg = TensorArgument(name=renamed[spec.arg.name])
-    gm.graph.eliminate_dead_code()
-    gm.graph.lint()
-    return gm, graph_signature, state_dict, constants
-
-
-def _output_argument(value: Any) -> TensorArgument | ConstantArgument:
+def _output_argument(value: Any) -> Any:
+    """The signature's argument for one graph output: a tensor, a symbolic scalar, or a constant."""
     if isinstance(value, torch.fx.Node):
+        val = value.meta.get("val")
+        if is_scalar(val):
+            return compat.scalar_argument(val, value.name)
         return TensorArgument(name=value.name)
     return ConstantArgument(name="", value=value)
 
@@ -280,11 +256,9 @@ def _range_constraints(user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dyn
     The bounds a ``Dim`` declares win: the shape env of an export holds ``[2, max]``
     for a ``Dim(min=1)`` (export's 0/1 specialisation), which would reject batch 1.
     """
-    from torch.utils._sympy.value_ranges import ValueRanges
-
     if fake_mode is None or fake_mode.shape_env is None:
         return {}
-    var_to_range = fake_mode.shape_env.var_to_range
+    var_to_range = compat.shape_env_ranges(fake_mode)
     ranges: dict[Any, Any] = {}
     for node, declared in zip(user_inputs, _declared_dims(user_inputs, dynamic_shapes), strict=False):
         value = node.meta.get("val")
@@ -296,7 +270,7 @@ def _range_constraints(user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dyn
             expr = dim.node.expr
             spec = declared.get(index)
             if expr.is_Symbol and hasattr(spec, "min") and hasattr(spec, "max"):
-                ranges[expr] = ValueRanges(spec.min, spec.max)
+                ranges[expr] = compat.value_range(spec.min, spec.max)
                 continue
             for symbol in sorted(expr.free_symbols, key=str):
                 if symbol in var_to_range:
@@ -328,9 +302,12 @@ def to_exported_program(
         return drop_provenance(exported_program_from_graph(flat, dynamic_shapes, examples))
     if arg_inputs is None and not kwarg_inputs:
         raise SaveError("retrace=True re-exports the inlined graph and needs arg_inputs (or use retrace=False)")
-    return drop_provenance(
-        torch.export.export(flat, tuple(arg_inputs or ()), kwargs=kwarg_inputs or None, dynamic_shapes=dynamic_shapes)
-    )
+    # Size-oblivious: an engine's scalar output read back with item() is an unbacked
+    # symbol that export equates with an input size; with 0/1 specialisation that
+    # equality would narrow a declared Dim(min=1) to 2 in a runtime assert.
+    with compat.backed_size_oblivious():
+        program = compat.export_nonstrict(flat, tuple(arg_inputs or ()), kwarg_inputs or None, dynamic_shapes)
+    return drop_provenance(program)
 
 
 def drop_provenance(program: ExportedProgram) -> ExportedProgram:
@@ -390,8 +367,6 @@ def reference_extra_files(
     module: Any, arg_inputs: Sequence[Any] | None, kwarg_inputs: dict[str, Any] | None, target: Path, limit: int
 ) -> dict[str, str]:
     """The extra file carrying reference I/O, or nothing (with a warning saying why)."""
-    from trt_inline.verify import REFERENCE_IO_FILE, VerifyInputError, capture_reference_io, encode_reference_io
-
     try:
         reference_io = capture_reference_io(module, list(arg_inputs or ()), kwarg_inputs)
     except VerifyInputError as exc:

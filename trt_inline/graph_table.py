@@ -15,15 +15,10 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from trt_inline.engines import engine_inputs, is_engine_call
 from trt_inline.verify import describe_value
 
-__all__ = ["describe_program", "is_engine_node"]
-
-_ENGINE_OPS = ("trt_inline.execute_engine", "tensorrt.execute_engine", "tensorrt.no_op_placeholder_for_execute_engine")
-
-
-def is_engine_node(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and str(node.target).rsplit(".", 1)[0] in _ENGINE_OPS
+__all__ = ["describe_program"]
 
 
 def _input_kinds(program: ExportedProgram) -> dict[str, str]:
@@ -39,13 +34,14 @@ def _input_kinds(program: ExportedProgram) -> dict[str, str]:
 
 def _shape(node: torch.fx.Node) -> str:
     val = node.meta.get("val")
-    return describe_value(val) if isinstance(val, torch.Tensor) else ""
+    return describe_value(val) if val is not None else ""
 
 
 def describe_program(program: ExportedProgram) -> str:
+    """One row per input, engine (with its inputs by position and outputs by index), op left to PyTorch, output."""
     graph = program.graph
     kinds = _input_kinds(program)
-    engine_index = {n: i for i, n in enumerate(n for n in graph.nodes if is_engine_node(n))}
+    engine_index = {n: i for i, n in enumerate(n for n in graph.nodes if is_engine_call(n))}
 
     def producer(node: object) -> str:
         if not isinstance(node, torch.fx.Node):
@@ -67,10 +63,9 @@ def describe_program(program: ExportedProgram) -> str:
     for node in graph.nodes:
         if node.op == "placeholder" and kinds.get(node.name) == "user input":
             lines.append(row("input", node.name, _shape(node), f"-> {consumers(node)}"))
-        elif is_engine_node(node):
-            wired = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+        elif is_engine_call(node):
             lines.append(row(f"engine {engine_index[node]}", node.name, "", str(node.target)))
-            for position, arg in enumerate(wired):
+            for position, arg in enumerate(engine_inputs(node)):
                 lines.append(row(f"  in[{position}]", "", "", f"<- {producer(arg)}"))
             for user in node.users:
                 index = user.args[1] if user.target is operator.getitem else "?"

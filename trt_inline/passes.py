@@ -26,31 +26,24 @@ Until then ``gm`` keeps running its previous, equivalent code.
 from __future__ import annotations
 
 import copy
+import logging
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 
+from trt_inline import compat
 from trt_inline.attributes import resolve_attribute
-from trt_inline.engines import emit_engine_call, engine_kind, unique_attr_name
+from trt_inline.engines import emit_engine_call, is_accelerated_call, is_fallback_call, unique_attr_name
 from trt_inline.errors import InlineError
-from trt_inline.reference.partition import ACC_PREFIX, FALLBACK_PREFIX
+from trt_inline.logs import log_graph
 
-__all__ = ["inline_trt_modules", "inline_torch_modules", "transform", "is_accelerated_call", "is_fallback_call"]
+__all__ = ["inline_torch_modules", "inline_trt_modules", "transform"]
 
-
-def is_accelerated_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """A ``call_module`` of an engine, or of a submodule the partitioner named ``_run_on_acc_N``."""
-    if node.op != "call_module":
-        return False
-    return str(node.target).startswith(ACC_PREFIX) or engine_kind(gm.get_submodule(str(node.target))) is not None
-
-
-def is_fallback_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """A ``call_module`` of a submodule the partitioner left to PyTorch (``_run_on_gpu_N``)."""
-    return node.op == "call_module" and str(node.target).startswith(FALLBACK_PREFIX)
+log = logging.getLogger(__name__)
 
 
 def _getitem_users(call_node: torch.fx.Node, count: int, what: str) -> list[tuple[torch.fx.Node, int]]:
@@ -74,6 +67,8 @@ def _getitem_users(call_node: torch.fx.Node, count: int, what: str) -> list[tupl
 # Called after each engine call is inlined with (engine op node, engine module, number of outputs).
 EngineHook = Callable[[torch.fx.Node, torch.nn.Module, int], None]
 
+aten = torch.ops.aten
+
 
 def inline_trt_modules(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
     """Replace every engine ``call_module`` by the engine op, in place.
@@ -88,15 +83,31 @@ def inline_trt_modules(gm: torch.fx.GraphModule, cross_compile_module: bool = Fa
     After::
 
         %_run_on_acc_0_engine = get_attr[_run_on_acc_0_engine]
-        %execute_engine = execute_engine((%a, %b), %_run_on_acc_0_engine)
+        %execute_engine = execute_engine([%a, %b], %_run_on_acc_0_engine)
         %getitem_2 = getitem(%execute_engine, 0)           # new, meta["val"] = val[0]
-        %execute_engine_1 = execute_engine((%c,), ...)
+        %execute_engine_1 = execute_engine([%c], ...)
         %getitem_1 = getitem(%execute_engine_1, 1)         # kept, meta["val"] = val[1]
         %getitem = getitem(%execute_engine_1, 0)           # kept, meta["val"] = val[0]
 
     The engine's inputs are the call's arguments in order. A multi-output
     engine keeps the partitioner's ``getitem`` nodes; each takes ``meta["val"]``
     from its own index argument, whatever order the users were created in.
+
+    Engine ops take and return ``Tensor[]``, so scalars crossing the boundary
+    (SymInt, SymFloat, SymBool under dynamic shapes) are converted on both
+    sides::
+
+        %n = sym_size(%x, 0)
+        %acc = call_module[_run_on_acc_1](%n, %x)          # meta["val"] = [s0 - 1, ...]
+        %r = arange(%acc)                                  # traced against a SymInt
+
+    becomes::
+
+        %scalar_tensor = scalar_tensor(%n, dtype=int64, device=<x's>)
+        %execute_engine = execute_engine([%scalar_tensor, %x], ...)
+        %getitem = getitem(%execute_engine, 0)             # a 0-d int64 tensor
+        %item = item(%getitem)                             # meta["val"] = s0 - 1
+        %r = arange(%item)
     """
     return inline_engines(gm, cross_compile_module=cross_compile_module)
 
@@ -105,6 +116,7 @@ def inline_engines(
     gm: torch.fx.GraphModule, *, cross_compile_module: bool = False, on_engine: EngineHook | None = None
 ) -> torch.fx.GraphModule:
     """``inline_trt_modules`` with a hook per engine (Torch-TensorRT 2.14 exposes KV-cache mutations there)."""
+    log_graph(log, "before inline_trt_modules", gm)
     for call_node in list(gm.graph.nodes):
         if not is_accelerated_call(gm, call_node):
             continue
@@ -118,22 +130,91 @@ def inline_engines(
         if call_node.kwargs:
             raise InlineError(f"{name}: engine called with keyword arguments {sorted(call_node.kwargs)}")
         module = gm.get_submodule(name)
-        engine_call = emit_engine_call(gm, call_node, module, cross_compile_module=cross_compile_module)
-        engine_call.meta["val"] = list(vals)
+        boundary = _Boundary.of(call_node, vals)
+        inputs = [_as_engine_input(gm, call_node, arg, boundary) for arg in call_node.args]
+        engine_call = emit_engine_call(gm, call_node, module, inputs, cross_compile_module=cross_compile_module)
+        engine_call.meta["val"] = [boundary.engine_value(val) for val in vals]
 
         if len(vals) == 1:
             with gm.graph.inserting_after(engine_call):
                 output = gm.graph.call_function(operator.getitem, (engine_call, 0))
-            output.meta["val"] = vals[0]
+            output.meta["val"] = engine_call.meta["val"][0]
             call_node.replace_all_uses_with(output)
+            _restore_scalar(gm, output, vals[0])
         else:
-            for user, index in _getitem_users(call_node, len(vals), "engine"):
-                user.meta["val"] = vals[index]
+            users = _getitem_users(call_node, len(vals), "engine")
             call_node.replace_all_uses_with(engine_call)
+            for user, index in users:
+                user.meta["val"] = engine_call.meta["val"][index]
+                _restore_scalar(gm, user, vals[index])
         gm.graph.erase_node(call_node)
         if on_engine is not None:
             on_engine(engine_call, module, len(vals))
+    log_graph(log, "after inline_trt_modules", gm)
     return gm
+
+
+_SCALARS = (torch.SymBool, torch.SymInt, torch.SymFloat, bool, int, float)
+
+
+def is_scalar(value: Any) -> bool:
+    """A Python or symbolic scalar (what ``meta["val"]`` holds for a SymInt, SymFloat or SymBool node)."""
+    return isinstance(value, _SCALARS)
+
+
+def scalar_dtype(value: Any) -> torch.dtype:
+    """The dtype a scalar travels in across an engine boundary: bool, int64 or float64."""
+    if isinstance(value, (torch.SymBool, bool)):  # bool first: it is an int subclass
+        return torch.bool
+    if isinstance(value, (torch.SymInt, int)):
+        return torch.int64
+    return torch.float64
+
+
+@dataclass(frozen=True)
+class _Boundary:
+    """Where an engine's boundary values live: the device of its first tensor input, and the fake mode."""
+
+    device: torch.device
+    fake_mode: Any
+
+    @staticmethod
+    def of(call_node: torch.fx.Node, vals: Sequence[Any]) -> _Boundary:
+        values = [arg.meta.get("val") for arg in call_node.args if isinstance(arg, torch.fx.Node)] + list(vals)
+        tensors = [value for value in values if isinstance(value, torch.Tensor)]
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return _Boundary(device, compat.detect_fake_mode(tensors))
+
+    def engine_value(self, value: Any) -> Any:
+        """What the engine op itself produces for a value: a scalar becomes a 0-d tensor."""
+        if not is_scalar(value):
+            return value
+        if self.fake_mode is None:
+            return torch.empty((), dtype=scalar_dtype(value), device="meta")
+        with self.fake_mode:
+            return torch.empty((), dtype=scalar_dtype(value), device=self.device)
+
+
+def _as_engine_input(gm: torch.fx.GraphModule, call_node: torch.fx.Node, arg: Any, boundary: _Boundary) -> Any:
+    """``arg`` as the engine op takes it: a tensor as it is, a scalar as a new 0-d tensor in front of the call."""
+    value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+    if not is_scalar(value):
+        return arg
+    kwargs: dict[str, Any] = {"dtype": scalar_dtype(value), "device": boundary.device}
+    with gm.graph.inserting_before(call_node):
+        tensor = gm.graph.call_function(aten.scalar_tensor.default, (arg,), kwargs)
+    tensor.meta["val"] = boundary.engine_value(value)
+    return tensor
+
+
+def _restore_scalar(gm: torch.fx.GraphModule, output: torch.fx.Node, value: Any) -> None:
+    """If the engine output ``output`` stands for a scalar, read it back with ``item`` for its consumers."""
+    if not is_scalar(value):
+        return
+    with gm.graph.inserting_after(output):
+        item = gm.graph.call_function(aten.item.default, (output,))
+    item.meta["val"] = value
+    output.replace_all_uses_with(item, delete_user_cb=lambda user: user is not item)
 
 
 def _move_attribute(
@@ -191,6 +272,7 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     targets such as ``_guards_fn``) move to ``gm`` under names that cannot
     collide, and the copies are retargeted.
     """
+    log_graph(log, "before inline_torch_modules", gm)
     moved: dict[int, str] = {}
     for call_node in list(gm.graph.nodes):
         if not is_fallback_call(gm, call_node):
@@ -226,6 +308,7 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
         _replace_fallback_uses(call_node, output, name)
         gm.graph.erase_node(call_node)
+    log_graph(log, "after inline_torch_modules", gm)
     return gm
 
 
@@ -254,6 +337,7 @@ def transform(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> t
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
+    log_graph(log, "after transform (flat graph)", gm)
     return gm
 
 

@@ -20,6 +20,12 @@ device cpu", cannot happen by construction).
 Loading a program never unpickles: it is JSON, and every step's target must be
 an ``OpOverload`` registered in ``torch.ops`` or one of a few ``operator``
 functions.
+
+Scalars cross the boundary as TensorRT's do: a scalar input (a SymInt,
+SymFloat or SymBool of the block) arrives as a 0-d tensor and is read back
+with ``item()`` inside the engine; a scalar output leaves as a 0-d tensor
+(int64, float64 or bool). The program records which inputs and outputs are
+scalars (``input_specs`` / ``output_specs``).
 """
 
 from __future__ import annotations
@@ -35,14 +41,17 @@ from typing import Any
 import torch
 import torch.fx
 
+from trt_inline import compat
 from trt_inline.attributes import resolve_attribute
+from trt_inline.engines import EngineSignature, ValueSpec
 from trt_inline.errors import EngineFormatError
 
 __all__ = [
     "FORMAT",
-    "ReferenceEngine",
     "EngineProgram",
+    "ReferenceEngine",
     "build_engine",
+    "describe_call",
     "encodable_target",
     "load_program",
 ]
@@ -50,19 +59,38 @@ __all__ = [
 FORMAT = "trt_inline.reference/1"
 _ALIGN = 64
 
-# Python-level callables an engine may contain besides OpOverloads. getitem is what
-# FX uses to unpack multi-output ops (batch norm, split, topk) inside a block.
-_PY_TARGETS: dict[str, Callable[..., Any]] = {"operator.getitem": operator.getitem}
+# Python-level callables an engine may contain besides OpOverloads: getitem, which
+# FX uses to unpack multi-output ops (batch norm, split, topk) inside a block, and
+# the symbolic-scalar arithmetic Torch-TensorRT converts (operator.sub on SymInts...).
+_PY_TARGETS: dict[str, Callable[..., Any]] = {
+    f"operator.{fn.__name__}": fn
+    for fn in (
+        operator.getitem,
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.floordiv,
+        operator.truediv,
+        operator.mod,
+        operator.pow,
+        operator.neg,
+        operator.eq,
+        operator.ne,
+        operator.lt,
+        operator.le,
+        operator.gt,
+        operator.ge,
+    )
+}
+_PY_TARGETS.update({"torch.sym_not": torch.sym_not, "torch.sym_min": torch.sym_min, "torch.sym_max": torch.sym_max})
 _PY_TARGET_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
+SCALAR_TARGETS = frozenset(fn for name, fn in _PY_TARGETS.items() if name != "operator.getitem")
 
 
 def encodable_target(target: Any) -> str | None:
     """Name under which a node target is stored in a program, or None if it can't be."""
-    if isinstance(target, torch._ops.OpOverload):
-        namespace, _, rest = str(target._schema.name).partition("::")
-        overload = target._overloadname
-        opname = rest.split(".")[0]
-        return f"{namespace}::{opname}.{overload}"
+    if isinstance(target, compat.OpOverload):
+        return f"{target._schema.name}.{target._overloadname}"
     return _PY_TARGET_NAMES.get(target)
 
 
@@ -207,15 +235,16 @@ class EngineProgram:
     """A decoded program: what :func:`load_program` returns."""
 
     num_inputs: int
-    # (dtype, dims) per input, a dim None where it is symbolic; None where not recorded.
-    input_specs: tuple[tuple[torch.dtype, tuple[int | None, ...]] | None, ...]
+    # Per input / output: a tensor's dtype and dims (None where symbolic) or a scalar; None where not recorded.
+    input_specs: tuple[ValueSpec | None, ...]
     weights: tuple[WeightSpec, ...]
     steps: tuple[_Step, ...]
     outputs: tuple[int, ...]
+    output_specs: tuple[ValueSpec | None, ...]
 
     def weight_tensors(self, payload: torch.Tensor, like: torch.Tensor | None) -> list[torch.Tensor]:
         """Views of the payload (real run) or fresh fake tensors (fake run)."""
-        if isinstance(payload, torch._subclasses.fake_tensor.FakeTensor) or payload.device.type == "meta":
+        if compat.is_fake(payload) or payload.device.type == "meta":
             base = like if like is not None else payload
             return [base.new_empty(w.shape, dtype=w.dtype) for w in self.weights]
         if payload.dim() != 1 or payload.dtype != torch.uint8:
@@ -227,17 +256,44 @@ class EngineProgram:
             payload = _payload_on(payload, like.device)
         return [payload[w.offset : w.offset + w.nbytes].view(w.dtype).view(w.shape) for w in self.weights]
 
+    def is_scalar_input(self, index: int) -> bool:
+        spec = self.input_specs[index]
+        return spec is not None and spec.scalar
+
     def run(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor) -> list[torch.Tensor]:
+        """Run the steps; scalar inputs arrive and scalar outputs leave as 0-d tensors.
+
+        The device (of outputs, and of weights copied over) is the first tensor
+        input's, never a scalar's: a scalar input may sit anywhere.
+        """
         if len(inputs) != self.num_inputs:
             raise EngineFormatError(f"engine expects {self.num_inputs} inputs, got {len(inputs)}")
-        like = inputs[0] if inputs else None
+        tensors = [t for i, t in enumerate(inputs) if not self.is_scalar_input(i)]
+        like = tensors[0] if tensors else None
         device = like.device if like is not None else payload.device
-        env: list[Any] = [*inputs, *self.weight_tensors(payload, like)]
+        values = [t.item() if self.is_scalar_input(i) else t for i, t in enumerate(inputs)]
+        env: list[Any] = [*values, *self.weight_tensors(payload, like)]
         for step in self.steps:
             args = _substitute(step.args, env, device)
             kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
             env.append(step.target(*args, **kwargs))
-        return [env[i] for i in self.outputs]
+        return [_as_tensor(env[i], spec, device) for i, spec in zip(self.outputs, self.output_specs, strict=True)]
+
+
+def _as_tensor(value: Any, spec: ValueSpec | None, device: torch.device) -> torch.Tensor:
+    """An engine output as the engine returns it: a scalar becomes a 0-d tensor of its recorded dtype."""
+    if isinstance(value, torch.Tensor):
+        return value
+    dtype = spec.dtype if spec is not None else _scalar_dtype(value)
+    return torch.scalar_tensor(value, dtype=dtype, device=device)
+
+
+def _scalar_dtype(value: Any) -> torch.dtype:
+    if isinstance(value, (torch.SymBool, bool)):
+        return torch.bool
+    if isinstance(value, (torch.SymInt, int)):
+        return torch.int64
+    return torch.float64
 
 
 _device_copies: weakref.WeakKeyDictionary[torch.Tensor, dict[torch.device, torch.Tensor]] = weakref.WeakKeyDictionary()
@@ -283,10 +339,8 @@ def load_program(program: str) -> EngineProgram:
             )
             num_values += 1
         outputs = tuple(int(i) for i in doc["outputs"])
-        input_specs = tuple(
-            None if spec is None else (_torch_attr(spec["dtype"], torch.dtype), tuple(spec["shape"]))
-            for spec in doc.get("input_specs", [None] * num_inputs)
-        )
+        input_specs = tuple(_decode_spec(spec) for spec in doc.get("input_specs", [None] * num_inputs))
+        output_specs = tuple(_decode_spec(spec) for spec in doc.get("output_specs", [None] * len(outputs)))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, EngineFormatError):
             raise
@@ -295,7 +349,39 @@ def load_program(program: str) -> EngineProgram:
         raise EngineFormatError("engine program returns a value it never computes")
     if len(input_specs) != num_inputs:
         raise EngineFormatError("engine program describes a different number of inputs than it takes")
-    return EngineProgram(num_inputs, input_specs, weights, tuple(steps), outputs)
+    if len(output_specs) != len(outputs):
+        raise EngineFormatError("engine program describes a different number of outputs than it returns")
+    return EngineProgram(num_inputs, input_specs, weights, tuple(steps), outputs, output_specs)
+
+
+def _encode_spec(value: Any) -> dict[str, Any] | None:
+    """How a program records one input or output: dtype and dims of a tensor (symbolic dims as None), or a scalar."""
+    if isinstance(value, torch.Tensor):
+        return {
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "shape": [d if isinstance(d, int) else None for d in value.shape],
+        }
+    if isinstance(value, (torch.SymBool, torch.SymInt, torch.SymFloat, bool, int, float)):
+        return {"scalar": str(_scalar_dtype(value)).removeprefix("torch.")}
+    return None
+
+
+def _decode_spec(spec: Any) -> ValueSpec | None:
+    if spec is None:
+        return None
+    if "scalar" in spec:
+        return ValueSpec(_torch_attr(spec["scalar"], torch.dtype), (), scalar=True)
+    dims = tuple(None if d is None else int(d) for d in spec["shape"])
+    return ValueSpec(_torch_attr(spec["dtype"], torch.dtype), dims)
+
+
+def describe_call(node: torch.fx.Node) -> EngineSignature | None:
+    """The :class:`EngineSignature` of a ``trt_inline.execute_engine`` call, read from its program."""
+    program = node.args[2] if len(node.args) > 2 else None
+    if not isinstance(program, str):
+        return None
+    decoded = load_program(program)
+    return EngineSignature(decoded.input_specs, decoded.output_specs)
 
 
 # ---------------------------------------------------------------------------
@@ -303,8 +389,7 @@ def load_program(program: str) -> EngineProgram:
 # ---------------------------------------------------------------------------
 
 
-@torch.library.custom_op("trt_inline::execute_engine", mutates_args=())
-def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
+def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
     """Run a reference engine: ``program`` over ``inputs`` with weights from ``engine``."""
     outputs = load_program(program).run(inputs, engine)
     # A custom op's outputs may not alias its inputs or each other: a block that
@@ -321,10 +406,19 @@ def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: st
     return result
 
 
-@execute_engine.register_fake
 def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
+    # Shapes from the program's own steps on fake inputs; a scalar input is read
+    # with item() (an unbacked symbol under export), never through .shape.
     outputs = load_program(program).run(inputs, engine)
     return [out.clone() for out in outputs]
+
+
+execute_engine = compat.define_op(
+    "trt_inline::execute_engine",
+    "(Tensor[] inputs, Tensor engine, str program) -> Tensor[]",
+    _execute_engine,
+    _execute_engine_fake,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -357,6 +451,7 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
     steps = []
     next_ref = len(placeholders) + len(weights)
     outputs: list[int] = []
+    output_nodes: list[Any] = []
     for node in block.graph.nodes:
         if node.op == "call_function":
             target = encodable_target(node.target)
@@ -376,10 +471,10 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
             next_ref += 1
         elif node.op == "output":
             result = node.args[0]
-            values = list(result) if isinstance(result, (tuple, list)) else [result]
-            for value in values:
+            output_nodes = list(result) if isinstance(result, (tuple, list)) else [result]
+            for value in output_nodes:
                 if not isinstance(value, torch.fx.Node) or value not in refs:
-                    raise EngineFormatError(f"{name}: output {value!r} is not a tensor of the block")
+                    raise EngineFormatError(f"{name}: output {value!r} is not a value of the block")
                 outputs.append(refs[value])
         elif node.op not in ("placeholder", "get_attr"):
             raise EngineFormatError(f"{name}: node {node.name} ({node.op}) cannot be part of an engine")
@@ -408,10 +503,11 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
         {
             "format": FORMAT,
             "inputs": len(placeholders),
-            "input_specs": [_input_spec(node) for node in placeholders],
+            "input_specs": [_encode_spec(node.meta.get("val")) for node in placeholders],
             "weights": specs,
             "steps": steps,
             "outputs": outputs,
+            "output_specs": [_encode_spec(node.meta.get("val")) for node in output_nodes],
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -420,23 +516,15 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
     return ReferenceEngine(program, payload, num_outputs=len(outputs), name=name)
 
 
-def _input_spec(placeholder: torch.fx.Node) -> dict[str, Any] | None:
-    """dtype and dims of an engine input as the block saw it; symbolic dims as None."""
-    val = placeholder.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return None
-    return {
-        "dtype": str(val.dtype).removeprefix("torch."),
-        "shape": [d if isinstance(d, int) else None for d in val.shape],
-    }
-
-
 class ReferenceEngine(torch.nn.Module):
     """An accelerated block after compilation by the reference backend.
 
-    ``forward`` takes the block's tensors positionally and returns one tensor, or a
-    tuple of tensors when the block has several outputs, exactly as the
-    ``_run_on_acc_N`` GraphModule it replaces did.
+    ``forward`` takes the block's values positionally and returns one tensor, or
+    a tuple of tensors when the block has several outputs, as Torch-TensorRT's
+    ``TorchTensorRTModule`` does: a scalar argument (a Python number where the
+    block was traced with a SymInt) is passed to the engine as a 0-d tensor on
+    the device of the tensor inputs, and a scalar result comes back as a 0-d
+    tensor.
     """
 
     engine: torch.Tensor
@@ -449,8 +537,19 @@ class ReferenceEngine(torch.nn.Module):
         # Non-persistent: the engine follows .to(device) but is not a user weight.
         self.register_buffer("engine", payload, persistent=False)
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        outputs = torch.ops.trt_inline.execute_engine.default(list(inputs), self.engine, self.program)
+    def output_specs(self) -> tuple[ValueSpec | None, ...]:
+        """dtype (and dims, or scalar-ness) of each output as the program records them; None where it does not."""
+        return load_program(self.program).output_specs
+
+    def forward(self, *inputs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        tensors = [value for value in inputs if isinstance(value, torch.Tensor)]
+        device = tensors[0].device if tensors else self.engine.device
+        program = load_program(self.program)
+        wired = [
+            value if isinstance(value, torch.Tensor) else _as_tensor(value, program.input_specs[i], device)
+            for i, value in enumerate(inputs)
+        ]
+        outputs = torch.ops.trt_inline.execute_engine.default(wired, self.engine, self.program)
         if self.num_outputs == 1:
             return outputs[0]  # type: ignore[no-any-return]
         return tuple(outputs)

@@ -12,38 +12,35 @@ the point of this module.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 from torch.fx.passes.operator_support import OperatorSupportBase
-from torch.fx.passes.splitter_base import FxNetAccNodesFinder, Subgraph, _SplitterBase
-from torch.fx.passes.tools_common import FxNetAccFusionsFinder
 
-from trt_inline.reference.engine import can_encode_args, encodable_target
+from trt_inline import compat
+from trt_inline.engines import FALLBACK_PREFIX
+from trt_inline.reference.engine import SCALAR_TARGETS, can_encode_args, encodable_target
 
 __all__ = ["ReferenceOperatorSupport", "partition", "resolve_ops"]
 
-ACC_PREFIX = "_run_on_acc_"
-FALLBACK_PREFIX = "_run_on_gpu_"
 
-
-def resolve_ops(ops: Iterable[Any]) -> tuple[frozenset[torch._ops.OpOverload], frozenset[Any]]:
+def resolve_ops(ops: Iterable[Any]) -> tuple[frozenset[compat.OpOverload], frozenset[Any]]:
     """Split ``torch_executed_ops`` into OpOverloads and OpOverloadPackets.
 
     Accepts OpOverloads, packets (all overloads) and strings such as
     ``"torch.ops.aten.relu.default"``, ``"aten.relu.default"``, ``"aten::relu.default"``
     or ``"aten.relu"``.
     """
-    overloads: set[torch._ops.OpOverload] = set()
+    overloads: set[compat.OpOverload] = set()
     packets: set[Any] = set()
     for op in ops:
         if isinstance(op, str):
             op = _op_from_string(op)
-        if isinstance(op, torch._ops.OpOverload):
+        if isinstance(op, compat.OpOverload):
             overloads.add(op)
-        elif isinstance(op, torch._ops.OpOverloadPacket):
+        elif isinstance(op, compat.OpOverloadPacket):
             packets.add(op)
         else:
             raise ValueError(
@@ -67,6 +64,11 @@ def _op_from_string(name: str) -> Any:
     return obj
 
 
+_SCALAR_TYPES = (torch.SymBool, torch.SymInt, torch.SymFloat, bool, int, float)
+# Scalar-producing ATen ops Torch-TensorRT converts (2.5 ... 2.14 have a converter for sym_size.int).
+_SCALAR_OPS = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default})
+
+
 def _is_tensor_value(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
@@ -75,36 +77,50 @@ def _is_tensor_sequence(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value)
 
 
+def _is_scalar_value(value: Any) -> bool:
+    return isinstance(value, _SCALAR_TYPES)
+
+
 class ReferenceOperatorSupport(OperatorSupportBase):  # type: ignore[misc]
     """Decides which nodes the reference backend places in an engine.
 
-    A node is accelerated when it calls an ATen OpOverload (or unpacks one with
-    ``getitem``) that is not in ``torch_executed_ops``, reads and produces only
-    tensors, and has arguments a program can store. Everything else (symbolic
-    integer arithmetic, assertions, ``call_module`` such as ``_guards_fn``, higher
-    order ops) runs in PyTorch. Keeping integers out of engines is what makes
-    every engine boundary carry tensors only.
+    As Torch-TensorRT's partitioner does (every release from 2.5 has converters
+    for ``aten.sym_size.int`` and SymInt arithmetic, and treats a SymInt engine
+    input as a shape tensor), a node is accelerated when it calls an ATen
+    OpOverload or converted scalar arithmetic (``operator.sub`` on SymInts, ...)
+    that is not in ``torch_executed_ops``, produces tensors or scalars, and has
+    arguments a program can store. So scalars can cross engine boundaries in both
+    directions. Data-dependent scalars (``item``), assertions, ``call_module``
+    such as ``_guards_fn`` and higher-order ops run in PyTorch.
+
+    ``scalar_boundaries=False`` keeps every scalar-producing node in PyTorch, so
+    that engine boundaries carry tensors only. No Torch-TensorRT release
+    partitions that way; it isolates scalar-boundary handling when debugging.
     """
 
-    def __init__(self, torch_executed_ops: Collection[Any] = ()) -> None:
+    def __init__(self, torch_executed_ops: Collection[Any] = (), *, scalar_boundaries: bool = True) -> None:
         super().__init__()
         self._overloads, self._packets = resolve_ops(torch_executed_ops)
+        self._scalar_boundaries = scalar_boundaries
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
         if node.op != "call_function" or encodable_target(node.target) is None:
             return False
         target = node.target
-        if isinstance(target, torch._ops.OpOverload):
+        if isinstance(target, compat.OpOverload):
             if target in self._overloads or target.overloadpacket in self._packets:
                 return False
         value = node.meta.get("val")
-        if not (_is_tensor_value(value) or _is_tensor_sequence(value)):
+        if _is_scalar_value(value):
+            if not (self._scalar_boundaries and (target in _SCALAR_OPS or target in SCALAR_TARGETS)):
+                return False
+        elif target in SCALAR_TARGETS or not (_is_tensor_value(value) or _is_tensor_sequence(value)):
             return False
         for arg in node.all_input_nodes:
             arg_value = arg.meta.get("val")
-            if arg.op == "get_attr":
+            if arg.op == "get_attr" or _is_tensor_value(arg_value):
                 continue
-            if _is_tensor_value(arg_value):
+            if _is_scalar_value(arg_value) and self._scalar_boundaries:
                 continue
             # getitem unpacks a multi-output op; it follows its producer.
             if not (_is_tensor_sequence(arg_value) and self.is_node_supported(submodules, arg)):
@@ -112,35 +128,33 @@ class ReferenceOperatorSupport(OperatorSupportBase):  # type: ignore[misc]
         return can_encode_args(node)
 
 
-class ReferencePartitioner(_SplitterBase):  # type: ignore[misc]
+class ReferencePartitioner(compat.SplitterBase):  # type: ignore[misc,valid-type]
     """``_SplitterBase`` configured as Torch-TensorRT's fast partitioner is.
 
-    The base constructor runs ``ShapeProp`` on sample inputs; an exported graph
-    already carries ``meta["val"]`` on every node, so this one does not.
+    Built through the base constructor (:func:`trt_inline.compat.init_splitter`),
+    which also records shapes by running the module once on ``sample_input``.
     """
 
     def __init__(
         self,
         module: torch.fx.GraphModule,
+        sample_input: Sequence[Any],
         operator_support: OperatorSupportBase,
         min_block_size: int,
     ) -> None:
-        self.module = module
-        self.operator_support = operator_support
+        compat.init_splitter(
+            self,
+            module,
+            sample_input,
+            operator_support,
+            compat.splitter_settings(min_block_size),
+            non_acc_submodule_name=FALLBACK_PREFIX,
+        )
         self.min_block_size = min_block_size
-        self.acc_nodes = FxNetAccNodesFinder(module, operator_support, allow_non_tensor=True)()
-        self.fusions = FxNetAccFusionsFinder(module, self.acc_nodes)()
-        self._merge_overlapping_fusions()
-        self.deps = self.find_deps()
-        self.update_deps_for_fusions()
-        self.non_acc_submodule_name = FALLBACK_PREFIX
-        self._node_submodule_map: dict[str, str] = {}
-        self._return_tuple = False
-        self.tags: list[str] = []
 
-    def remove_small_acc_subgraphs(self, subgraphs: list[Subgraph]) -> list[Subgraph]:
+    def remove_small_acc_subgraphs(self, subgraphs: list[Any]) -> list[Any]:
         """Fold accelerated blocks below ``min_block_size`` into the fallback before them."""
-        result: list[Subgraph] = []
+        result: list[Any] = []
         for subgraph in subgraphs:
             if subgraph.is_acc and len(subgraph.nodes) < self.min_block_size:
                 subgraph.is_acc = False
@@ -153,20 +167,25 @@ class ReferencePartitioner(_SplitterBase):  # type: ignore[misc]
     def partition(self) -> torch.fx.GraphModule:
         subgraphs = self.remove_small_acc_subgraphs(self.put_nodes_into_subgraphs())
         self.tag(subgraphs)
-        return self.split(remove_tag=True)
+        return self.split(remove_tag=True)  # type: ignore[no-any-return]
 
 
 def partition(
     gm: torch.fx.GraphModule,
+    sample_input: Sequence[Any],
     *,
     torch_executed_ops: Collection[Any] = (),
     min_block_size: int = 1,
+    scalar_boundaries: bool = True,
 ) -> torch.fx.GraphModule:
-    """Split ``gm`` into ``_run_on_acc_N`` and ``_run_on_gpu_N`` submodules."""
+    """Split ``gm`` into ``_run_on_acc_N`` and ``_run_on_gpu_N`` submodules.
+
+    ``sample_input`` are ``gm``'s flat inputs (the splitter runs the module once on them).
+    """
     if min_block_size < 1:
         raise ValueError(f"min_block_size must be at least 1, got {min_block_size}")
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
-    support = ReferenceOperatorSupport(torch_executed_ops)
-    return ReferencePartitioner(gm, support, min_block_size).partition()
+    support = ReferenceOperatorSupport(torch_executed_ops, scalar_boundaries=scalar_boundaries)
+    return ReferencePartitioner(gm, sample_input, support, min_block_size).partition()

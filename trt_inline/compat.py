@@ -1,0 +1,307 @@
+"""The one door to torch's private APIs.
+
+trt_inline runs on every torch a supported Torch-TensorRT release requires
+(2.5 ... 2.14) and on 2.15. Private APIs move between those releases, so every
+use of one goes through a function here that detects the feature (an attribute
+present, a parameter in a signature) rather than comparing version strings.
+Each shim says which torch versions need it; the version matrix (``.ci/matrix``)
+runs all of them.
+
+Nothing else in trt_inline imports from ``torch._*`` or reads a private
+attribute of a torch object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from trt_inline.errors import IncompatibleTorchError
+
+__all__ = [
+    "OpOverload",
+    "OpOverloadPacket",
+    "SplitterBase",
+    "Subgraph",
+    "aoti_compile_and_package",
+    "aoti_load_package",
+    "backed_size_oblivious",
+    "define_op",
+    "detect_fake_mode",
+    "export_nonstrict",
+    "exported_program",
+    "fake_mode_free",
+    "fake_tensor_mode",
+    "graph_codegen",
+    "guard_call_types",
+    "init_splitter",
+    "is_core_aten",
+    "is_fake",
+    "module_call_signature",
+    "pytree_specs",
+    "scalar_argument",
+    "set_codegen",
+    "splitter_settings",
+    "value_range",
+    "weights_only_globals",
+]
+
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+
+
+def detect_fake_mode(values: Sequence[Any]) -> Any:
+    """The FakeTensorMode that the fake values among ``values`` belong to, or None (all torch)."""
+    from torch._guards import detect_fake_mode as detect
+
+    return detect(list(values))
+
+
+def fake_tensor_mode() -> Any:
+    """A new FakeTensorMode without a shape environment (static shapes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def is_fake(value: Any) -> bool:
+    """Whether ``value`` is a FakeTensor (a meta-only stand-in met during tracing)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
+
+
+@contextlib.contextmanager
+def fake_mode_free() -> Iterator[None]:
+    """Run real tensor code while a FakeTensorMode is active (torch 2.5+: ``unset_fake_temporarily``)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
+
+
+def is_core_aten(target: Any) -> bool:
+    """Whether a node target is a core ATen OpOverload (decomposing would leave it as it is)."""
+    return isinstance(target, OpOverload) and torch.Tag.core in target.tags
+
+
+@functools.cache
+def weights_only_globals() -> frozenset[str]:
+    """``module.name`` of every global ``torch.load(weights_only=True)`` lets a pickle reach (torch 2.5+).
+
+    Read from torch's own allow-list so that the archive checks apply exactly
+    the rules torch does; a torch without it gets the globals a ``torch.save``
+    of plain tensors uses.
+    """
+    try:
+        from torch import _weights_only_unpickler
+
+        return frozenset(_weights_only_unpickler._get_allowed_globals())
+    except (ImportError, AttributeError):
+        storages = {f"torch.{name}" for name in dir(torch) if name.endswith("Storage")}
+        return frozenset(
+            {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_parameter"} | storages
+        )
+
+
+def guard_call_types() -> tuple[type, ...]:
+    """Module types that ``ExportedProgram.module()`` inserts as input-guard calls.
+
+    torch 2.9+ adds a ``call_module`` to a ``GuardsFn``; earlier releases check
+    inputs with a forward pre-hook and add no node, so there is nothing to drop.
+    """
+    try:
+        from torch.export._unlift import GuardsFn  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return ()
+    return (GuardsFn,)
+
+
+def pytree_specs(graph: torch.fx.Graph) -> tuple[Any, Any] | None:
+    """(in_spec, out_spec) of a graph whose code flattens its calling convention with pytree, else None."""
+    from torch.fx.graph import _PyTreeCodeGen
+
+    codegen = graph._codegen
+    if isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info.out_spec is not None:
+        return codegen.pytree_info.in_spec, codegen.pytree_info.out_spec
+    return None
+
+
+def graph_codegen(graph: torch.fx.Graph) -> Any:
+    """The object that writes ``graph``'s Python code (it carries the pytree calling convention)."""
+    return graph._codegen
+
+
+def set_codegen(graph: torch.fx.Graph, codegen: Any | None) -> None:
+    """Install ``codegen`` on ``graph``; None installs FX's flat default (positional inputs, a tuple out)."""
+    graph._codegen = codegen if codegen is not None else torch.fx.graph.CodeGen()
+
+
+def value_range(lower: Any, upper: Any) -> Any:
+    """A sympy value range ``[lower, upper]`` as ``range_constraints`` holds it."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    return ValueRanges(lower, upper)
+
+
+def shape_env_ranges(fake_mode: Any) -> dict[Any, Any]:
+    """The value range of every symbol the fake mode's shape environment knows."""
+    shape_env = getattr(fake_mode, "shape_env", None)
+    return dict(getattr(shape_env, "var_to_range", {}) or {})
+
+
+@functools.cache
+def _module_call_signature_fields() -> frozenset[str]:
+    from torch.export import ModuleCallSignature
+
+    return frozenset(inspect.signature(ModuleCallSignature).parameters)
+
+
+def module_call_signature(
+    inputs: list[Any], outputs: list[Any], in_spec: Any, out_spec: Any, forward_arg_names: list[str]
+) -> Any:
+    """``ModuleCallSignature``; ``forward_arg_names`` only where it exists (torch 2.6+).
+
+    Without it (torch 2.5) the loaded module's forward takes ``*args``.
+    """
+    from torch.export import ModuleCallSignature
+
+    extra = {"forward_arg_names": forward_arg_names} if "forward_arg_names" in _module_call_signature_fields() else {}
+    return ModuleCallSignature(inputs=inputs, outputs=outputs, in_spec=in_spec, out_spec=out_spec, **extra)
+
+
+def exported_program(**fields: Any) -> torch.export.ExportedProgram:
+    """The ``ExportedProgram`` constructor, given only the fields this torch's accepts.
+
+    All of ``root, graph, graph_signature, state_dict, range_constraints,
+    module_call_graph, constants, example_inputs`` exist from torch 2.5 on; a
+    field a future torch drops is left out rather than failing the save.
+    """
+    accepted = inspect.signature(torch.export.ExportedProgram.__init__).parameters
+    return torch.export.ExportedProgram(**{k: v for k, v in fields.items() if k in accepted})
+
+
+@contextlib.contextmanager
+def backed_size_oblivious() -> Iterator[None]:
+    """Trace without 0/1 specialisation of input sizes, where this torch can (2.8+ has the flag).
+
+    Without it, an unbacked size equated with an input size inherits the
+    input's internal range ``[2, max]`` and a declared minimum of 1 fails a
+    runtime assert in the saved program.
+    """
+    from torch.fx.experimental import _config as fx_config
+
+    if "backed_size_oblivious" not in getattr(fx_config, "_config", {}):
+        yield
+        return
+    with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
+        yield
+
+
+def scalar_argument(value: Any, name: str) -> Any:
+    """The graph-signature argument for a symbolic scalar output (SymInt; SymFloat / SymBool where known)."""
+    from torch.export import graph_signature
+
+    kind = "SymBoolArgument" if isinstance(value, (torch.SymBool, bool)) else "SymIntArgument"
+    if isinstance(value, (torch.SymFloat, float)):
+        kind = "SymFloatArgument"
+    argument = getattr(graph_signature, kind, None) or graph_signature.SymIntArgument
+    return argument(name=name)
+
+
+def export_nonstrict(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, dynamic_shapes: Any
+) -> torch.export.ExportedProgram:
+    """``torch.export.export`` in non-strict mode (the default from torch 2.8; 2.5 ... 2.7 default to strict).
+
+    Non-strict tracing runs the GraphModule's Python code on fake tensors, as
+    Torch-TensorRT's own ``retrace=True`` save does.
+    """
+    return torch.export.export(module, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def define_op(
+    qualname: str, schema: str, implementation: Callable[..., Any], fake: Callable[..., Any]
+) -> Callable[..., Any]:
+    """Define a custom op from an explicit schema, with its fake (meta) kernel.
+
+    The schema is given rather than inferred from annotations: torch 2.5's
+    ``infer_schema`` rejects ``list[torch.Tensor]``.
+    """
+    op = torch.library.custom_op(qualname, mutates_args=(), schema=schema)(implementation)
+    op.register_fake(fake)
+    return op  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------
+# The partitioner Torch-TensorRT builds on (torch.fx.passes.splitter_base)
+# ---------------------------------------------------------------------------
+
+from torch.fx.passes.splitter_base import Subgraph, _SplitterBase, _SplitterSettingBase  # noqa: E402
+
+SplitterBase = _SplitterBase
+
+
+def splitter_settings(min_block_size: int) -> Any:
+    """Settings as Torch-TensorRT's fast partitioner uses them: non-tensor I/O allowed, fusion on."""
+    return _SplitterSettingBase(min_acc_module_size=min_block_size, allow_non_tensor=True)
+
+
+def init_splitter(
+    splitter: Any,
+    module: torch.fx.GraphModule,
+    sample_input: Sequence[Any],
+    operator_support: Any,
+    settings: Any,
+    non_acc_submodule_name: str,
+) -> None:
+    """Run ``_SplitterBase.__init__`` (torch 2.5 ... 2.15 take these parameters by these names).
+
+    Going through the constructor, rather than copying its fields, keeps up
+    with what each torch's splitter sets up (2.9 added fusion-merging state).
+    """
+    parameters = inspect.signature(_SplitterBase.__init__).parameters
+    wanted = ("module", "sample_input", "operator_support", "settings", "non_acc_submodule_name")
+    missing = [name for name in wanted if name not in parameters]
+    if missing:
+        raise IncompatibleTorchError(
+            f"reference backend: torch {torch.__version__}'s _SplitterBase.__init__ lacks {', '.join(missing)}"
+        )
+    _SplitterBase.__init__(
+        splitter,
+        module=module,
+        sample_input=sample_input,
+        operator_support=operator_support,
+        settings=settings,
+        non_acc_submodule_name=non_acc_submodule_name,
+    )
+
+
+# ---------------------------------------------------------------------------
+# AOTInductor (torch 2.6+ packages; Torch-TensorRT saves them from 2.8)
+# ---------------------------------------------------------------------------
+
+
+def aoti_compile_and_package(program: torch.export.ExportedProgram, package_path: str) -> str:
+    """Compile ``program`` into an AOTInductor package at ``package_path``."""
+    compile_and_package = getattr(torch._inductor, "aoti_compile_and_package", None)
+    if compile_and_package is None:
+        raise IncompatibleTorchError(
+            f"output_format='aot_inductor' needs torch._inductor.aoti_compile_and_package, which torch "
+            f"{torch.__version__} does not have"
+        )
+    return str(compile_and_package(program, package_path=package_path))
+
+
+def aoti_load_package(path: str) -> Callable[..., Any]:
+    """Load an AOTInductor package (this runs its shared library)."""
+    load = getattr(torch._inductor, "aoti_load_package", None)
+    if load is None:
+        raise IncompatibleTorchError(f"torch {torch.__version__} cannot load AOTInductor packages")
+    return load(path)  # type: ignore[no-any-return]

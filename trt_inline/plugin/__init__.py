@@ -1,0 +1,237 @@
+"""Make ``torch_tensorrt.save`` use trt_inline's passes, with no change to user code.
+
+Torch-TensorRT's ``transform()`` looks ``inline_trt_modules`` and
+``inline_torch_modules`` up as globals of ``torch_tensorrt.dynamo._exporter``
+when it runs, so replacing those module attributes redirects every save path
+that goes through it: ``export()``, the legacy ``retrace=False`` exporter and
+the dynamic-shape ``retrace=True`` path. Before 2.14 the legacy exporter's
+``lift()`` builds buffer specs without ``persistent``, which torch >= 2.3
+refuses, so ``lift`` is replaced there too (:mod:`trt_inline.plugin.adapters`
+holds the per-release replacements).
+
+Activation: ``trt_inline_autoload.register`` runs at ``import torch`` (entry point
+group ``torch.backends``) and registers a post-import hook for the exporter
+module; the hook patches the module as soon as it has been executed.
+``TRT_INLINE_DISABLE=1`` stops the automatic activation; :func:`install`,
+:func:`uninstall` and :func:`enabled` are the explicit controls and always do
+what they say; after an ``enabled()`` block the decision is what it was before.
+
+Never worse than stock: before installing, each replacement runs on a small
+probe graph (:func:`~trt_inline.plugin.adapters.preflight`); one that fails
+there is not installed, one warning names it and why, and ``trt-inline doctor``
+reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from trt_inline.errors import PatchError
+from trt_inline.plugin.adapters import preflight, replacements_for, torch_tensorrt_version
+from trt_inline.plugin.save import REFERENCE_IO_ENV, save_with_reference_io
+
+__all__ = [
+    "EXPORTER",
+    "REFERENCE_IO_ENV",
+    "PatchError",
+    "enabled",
+    "install",
+    "is_active",
+    "refused_replacements",
+    "replaced_functions",
+    "replacements_for",
+    "torch_tensorrt_version",
+    "uninstall",
+]
+
+EXPORTER = "torch_tensorrt.dynamo._exporter"
+COMPILE = "torch_tensorrt._compile"
+TARGETS = (EXPORTER, COMPILE)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _PluginState:
+    """What this process has patched. One per process: the exporter module is one per process too."""
+
+    # None until someone decides explicitly: the autoload hook (and TRT_INLINE_DISABLE) decides then.
+    wanted: bool | None = None
+    hook_registered: bool = False
+    originals: dict[str, Any] = field(default_factory=dict)
+    replacements: dict[str, Any] = field(default_factory=dict)
+    # {function: why} for replacements that failed preflight and were left stock.
+    refused: dict[str, str] = field(default_factory=dict)
+    # (stock torch_tensorrt.save, our wrapper) once wrapped.
+    save: tuple[Any, Any] | None = None
+
+
+_state = _PluginState()
+
+
+def _decided_to_patch() -> bool:
+    """An explicit install/uninstall wins; otherwise the environment's opt-out decides."""
+    if _state.wanted is not None:
+        return _state.wanted
+    import trt_inline_autoload
+
+    return not trt_inline_autoload.disabled_by_env()
+
+
+def _patch(exporter: ModuleType) -> None:
+    if _state.replacements and all(getattr(exporter, k, None) is v for k, v in _state.replacements.items()):
+        return
+    replacements = replacements_for(exporter)
+    refused = preflight(replacements)
+    for name, why in refused.items():
+        replacements.pop(name, None)
+        warnings.warn(
+            f"trt-inline: {exporter.__name__}.{name} left stock: the replacement failed on a probe graph ({why})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    if "inline_torch_modules" not in replacements:
+        replacements.clear()  # without positional fallback wiring, nothing else is worth replacing
+    originals = {name: getattr(exporter, name) for name in replacements}
+    for name, function in replacements.items():
+        setattr(exporter, name, function)
+    _state.originals, _state.replacements, _state.refused = originals, replacements, refused
+    if replacements:
+        log.info("patched %s: %s", exporter.__name__, ", ".join(sorted(replacements)))
+
+
+def _restore() -> None:
+    exporter = sys.modules.get(EXPORTER)
+    restored = []
+    if exporter is not None:
+        for name, function in _state.originals.items():
+            if getattr(exporter, name, None) is _state.replacements.get(name):
+                setattr(exporter, name, function)
+                restored.append(name)
+    _state.originals, _state.replacements = {}, {}
+    if restored:
+        log.info("restored stock %s: %s", EXPORTER, ", ".join(sorted(restored)))
+
+
+def _patch_save(compile_module: ModuleType) -> None:
+    stock = getattr(compile_module, "save")  # noqa: B009 - a module attribute mypy cannot see
+    if hasattr(stock, "__trt_inline_stock__"):
+        return
+    wrapper = save_with_reference_io(stock)
+    package = sys.modules.get("torch_tensorrt")
+    # torch_tensorrt/__init__ star-imports _compile: its `save` is the stock one, or not bound yet.
+    for module in (compile_module, package):
+        if module is not None and getattr(module, "save", None) in (stock, None):
+            module.__dict__["save"] = wrapper
+    _state.save = (stock, wrapper)
+    log.info("patched torch_tensorrt.save: embeds reference I/O")
+
+
+def _restore_save() -> None:
+    if _state.save is None:
+        return
+    stock, wrapper = _state.save
+    for name in (COMPILE, "torch_tensorrt"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "save", None) is wrapper:
+            module.__dict__["save"] = stock
+    _state.save = None
+    log.info("restored stock torch_tensorrt.save")
+
+
+def _on_import(module: ModuleType) -> None:
+    """Post-import hook for both target modules: patch if this process decided so. Never raises."""
+    if not _decided_to_patch():
+        return
+    try:
+        if module.__name__ == COMPILE:
+            _patch_save(module)
+        else:
+            _patch(module)
+    except Exception as exc:  # a failed patch must never break importing torch_tensorrt
+        warnings.warn(
+            f"trt-inline: could not patch {module.__name__} ({type(exc).__name__}: {exc}); "
+            "torch_tensorrt's stock behaviour stays in use",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _register_hook() -> None:
+    if not _state.hook_registered:
+        import wrapt
+
+        for name in TARGETS:
+            wrapt.register_post_import_hook(_on_import, name)
+        _state.hook_registered = True
+
+
+def install() -> None:
+    """Use trt_inline's passes in ``torch_tensorrt.save`` from now on. Idempotent.
+
+    Raises :class:`PatchError` if the exporter is already imported and is not a
+    supported version; otherwise patches it when it is imported.
+    """
+    _state.wanted = True
+    exporter = sys.modules.get(EXPORTER)
+    if exporter is not None:
+        _patch(exporter)
+    compile_module = sys.modules.get(COMPILE)
+    if compile_module is not None:
+        _patch_save(compile_module)
+    _register_hook()
+
+
+def uninstall() -> None:
+    """Put the exact stock functions back and stop patching on import. Idempotent."""
+    _state.wanted = False
+    _restore()
+    _restore_save()
+
+
+def is_active() -> bool:
+    """Whether the exporter is imported and runs trt_inline's passes now."""
+    exporter = sys.modules.get(EXPORTER)
+    return bool(
+        exporter is not None
+        and _state.replacements
+        and all(getattr(exporter, name, None) is fn for name, fn in _state.replacements.items())
+    )
+
+
+def replaced_functions() -> list[str]:
+    """Names of the functions currently replaced (``save`` is torch_tensorrt.save)."""
+    names = sorted(_state.replacements) if is_active() else []
+    return names + (["save"] if _state.save is not None else [])
+
+
+def refused_replacements() -> dict[str, str]:
+    """``{function: why}`` for replacements that failed their preflight and were left stock."""
+    return dict(_state.refused)
+
+
+@contextlib.contextmanager
+def enabled() -> Iterator[None]:
+    """Use trt_inline's passes for the duration of the block; afterwards everything is as before.
+
+    The previous explicit decision (or its absence, which leaves the choice to
+    ``TRT_INLINE_DISABLE`` and the autoload hook) is restored exactly, and
+    functions that were stock before the block are stock again.
+    """
+    was_wanted, was_active, had_save = _state.wanted, is_active(), _state.save is not None
+    install()
+    try:
+        yield
+    finally:
+        _state.wanted = was_wanted
+        if not was_active:
+            _restore()
+        if not had_save:
+            _restore_save()

@@ -1,0 +1,248 @@
+"""Per-release replacements for ``torch_tensorrt.dynamo._exporter``'s functions.
+
+The release is recognised by the signature of its stock ``inline_trt_modules``
+(with the installed version as a tie-breaker for ``lift``), not by version
+strings alone:
+
+================  =========================================  ===============================
+Torch-TensorRT    ``inline_trt_modules`` signature            replaced
+================  =========================================  ===============================
+2.5               ``(gm, outputs_map)``                      both passes (engine outputs typed
+                                                             from the engine), ``lift``
+2.6               ``(gm, cross_compile_flag)``               both passes, ``lift``
+2.7 ... 2.13      ``(gm, cross_compile_module)``             both passes, ``lift``
+2.14              ``(gm, cross_compile_module,               both passes (KV-cache mutations still
+                  expose_aliased_mutations)``                exposed by the stock helper); ``lift``
+                                                             first drops ``_guards_fn`` calls
+================  =========================================  ===============================
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import re
+import sys
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.fx
+from torch.export import ExportGraphSignature
+from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
+
+from trt_inline import compat, engines, passes
+from trt_inline.errors import PatchError
+from trt_inline.export import drop_guard_calls, lift_attributes, refuse_call_modules
+
+__all__ = ["lift", "preflight", "replacements_for", "torch_tensorrt_version"]
+
+
+def torch_tensorrt_version() -> tuple[int, int] | None:
+    """(major, minor) of the installed or imported Torch-TensorRT, None when unknown."""
+    text = None
+    try:
+        text = importlib.metadata.version("torch_tensorrt")
+    except importlib.metadata.PackageNotFoundError:
+        text = getattr(sys.modules.get("torch_tensorrt"), "__version__", None)
+    match = re.match(r"(\d+)\.(\d+)", str(text or ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def inline_trt_modules_with_outputs_map(gm: torch.fx.GraphModule, outputs_map: dict[Any, Any]) -> torch.fx.GraphModule:
+    """2.5's form: engine output shapes come from shape analysis instead of ``meta["val"]``.
+
+    The dtype and device of each output come from the engine itself
+    (:func:`trt_inline.engines.output_specs`), not float32 as the stock 2.5 pass
+    assumes. An engine that does not record them (Torch-TensorRT's C++ module
+    in 2.5) gets float32 on the CPU with a warning naming it.
+    """
+    fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    for node in gm.graph.nodes:
+        if not engines.is_accelerated_call(gm, node) or "val" in node.meta:
+            continue
+        shapes = outputs_map.get(node.name, outputs_map.get(str(node.target)))
+        if shapes is None:
+            continue
+        specs = engines.output_specs(gm.get_submodule(str(node.target)))
+        if specs is None or len(specs) != len(shapes):
+            warnings.warn(
+                f"trt-inline: {node.target} does not record its output dtypes; they are assumed to be float32",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            specs = [(torch.float32, torch.device("cpu"))] * len(shapes)
+        node.meta["val"] = [
+            _fake_empty(tuple(shape), dtype, device, fake_mode)
+            for shape, (dtype, device) in zip(shapes, specs, strict=True)
+        ]
+    return passes.inline_trt_modules(gm)
+
+
+def _fake_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, fake_mode: Any) -> torch.Tensor:
+    if fake_mode is None:
+        return torch.empty(shape, dtype=dtype, device="meta")
+    with fake_mode:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+
+def exposing_inline_trt_modules(exporter: ModuleType) -> Callable[..., torch.fx.GraphModule]:
+    """2.14's form: after each engine, the stock helper exposes aliased (KV-cache) buffer mutations."""
+    expose = exporter._expose_aliased_buffer_mutations
+
+    def inline_trt_modules(
+        gm: torch.fx.GraphModule, cross_compile_module: bool | None = False, expose_aliased_mutations: bool = True
+    ) -> torch.fx.GraphModule:
+        on_engine = None
+        if expose_aliased_mutations and not cross_compile_module:
+
+            def on_engine(engine_call: torch.fx.Node, module: torch.nn.Module, num_outputs: int) -> None:
+                expose(gm, engine_call, module, num_outputs)
+
+        return passes.inline_engines(gm, cross_compile_module=bool(cross_compile_module), on_engine=on_engine)
+
+    inline_trt_modules.__doc__ = passes.inline_trt_modules.__doc__
+    return inline_trt_modules
+
+
+def lift(
+    gm: torch.fx.GraphModule, graph_signature: ExportGraphSignature
+) -> tuple[torch.fx.GraphModule, ExportGraphSignature, dict[str, Any], dict[str, Any]]:
+    """Drop-in for Torch-TensorRT's ``_exporter.lift`` (the legacy ``retrace=False`` exporter).
+
+    Same contract: lift ``get_attr`` nodes into placeholders, add their specs
+    before the user inputs of ``graph_signature``, return the graph, the
+    signature, the state dict and the constants. Unlike the stock function before
+    2.14, buffer specs carry ``persistent`` (torch >= 2.3 refuses them without
+    it), non-persistent buffers are not saved as state, and ``_guards_fn`` calls
+    left by ``ExportedProgram.module()`` are dropped instead of reaching the
+    serializer.
+    """
+    drop_guard_calls(gm)
+    refuse_call_modules(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in placeholders])
+    specs, state_dict, constants, renamed = lift_attributes(gm, fake_mode)
+    graph_signature.input_specs[0:0] = specs
+    for spec in graph_signature.output_specs:
+        if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
+            spec.arg = TensorArgument(name=renamed[spec.arg.name])
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    return gm, graph_signature, state_dict, constants
+
+
+def lift_without_guard_calls(stock_lift: Callable[..., Any]) -> Callable[..., Any]:
+    """2.14's ``lift``, after removing the ``_guards_fn`` call the inlined fallback brought along."""
+
+    def lift(gm: torch.fx.GraphModule, graph_signature: Any) -> Any:
+        drop_guard_calls(gm)
+        return stock_lift(gm, graph_signature)
+
+    lift.__doc__ = stock_lift.__doc__
+    return lift
+
+
+def replacements_for(exporter: ModuleType) -> dict[str, Any]:
+    """The functions of ``exporter`` to replace, and their replacements, for its version."""
+    stock = getattr(exporter, "inline_trt_modules", None)
+    if not callable(stock) or not callable(getattr(exporter, "inline_torch_modules", None)):
+        raise PatchError(f"{exporter.__name__} has no inline_trt_modules / inline_torch_modules")
+    params = list(inspect.signature(stock).parameters)
+    result: dict[str, Any] = {"inline_torch_modules": passes.inline_torch_modules}
+    if params == ["gm", "outputs_map"]:
+        result["inline_trt_modules"] = inline_trt_modules_with_outputs_map
+    elif len(params) == 2 and params[0] == "gm" and params[1] in ("cross_compile_flag", "cross_compile_module"):
+        result["inline_trt_modules"] = passes.inline_trt_modules
+    elif params == ["gm", "cross_compile_module", "expose_aliased_mutations"]:
+        if not callable(getattr(exporter, "_expose_aliased_buffer_mutations", None)):
+            raise PatchError(f"{exporter.__name__}: 2.14-style signature without _expose_aliased_buffer_mutations")
+        result["inline_trt_modules"] = exposing_inline_trt_modules(exporter)
+    else:
+        raise PatchError(f"{exporter.__name__}.inline_trt_modules has an unknown signature ({', '.join(params)})")
+    stock_lift = getattr(exporter, "lift", None)
+    if callable(stock_lift):
+        version = torch_tensorrt_version()
+        stock_lift_lacks_persistent = version < (2, 14) if version else len(params) == 2
+        result["lift"] = lift if stock_lift_lacks_persistent else lift_without_guard_calls(stock_lift)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Preflight: a replacement that fails on a probe graph is not installed
+# ---------------------------------------------------------------------------
+
+
+def preflight(replacements: dict[str, Any]) -> dict[str, str]:
+    """Run the replacements on a tiny partitioned probe; ``{function: why}`` for each that failed.
+
+    The probe (an engine, then a fallback reading its output, on this torch) is
+    what every save pushes through the replaced functions, so a replacement that
+    cannot work here fails on it, at import, rather than inside a user's
+    ``torch_tensorrt.save``. What depends on a failed step is refused too.
+    """
+    refused: dict[str, str] = {}
+    probe, example = _probe()
+    steps: list[tuple[str, Callable[[], Any]]] = []
+    if "inline_trt_modules" in replacements:
+        inline_trt = replacements["inline_trt_modules"]
+        args: tuple[Any, ...] = ({"_run_on_acc_0": [example.shape]},) if _takes_outputs_map(inline_trt) else (False,)
+        steps.append(("inline_trt_modules", lambda: inline_trt(probe, *args)))
+    steps.append(("inline_torch_modules", lambda: replacements["inline_torch_modules"](probe)))
+    if "lift" in replacements:
+        steps.append(("lift", lambda: replacements["lift"](_cleaned(probe), _signature(probe))))
+    for name, step in steps:
+        if refused:
+            refused[name] = f"not tried: {next(iter(refused))} failed first"
+            continue
+        try:
+            step()
+        except Exception as exc:
+            refused[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return refused
+
+
+def _takes_outputs_map(function: Callable[..., Any]) -> bool:
+    return list(inspect.signature(function).parameters)[1:2] == ["outputs_map"]
+
+
+def _probe() -> tuple[torch.fx.GraphModule, torch.Tensor]:
+    """``x -> _run_on_acc_0 (x * 2) -> _run_on_gpu_1 (relu) -> output``, with fake values as compile sets them."""
+    from trt_inline.reference.engine import build_engine
+
+    example = torch.ones(2, 3)
+    fake = compat.fake_tensor_mode().from_tensor(example)
+    block = torch.fx.symbolic_trace(lambda a: torch.ops.aten.mul.Tensor(a, 2.0))
+    fallback = torch.fx.symbolic_trace(lambda a: torch.ops.aten.relu.default(a))
+    for module in (block, fallback):
+        for node in module.graph.nodes:
+            node.meta["val"] = fake
+    root = torch.nn.Module()
+    root.add_module("_run_on_acc_0", build_engine(block, "_run_on_acc_0"))
+    root.add_module("_run_on_gpu_1", fallback)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    acc = graph.call_module("_run_on_acc_0", (x,))
+    gpu = graph.call_module("_run_on_gpu_1", (acc,))
+    graph.output((gpu,))
+    x.meta["val"], acc.meta["val"], gpu.meta["val"] = fake, [fake], fake
+    return torch.fx.GraphModule(root, graph), example
+
+
+def _cleaned(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    gm.delete_all_unused_submodules()
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _signature(gm: torch.fx.GraphModule) -> ExportGraphSignature:
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return ExportGraphSignature(
+        input_specs=[InputSpec(InputKind.USER_INPUT, TensorArgument(name=n.name), n.target) for n in inputs],
+        output_specs=[OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(name=n.name), None) for n in outputs],
+    )

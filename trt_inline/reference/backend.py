@@ -1,0 +1,121 @@
+"""``reference.compile``: the structure of ``torch_tensorrt.dynamo.compile``, on the CPU.
+
+``compile`` exports the model, decomposes it to core ATen, partitions it with
+``_SplitterBase`` into ``_run_on_acc_N`` / ``_run_on_gpu_N`` submodules as
+Torch-TensorRT's fast partitioner does, sets ``meta["val"]`` on every
+accelerated call node (a list, even for one output, as ``compile_module`` does;
+a scalar output is recorded as the scalar itself), and replaces each
+accelerated block by a :class:`ReferenceEngine`. The result is the graph
+Torch-TensorRT hands to its exporter, minus TensorRT: the whole
+compile -> save -> load -> compare loop runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from trt_inline import compat
+from trt_inline.engines import ACC_PREFIX
+from trt_inline.reference.engine import build_engine
+from trt_inline.reference.partition import partition
+
+__all__ = ["compile"]
+
+
+def compile(
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    arg_inputs: Sequence[Any],
+    *,
+    torch_executed_ops: Collection[Any] = (),
+    min_block_size: int = 1,
+    dynamic_shapes: Any = None,
+    scalar_boundaries: bool = True,
+) -> torch.fx.GraphModule:
+    """Compile ``model`` into engines and PyTorch fallbacks.
+
+    Args:
+        model: an ``nn.Module`` (exported here with ``arg_inputs`` and
+            ``dynamic_shapes``) or an ``ExportedProgram``.
+        arg_inputs: example inputs, positionally.
+        torch_executed_ops: operators forced to run in PyTorch, as OpOverloads
+            or strings such as ``"torch.ops.aten.relu.default"``.
+        min_block_size: accelerated blocks with fewer nodes fall back.
+        dynamic_shapes: as for ``torch.export.export``.
+        scalar_boundaries: let scalar-producing nodes (``sym_size``, SymInt
+            arithmetic) into engines, so that scalars cross engine boundaries
+            as they do with Torch-TensorRT. ``False`` keeps them in PyTorch.
+
+    Returns:
+        A ``GraphModule`` called like the model, whose children are
+        ``_run_on_acc_N`` (:class:`ReferenceEngine`) and ``_run_on_gpu_N``
+        (``GraphModule``) submodules.
+    """
+    if isinstance(model, torch.export.ExportedProgram):
+        exported = model
+    else:
+        exported = compat.export_nonstrict(model, tuple(arg_inputs), None, dynamic_shapes)
+    if not _is_core_aten(exported.graph):
+        exported = exported.run_decompositions()
+    flat = exported.module()
+    if not isinstance(flat, torch.fx.GraphModule):
+        raise TypeError(f"ExportedProgram.module() returned a {type(flat).__qualname__}, expected a GraphModule")
+
+    sample_input = pytree.tree_leaves((tuple(arg_inputs), {}))
+    split = partition(
+        flat,
+        sample_input,
+        torch_executed_ops=torch_executed_ops,
+        min_block_size=min_block_size,
+        scalar_boundaries=scalar_boundaries,
+    )
+    # Keep the caller's calling convention (nested inputs, dict outputs) as
+    # Torch-TensorRT does after partitioning.
+    compat.set_codegen(split.graph, compat.graph_codegen(flat.graph))
+    for attr in ("_in_spec", "_out_spec"):
+        if hasattr(flat, attr):
+            setattr(split, attr, getattr(flat, attr))
+    _copy_placeholder_meta(flat, split)
+
+    for call_node in list(split.graph.nodes):
+        if call_node.op != "call_module" or not str(call_node.target).startswith(ACC_PREFIX):
+            continue
+        name = str(call_node.target)
+        block = getattr(split, name)
+        call_node.meta["val"] = [out.meta["val"] for out in _output_nodes(block)]
+        setattr(split, name, build_engine(block, name))
+    split.recompile()
+    return split
+
+
+def _is_core_aten(graph: torch.fx.Graph) -> bool:
+    """Whether every op is already core ATen, so that decomposing would change nothing.
+
+    Re-tracing for decomposition is most of the cost of compiling a small model.
+    """
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        if not compat.is_core_aten(node.target):
+            return False
+    return True
+
+
+def _copy_placeholder_meta(source: torch.fx.GraphModule, split: torch.fx.GraphModule) -> None:
+    """split_by_tags builds fresh placeholders; give them back their fake values (by position)."""
+    source_inputs = [n for n in source.graph.nodes if n.op == "placeholder"]
+    split_inputs = [n for n in split.graph.nodes if n.op == "placeholder"]
+    for src, dst in zip(source_inputs, split_inputs, strict=False):
+        for key, value in src.meta.items():
+            dst.meta.setdefault(key, value)
+
+
+def _output_nodes(block: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    output = next(n for n in reversed(block.graph.nodes) if n.op == "output")
+    result = output.args[0]
+    return list(result) if isinstance(result, (tuple, list)) else [result]

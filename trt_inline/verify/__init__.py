@@ -1,0 +1,49 @@
+"""Verification of saved programs: does it load safely, is its graph sound, does it compute the same.
+
+==========================  =================================================================
+module                      concern
+==========================  =================================================================
+``archive``                 opening files: unusable ones told apart, unsafe ones refused unread
+``structure``               structural checks on the graph, one function each
+``compare``                 running on reference inputs and comparing outputs
+``report``                  ``VerifyReport`` and its text / JSON forms
+``reference_io``            the reference I/O a save embeds (used by ``trt_inline.save`` too)
+``verifier``                ``verify``: all of the above in order
+==========================  =================================================================
+"""
+
+from __future__ import annotations
+
+from trt_inline.errors import UnsafeArchiveError, VerifyInputError
+from trt_inline.verify.archive import LoadedProgram, check_archive, classify_file, load_exported_program
+from trt_inline.verify.compare import default_tolerance
+from trt_inline.verify.reference_io import (
+    REFERENCE_IO_FILE,
+    ReferenceIO,
+    capture_reference_io,
+    decode_reference_io,
+    encode_reference_io,
+)
+from trt_inline.verify.report import OutputComparison, VerifyReport, describe_value
+from trt_inline.verify.structure import structural_problems
+from trt_inline.verify.verifier import verify
+
+__all__ = [
+    "REFERENCE_IO_FILE",
+    "LoadedProgram",
+    "OutputComparison",
+    "ReferenceIO",
+    "UnsafeArchiveError",
+    "VerifyInputError",
+    "VerifyReport",
+    "capture_reference_io",
+    "check_archive",
+    "classify_file",
+    "decode_reference_io",
+    "default_tolerance",
+    "describe_value",
+    "encode_reference_io",
+    "load_exported_program",
+    "structural_problems",
+    "verify",
+]

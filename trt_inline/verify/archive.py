@@ -1,0 +1,339 @@
+"""Opening saved files: telling unusable ones apart, and refusing unsafe ones before anything is loaded.
+
+``torch.export.load`` is not safe on a file from a stranger: it retries sample
+inputs with ``torch.load(weights_only=False)``, loads weights and constants
+marked ``use_pickle`` with ``weights_only=False``, and opaque constants with
+``pickle.loads``. So before torch sees an archive, :func:`check_archive` reads
+its directory and every entry that is, or is loaded as, a pickle, and refuses
+the file (:class:`UnsafeArchiveError`, naming the entry) when
+
+* an entry declares a size that is absurd for what is stored (a zip bomb), or
+* a pickle calls anything outside the ``weights_only=True`` allow-list, except
+  the engine objects Torch-TensorRT writes (:mod:`trt_inline.engines`):
+  ``torch.classes.tensorrt.Engine`` through the TorchScript pickler or as a
+  ``torch.ScriptObject``, and ``_reconstruct_trt_engine`` calls with plain data.
+
+The pickles are read as opcodes (``pickletools``), never executed. Raw tensor
+payloads (``use_pickle: false``) are skipped unread.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickletools
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from trt_inline import compat, engines
+from trt_inline.errors import UnsafeArchiveError, VerifyInputError, first_line
+from trt_inline.verify.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
+
+__all__ = [
+    "MAX_COMPRESSION_RATIO",
+    "LoadedProgram",
+    "check_archive",
+    "classify_file",
+    "load_exported_program",
+]
+
+# A compressed entry that claims to expand more than this (and past 64 MiB) is refused unread.
+MAX_COMPRESSION_RATIO = 200
+_SMALL_ENTRY = 64 << 20
+# Pickles larger than this are not scanned in memory; none of the pickles torch.export writes comes close.
+_MAX_PICKLE_BYTES = 1 << 30
+
+_PROGRAM_MARKERS = ("/models/model.json", "serialized_exported_program.json")
+
+
+def classify_file(path: str | os.PathLike[str]) -> Path:
+    """The path, if it is a complete zip archive holding an ExportedProgram; else a :class:`VerifyInputError`."""
+    file = Path(path)
+    if not file.exists():
+        raise VerifyInputError(f"{file}: no such file")
+    if file.is_dir():
+        raise VerifyInputError(f"{file}: is a directory")
+    if file.stat().st_size == 0:
+        raise VerifyInputError(f"{file}: empty file")
+    if not zipfile.is_zipfile(file) or not _zip_end_is_intact(file):
+        raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
+    names = _entry_names(file)
+    if not any(name.endswith(marker) for name in names for marker in _PROGRAM_MARKERS):
+        if any(name.endswith("/code/__torch__.py") or name.endswith("/constants.pkl") for name in names):
+            raise VerifyInputError(
+                f"{file}: a TorchScript archive; verify reads ExportedProgram files (torch.export.save)"
+            )
+        raise VerifyInputError(f"{file}: a zip archive without an ExportedProgram in it")
+    return file
+
+
+def _zip_end_is_intact(file: Path) -> bool:
+    """Whether the last end-of-archive record ends exactly at the end of the file.
+
+    A truncated ``.pt2`` can still look like a zip: it embeds zips of its own
+    (``torch.save`` blobs) whose end records ``zipfile`` finds instead.
+    """
+    size = file.stat().st_size
+    with open(file, "rb") as handle:
+        handle.seek(max(0, size - (1 << 16) - 22))
+        tail = handle.read()
+    position = tail.rfind(b"PK\x05\x06")
+    if position < 0 or len(tail) - position < 22:
+        return False
+    comment_length = int.from_bytes(tail[position + 20 : position + 22], "little")
+    return position + 22 + comment_length == len(tail)
+
+
+def _entry_names(file: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(file) as archive:
+            return archive.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise VerifyInputError(f"{file}: damaged zip archive ({exc})") from exc
+
+
+# ---------------------------------------------------------------------------
+# Safety: sizes and pickles, checked before anything is loaded
+# ---------------------------------------------------------------------------
+
+
+def check_archive(file: Path, *, allow_pickle: bool = False) -> None:
+    """Refuse ``file`` (:class:`UnsafeArchiveError`) if loading it could run code from it or exhaust memory.
+
+    Sizes are always checked; ``allow_pickle=True`` skips the pickle checks for a
+    file from a trusted source.
+    """
+    with zipfile.ZipFile(file) as archive:
+        infos = archive.infolist()
+        for info in infos:
+            _check_size(file, info)
+        bad = archive.testzip()
+        if bad is not None:
+            raise VerifyInputError(f"{file}: damaged zip archive (bad CRC in {bad})")
+        if allow_pickle:
+            return
+        payloads = _payloads(archive)
+        missing = sorted((payloads.raw | payloads.pickled) - set(archive.namelist()))
+        if missing:
+            raise VerifyInputError(f"{file}: archive entry {missing[0]} is declared by a payload config but missing")
+        for info in infos:
+            if info.filename in payloads.raw or info.is_dir() or info.file_size == 0:
+                continue  # raw tensor bytes, or nothing to load (torch writes empty sample inputs as 0 bytes)
+            data = archive.read(info)
+            loaded_as_pickle = _loaded_as_pickle(info.filename, payloads)
+            for where, problem in _pickle_problems(info.filename, data, loaded_as_pickle):
+                raise UnsafeArchiveError(
+                    f"{file}: archive entry {where} refused: {problem}; loading it could run code from the file "
+                    "(pass --allow-pickle / allow_pickle=True only for a file from a trusted source)"
+                )
+
+
+def _check_size(file: Path, info: zipfile.ZipInfo) -> None:
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+        raise UnsafeArchiveError(
+            f"{file}: archive entry {info.filename} refused: declares {info.file_size} bytes "
+            f"but stores {info.compress_size}"
+        )
+    ratio = info.file_size / max(info.compress_size, 1)
+    if info.file_size > _SMALL_ENTRY and ratio > MAX_COMPRESSION_RATIO:
+        raise UnsafeArchiveError(
+            f"{file}: archive entry {info.filename} refused: declares {info.file_size} bytes from "
+            f"{info.compress_size} compressed (ratio {ratio:.0f}, limit {MAX_COMPRESSION_RATIO}): a zip bomb"
+        )
+
+
+@dataclass(frozen=True)
+class _Payloads:
+    """Which entries the program's payload configs declare raw tensor bytes, and which pickles."""
+
+    raw: frozenset[str]
+    pickled: frozenset[str]
+
+
+def _payloads(archive: zipfile.ZipFile) -> _Payloads:
+    """Entries the weight / constant configs declare as raw tensor bytes (never unpickled), and as pickles."""
+    raw: set[str] = set()
+    pickled: set[str] = set()
+    for name in archive.namelist():
+        if not name.endswith(("_weights_config.json", "_constants_config.json")):
+            continue
+        folder = name.rpartition("/")[0]
+        try:
+            config = json.loads(archive.read(name)).get("config", {})
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            continue  # torch.export.load will refuse it; nothing of it is unpickled before that
+        for meta in config.values() if isinstance(config, dict) else ():
+            path_name = meta.get("path_name") if isinstance(meta, dict) else None
+            if not isinstance(path_name, str):
+                continue
+            # Raw only if torch reads it as raw: a tensor payload without use_pickle.
+            is_raw = meta.get("use_pickle") is False and path_name.startswith(("tensor_", "weight_"))
+            (raw if is_raw else pickled).add(f"{folder}/{path_name}")
+    return _Payloads(frozenset(raw - pickled), frozenset(pickled))
+
+
+def _loaded_as_pickle(name: str, payloads: _Payloads) -> bool:
+    """Whether torch.export.load unpickles this entry, whatever its first bytes look like."""
+    if name in payloads.pickled:
+        return True
+    base = name.rpartition("/")[2]
+    return "/data/sample_inputs/" in f"/{name}" or (base.startswith("serialized_") and base.endswith(".pt"))
+
+
+def _pickle_problems(name: str, data: bytes, loaded_as_pickle: bool) -> Iterator[tuple[str, str]]:
+    """(where, why) for each pickle in an entry (itself, or inside a nested torch.save zip) that is refused."""
+    if data.startswith(b"PK\x03\x04"):
+        try:
+            nested = zipfile.ZipFile(io.BytesIO(data))
+            infos = nested.infolist()
+        except zipfile.BadZipFile:
+            if loaded_as_pickle:
+                yield name, "a damaged torch.save archive"
+            return
+        for info in infos:
+            _check_size(Path(name), info)
+            if info.filename.endswith(".pkl"):
+                problem = _scan_pickle(nested.read(info))
+                if problem:
+                    yield f"{name} ({info.filename})", problem
+        return
+    if loaded_as_pickle or data[:1] == b"\x80":
+        if len(data) > _MAX_PICKLE_BYTES:
+            yield name, f"a pickle of {len(data)} bytes, too large to check"
+            return
+        problem = _scan_pickle(data)
+        if problem:
+            yield name, problem
+
+
+_STRING_OPS = frozenset(
+    {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
+)
+_GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+_PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_REFUSED_OPS = frozenset({"EXT1", "EXT2", "EXT4", "PERSID"})
+_TORCHSCRIPT_HELPERS = frozenset(
+    ("torch.jit._pickle", name)
+    for name in ("build_intlist", "build_doublelist", "build_boollist", "build_tensorlist", "restore_type_tag")
+)
+_ENGINE_CLASS_GLOBALS = frozenset(tuple(name.rsplit(".", 1)) for name in engines.ENGINE_SCRIPT_CLASSES)
+_TORCHBIND_PREFIX = "__torch__.torch.classes."
+_MARK = object()
+_UNKNOWN = object()
+
+
+def _allowed_global(module: str, name: str) -> bool:
+    if f"{module}.{name}" in compat.weights_only_globals():
+        return True
+    pair = (module, name)
+    return (
+        pair in _TORCHSCRIPT_HELPERS
+        or pair in _ENGINE_CLASS_GLOBALS
+        or pair in engines.ENGINE_PICKLE_GLOBALS
+        or pair == ("torch", "ScriptObject")
+    )
+
+
+def _scan_pickle(data: bytes) -> str | None:
+    """Why a pickle is refused (it reaches a callable outside the allow-list), or None; never executes it.
+
+    Simulates the pickle machine's stack with unknown values, except for the
+    strings it pushes, so that ``STACK_GLOBAL`` (module and name taken from the
+    stack or the memo) is resolved like ``GLOBAL``.
+    """
+    stack: list[Any] = []
+    memo: dict[Any, Any] = {}
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            op = opcode.name
+            if op in _REFUSED_OPS:
+                return f"it uses the {op} opcode"
+            if op in ("GLOBAL", "INST"):
+                module, _, name = str(arg).partition(" ")
+                if not _allowed_global(module, name):
+                    return f"it calls {module}.{name}"
+            elif op == "STACK_GLOBAL":
+                name, module = stack.pop(), stack.pop()
+                if not isinstance(module, str) or not isinstance(name, str):
+                    return "it imports a global whose name it computes"
+                if not _allowed_global(module, name):
+                    return f"it calls {module}.{name}"
+                stack.append(_UNKNOWN)
+                continue
+            if op in _STRING_OPS:
+                text = arg.decode("latin-1") if isinstance(arg, bytes) else str(arg)
+                if text.startswith(_TORCHBIND_PREFIX) and text not in engines.ENGINE_SCRIPT_CLASSES:
+                    return f"it builds a {text}"
+                stack.append(text)
+            elif op in _GET_OPS:
+                stack.append(memo.get(arg, _UNKNOWN))
+            elif op in _PUT_OPS:
+                memo[arg] = stack[-1] if stack else _UNKNOWN
+            elif op == "MEMOIZE":
+                memo[len(memo)] = stack[-1] if stack else _UNKNOWN
+            else:
+                _apply_stack_effect(stack, opcode)
+    except (ValueError, IndexError, KeyError) as exc:
+        return f"not a readable pickle ({first_line(exc) or type(exc).__name__})"
+    return None
+
+
+def _apply_stack_effect(stack: list[Any], opcode: pickletools.OpcodeInfo) -> None:
+    """Pop what ``opcode`` consumes and push unknown values for what it produces."""
+    before = opcode.stack_before
+    if pickletools.markobject in before:
+        while stack and stack[-1] is not _MARK:
+            stack.pop()
+        if stack:
+            stack.pop()
+        below_mark = before.index(pickletools.markobject)
+        del stack[len(stack) - below_mark :]
+    else:
+        del stack[len(stack) - len(before) :]
+    for produced in opcode.stack_after:
+        stack.append(_MARK if produced is pickletools.markobject else _UNKNOWN)
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedProgram:
+    program: ExportedProgram
+    reference: ReferenceIO | None
+    path: Path
+
+
+def load_exported_program(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> LoadedProgram:
+    """Classify, safety-check, and load an ExportedProgram file with its embedded reference I/O.
+
+    Raises :class:`VerifyInputError` (one line, naming the file) for anything
+    unusable, and :class:`UnsafeArchiveError` for a file refused unread.
+    """
+    import trt_inline.reference  # noqa: F401  - registers the reference engine op for deserialisation
+
+    file = classify_file(path)
+    check_archive(file, allow_pickle=allow_pickle)
+    extra: dict[str, Any] = {REFERENCE_IO_FILE: ""}
+    try:
+        program = torch.export.load(file, extra_files=extra)
+    except Exception as exc:
+        raise VerifyInputError(
+            f"{file}: cannot be loaded by torch {torch.__version__} ({type(exc).__name__}: {first_line(exc)})"
+        ) from exc
+    text = extra.get(REFERENCE_IO_FILE) or ""
+    if not text:
+        return LoadedProgram(program, None, file)
+    try:
+        return LoadedProgram(program, decode_reference_io(text), file)
+    except VerifyInputError as exc:
+        raise VerifyInputError(f"{file}: {exc}") from exc

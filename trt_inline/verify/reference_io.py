@@ -1,0 +1,123 @@
+"""Reference I/O: sample inputs and the in-memory module's outputs, carried inside a saved file.
+
+Stored as one extra file of the archive (``trt_inline_reference_io.b64``): base64
+of a ``torch.save`` blob holding plain tensors only, read back with
+``torch.load(weights_only=True)``, so reading it never unpickles arbitrary
+objects. ``trt_inline.save`` (and the patched ``torch_tensorrt.save``) write it;
+verification reads it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import pickle
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from trt_inline.errors import VerifyInputError
+
+__all__ = [
+    "REFERENCE_IO_FILE",
+    "ReferenceIO",
+    "capture_reference_io",
+    "decode_reference_io",
+    "encode_reference_io",
+    "tensors_only",
+]
+
+REFERENCE_IO_FILE = "trt_inline_reference_io.b64"
+_VERSION = 1
+
+
+@dataclass
+class ReferenceIO:
+    args: list[torch.Tensor]
+    kwargs: dict[str, torch.Tensor]
+    outputs: list[torch.Tensor]
+    # Where the inputs were when captured: verify runs there by default (TensorRT engines need CUDA).
+    device: str = "cpu"
+
+    def nbytes(self) -> int:
+        tensors = [*self.args, *self.kwargs.values(), *self.outputs]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def tensors_only(values: Any, what: str) -> list[torch.Tensor]:
+    """The leaves of ``values`` as CPU tensors; Python numbers (a scalar output) become 0-d tensors."""
+    leaves = pytree.tree_leaves(values)
+    bad = [type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, bool, int, float))]
+    if bad:
+        raise VerifyInputError(f"{what} must be tensors, got {', '.join(sorted(set(bad)))}")
+    return [v.detach().cpu() if isinstance(v, torch.Tensor) else torch.tensor(v) for v in leaves]
+
+
+def capture_reference_io(
+    module: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None = None
+) -> ReferenceIO:
+    """Run ``module`` on the sample inputs and keep inputs and outputs (on the CPU)."""
+    kwargs = kwargs or {}
+    flat = [*args, *kwargs.values()]
+    if not all(isinstance(value, torch.Tensor) for value in flat):
+        raise VerifyInputError("reference I/O can only be kept for inputs that are tensors, not nested structures")
+    with torch.no_grad():
+        outputs = module(*args, **kwargs)
+    return ReferenceIO(
+        [a.detach().cpu() for a in args],
+        {k: v.detach().cpu() for k, v in kwargs.items()},
+        tensors_only(outputs, "outputs"),
+        device=str(flat[0].device) if flat else "cpu",
+    )
+
+
+def encode_reference_io(reference: ReferenceIO) -> str:
+    """The extra-file text holding ``reference``."""
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "version": _VERSION,
+            "args": [t.detach().cpu() for t in reference.args],
+            "kwargs": {k: v.detach().cpu() for k, v in reference.kwargs.items()},
+            "outputs": [t.detach().cpu() for t in reference.outputs],
+            "device": reference.device,
+        },
+        buffer,
+    )
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode_reference_io(text: str) -> ReferenceIO:
+    """Read reference I/O back; refuses anything but plain tensors (no arbitrary unpickling)."""
+    try:
+        blob = base64.b64decode(text.encode("ascii"), validate=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about the pickle protocol before refusing
+            payload = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise VerifyInputError(f"embedded reference I/O is not base64: {exc}") from exc
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise VerifyInputError(
+            "embedded reference I/O refused: it holds something other than plain tensors "
+            f"(read with torch.load(weights_only=True), which raised {type(exc).__name__})"
+        ) from exc
+    if not isinstance(payload, dict) or payload.get("version") != _VERSION:
+        raise VerifyInputError("embedded reference I/O has an unknown layout")
+    args, kwargs, outputs = payload.get("args"), payload.get("kwargs"), payload.get("outputs")
+    if not (
+        isinstance(args, list)
+        and isinstance(kwargs, dict)
+        and isinstance(outputs, list)
+        and all(isinstance(t, torch.Tensor) for t in [*args, *kwargs.values(), *outputs])
+    ):
+        raise VerifyInputError("embedded reference I/O must hold lists of tensors")
+    device = payload.get("device", "cpu")
+    if not isinstance(device, str):
+        raise VerifyInputError("embedded reference I/O names no valid device")
+    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device)

@@ -1,0 +1,143 @@
+"""``verify``: structural checks, then a run on reference inputs compared output by output."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from trt_inline.errors import VerifyInputError
+from trt_inline.verify.archive import load_exported_program
+from trt_inline.verify.compare import compare_output, run_on
+from trt_inline.verify.reference_io import ReferenceIO, tensors_only
+from trt_inline.verify.report import VerifyReport, describe_value
+from trt_inline.verify.structure import structural_problems
+
+__all__ = ["verify"]
+
+
+def verify(
+    path_or_program: str | os.PathLike[str] | ExportedProgram,
+    *,
+    reference: Callable[..., Any] | None = None,
+    arg_inputs: Sequence[torch.Tensor] | None = None,
+    kwarg_inputs: dict[str, torch.Tensor] | None = None,
+    expected: Sequence[torch.Tensor] | None = None,
+    reference_from: str | os.PathLike[str] | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    device: str | None = None,
+    allow_pickle: bool = False,
+) -> VerifyReport:
+    """Check a saved program's structure and compare its outputs with a reference.
+
+    The reference is, in order of preference: ``expected`` outputs for
+    ``arg_inputs``; a ``reference`` module run on ``arg_inputs`` (or on the
+    embedded inputs); the reference I/O embedded in the file ``reference_from``
+    (a newer save of the same module, checked against this file); the reference
+    I/O embedded in the file itself. Without any, only the structure is checked
+    and ``report.compared`` is false.
+
+    Files are checked before loading (:mod:`trt_inline.verify.archive`): one
+    whose pickles need more than plain tensors and Torch-TensorRT engines is
+    refused unless ``allow_pickle=True``. The run leaves the caller's RNG state
+    and deterministic-algorithm flags as they were.
+
+    Raises :class:`VerifyInputError` for unusable input (not a loadable
+    ExportedProgram file, inputs the program cannot take, a refused file).
+    """
+    if isinstance(path_or_program, ExportedProgram):
+        program, embedded, source = path_or_program, None, "<ExportedProgram>"
+    else:
+        loaded = load_exported_program(path_or_program, allow_pickle=allow_pickle)
+        program, embedded, source = loaded.program, loaded.reference, os.fspath(path_or_program)
+    report = VerifyReport(source=source, allow_pickle=allow_pickle)
+    report.problems, report.notes = structural_problems(program)
+    if allow_pickle:
+        report.notes.append("pickles in the file were allowed (allow_pickle): only for a file from a trusted source")
+
+    kwargs = dict(kwarg_inputs or {})
+    if expected is not None:
+        if arg_inputs is None and not kwargs:
+            raise VerifyInputError("expected outputs were given without the inputs they belong to")
+        args, want, report.reference = list(arg_inputs or ()), tensors_only(expected, "expected outputs"), "given"
+    elif reference is not None:
+        if arg_inputs is None and embedded is None:
+            raise VerifyInputError("a reference module needs arg_inputs (the file embeds no inputs)")
+        args = list(arg_inputs) if arg_inputs is not None else embedded.args  # type: ignore[union-attr]
+        kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
+        with torch.no_grad():
+            want = tensors_only(reference(*args, **kwargs), "reference outputs")
+        report.reference = "module"
+    elif reference_from is not None:
+        newer = _reference_of(reference_from, allow_pickle)
+        _check_signature(program, source, newer, os.fspath(reference_from))
+        args, kwargs, want = newer.args, newer.kwargs, newer.outputs
+        report.reference = f"from {os.fspath(reference_from)}"
+        device = device or _capture_device(newer)
+    elif embedded is not None:
+        args, kwargs, want, report.reference = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
+        device = device or _capture_device(embedded)
+    else:
+        report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
+        return report
+
+    got = run_on(program.module(), args, kwargs, device)
+    if len(got) != len(want):
+        report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
+    for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
+        comparison = compare_output(index, actual, reference_output, atol, rtol)
+        report.outputs.append(comparison)
+        if comparison.problem:
+            report.problems.append(comparison.problem)
+    return report
+
+
+def _capture_device(reference: ReferenceIO) -> str | None:
+    """Where to run: where the reference was captured (TensorRT engines need CUDA), or where the program is."""
+    if reference.device == "cpu":
+        return None
+    if reference.device.startswith("cuda") and not torch.cuda.is_available():
+        raise VerifyInputError(
+            f"the reference was captured on {reference.device} and no CUDA device is available here "
+            "(pass --device to run elsewhere)"
+        )
+    return reference.device
+
+
+def _reference_of(path: str | os.PathLike[str], allow_pickle: bool) -> ReferenceIO:
+    """The reference I/O embedded in another file (safety-checked like the file being verified)."""
+    loaded = load_exported_program(path, allow_pickle=allow_pickle)
+    if loaded.reference is None:
+        raise VerifyInputError(f"{Path(path)}: carries no reference I/O to check against (save it with arg_inputs)")
+    return loaded.reference
+
+
+def _check_signature(program: ExportedProgram, source: str, reference: ReferenceIO, reference_source: str) -> None:
+    """One line naming the first difference between a program's inputs/outputs and another file's reference."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    inputs = [placeholders[name] for name in program.graph_signature.user_inputs if name in placeholders]
+    given = [*reference.args, *reference.kwargs.values()]
+    if len(inputs) != len(given):
+        raise VerifyInputError(
+            f"{source} takes {len(inputs)} inputs, the reference in {reference_source} has {len(given)}"
+        )
+    for index, (node, tensor) in enumerate(zip(inputs, given, strict=True)):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        static = all(isinstance(d, int) for d in val.shape)
+        if val.dtype != tensor.dtype or val.dim() != tensor.dim() or (static and tuple(val.shape) != tensor.shape):
+            raise VerifyInputError(
+                f"{source} input {index} ({node.name}) is {describe_value(val)}, the reference in "
+                f"{reference_source} gives {describe_value(tensor)}"
+            )
+    outputs = len(program.graph_signature.user_outputs)
+    if outputs != len(reference.outputs):
+        raise VerifyInputError(
+            f"{source} returns {outputs} outputs, the reference in {reference_source} has {len(reference.outputs)}"
+        )
