@@ -14,10 +14,11 @@ import torch
 from hypothesis import HealthCheck, settings
 
 # Hypothesis profiles for the random-graph suite (tests/test_fuzz.py): `ci` is
-# derandomized so that CI is reproducible; `--slow` searches far more graphs.
+# derandomized so that CI is reproducible (TRT_INLINE_FUZZ_EXAMPLES sets how many:
+# the version matrix runs 50 per pair); `--slow` searches far more graphs.
 settings.register_profile(
     "ci",
-    max_examples=300,
+    max_examples=int(os.environ.get("TRT_INLINE_FUZZ_EXAMPLES", "300")),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

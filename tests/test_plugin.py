@@ -1,25 +1,27 @@
-"""Registration: the real ``_exporter.py`` of released Torch-TensorRT versions, patched on import.
+"""Registration: the real save path of the Torch-TensorRT release matching the installed torch, patched on import.
 
 ``torch_tensorrt`` cannot be imported on a CPU machine, so each test builds a
-minimal importable ``torch_tensorrt`` package in ``tmp_path``: the released
-``dynamo/_exporter.py`` (downloaded with pip once and cached) plus the two tiny
-modules it imports from. A subprocess with the project installed then imports
-it the way ``torch_tensorrt.save`` does.
+``torch_tensorrt`` package in ``tmp_path`` around the release's real
+``dynamo/_exporter.py`` and the real ``save`` of its ``_compile.py``
+(``tests/releases.py``). A subprocess with the project installed then calls
+``torch_tensorrt.save`` as a user would. On a torch that no release requires
+(2.15), the release-bound tests skip and say so.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import zipfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import releases
 import torch
 from conftest import REPO, load_in_fresh_process, max_abs_diff
 
@@ -29,44 +31,24 @@ from trt_inline import passes, plugin
 from trt_inline.plugin import adapters
 
 TESTS = Path(__file__).resolve().parent
-CACHE = Path(os.environ.get("TRT_INLINE_TEST_CACHE", Path.home() / ".cache" / "trt-inline-tests"))
+RELEASE = releases.release_for_torch()
 
 
-def released_exporter(version: str) -> str:
-    """Source of ``torch_tensorrt/dynamo/_exporter.py`` of a release; skip when it cannot be fetched."""
-    cached = CACHE / version / "_exporter.py"
-    if not cached.exists():
-        download = CACHE / version / "wheel"
-        download.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-             f"torch-tensorrt=={version}", "-d", str(download)],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        wheels = sorted(download.glob("torch_tensorrt-*.whl"))
-        if proc.returncode != 0 or not wheels:
-            reason = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
-            pytest.skip(f"cannot download torch-tensorrt=={version} to read its exporter: {reason}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            cached.write_bytes(wheel.read("torch_tensorrt/dynamo/_exporter.py"))
-        for wheel_file in wheels:
-            wheel_file.unlink()
-    return cached.read_text()
+def release_tree(tmp_path: Path, *, with_save: bool = True, stand_in_engine_op: bool = False) -> Path:
+    """The shell package of the release the installed torch belongs to; skip where there is none."""
+    if RELEASE is None:
+        pytest.skip(f"no Torch-TensorRT release requires torch {torch.__version__}")
+    try:
+        return releases.package_tree(
+            tmp_path / "site", RELEASE, with_save=with_save, stand_in_engine_op=stand_in_engine_op
+        )
+    except releases.Unavailable as exc:
+        pytest.skip(str(exc))
 
 
 def package_tree(root: Path, version: str, exporter_source: str) -> Path:
-    """A ``torch_tensorrt`` package holding ``exporter_source`` and what it imports."""
-    package = root / "torch_tensorrt"
-    (package / "dynamo" / "runtime").mkdir(parents=True)
-    (package / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    (package / "_features.py").write_text(
-        "from types import SimpleNamespace\nENABLED_FEATURES = SimpleNamespace(torch_tensorrt_runtime=False)\n"
-    )
-    (package / "dynamo" / "__init__.py").write_text("")
-    (package / "dynamo" / "runtime" / "__init__.py").write_text("")
-    (package / "dynamo" / "runtime" / "_TorchTensorRTModule.py").write_text("ENGINE_IDX = 3\nNAME_IDX = 1\n")
-    (package / "dynamo" / "_exporter.py").write_text(exporter_source)
-    return root
+    """A shell around a given exporter source (for exporters of unknown shape)."""
+    return releases.package_tree(root, version, exporter_source)
 
 
 def run_python(code: str, tree: Path, *args: str, disable: bool = False) -> subprocess.CompletedProcess[str]:
@@ -75,44 +57,48 @@ def run_python(code: str, tree: Path, *args: str, disable: bool = False) -> subp
     if disable:
         env["TRT_INLINE_DISABLE"] = "1"
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, env=env, timeout=600
     )
 
 
-_SEED_THROUGH_STOCK_EXPORT = """
+def stock_wires_by_name() -> bool:
+    return RELEASE is not None and releases.minor(RELEASE) <= (2, 13)
+
+
+_SAVE_SEED = """
     import json, sys, torch
-    import torch_tensorrt.dynamo._exporter as ex   # imported as torch_tensorrt.save would; nothing else
-    import trt_inline
+    import torch_tensorrt                             # as a user would; nothing of trt_inline imported
+    import torch_tensorrt.dynamo._exporter as ex
     from models import ConvBnRelu
 
     torch.manual_seed(0)
     model, x = ConvBnRelu().eval(), torch.randn(2, 3, 8, 8)
+    import trt_inline
     compiled = trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.relu.default"])
-    flat = ex.transform(compiled)
-    flat.graph.lint()
     paths = []
-    for legacy in (True, False):                    # retrace=False path, and torch.export of the flat graph
-        program = ex.export(compiled, arg_inputs=[x], use_legacy_exporter=legacy)
-        paths.append(sys.argv[1] + f"/stock_export_legacy_{legacy}.pt2")
-        torch.export.save(program, paths[-1])
+    for retrace in (False, True):
+        paths.append(f"{sys.argv[1]}/seed_retrace_{retrace}.pt2")
+        torch_tensorrt.save(compiled, paths[-1], output_format="exported_program", arg_inputs=[x], retrace=retrace)
     with torch.no_grad():
         torch.save([list(compiled(x)), [x]], sys.argv[1] + "/expected.pt")
     names = ("inline_trt_modules", "inline_torch_modules", "lift")
     print(json.dumps({"active": trt_inline.is_active(), "paths": paths,
-                      "modules": {n: getattr(ex, n).__module__ for n in names}}))
+                      "modules": {n: getattr(ex, n).__module__ for n in names},
+                      "reports": [trt_inline.verify(p).ok for p in paths]}))
 """
 
 
-@pytest.mark.parametrize("version", ["2.13.0", "2.14.0"])
-def test_released_exporter_runs_our_passes(tmp_path: Path, version: str) -> None:
-    tree = package_tree(tmp_path / "site", version, released_exporter(version))
-    proc = run_python(_SEED_THROUGH_STOCK_EXPORT, tree, str(tmp_path))
+def test_released_save_runs_our_passes(tmp_path: Path) -> None:
+    """torch_tensorrt.save of the seed scenario, both retrace values: files load and match exactly."""
+    tree = release_tree(tmp_path)
+    proc = run_python(_SAVE_SEED, tree, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["active"] is True
     assert report["modules"]["inline_torch_modules"] == "trt_inline.passes"
     assert report["modules"]["inline_trt_modules"].startswith("trt_inline.")
     assert report["modules"]["lift"].startswith("trt_inline.")
+    assert report["reports"] == [True, True], "trt_inline.verify on the embedded reference I/O"
 
     expected, inputs = torch.load(tmp_path / "expected.pt", weights_only=True)
     results = load_in_fresh_process(tmp_path, [Path(p) for p in report["paths"]], inputs)
@@ -121,66 +107,126 @@ def test_released_exporter_runs_our_passes(tmp_path: Path, version: str) -> None
         assert max_abs_diff(results[path]["outputs"], expected) == 0.0, path
 
 
-_STOCK_SECOND_PASS = """
-    import copy, torch
-    import torch_tensorrt.dynamo._exporter as ex
-    import trt_inline
+_SAVE_DYNAMIC = """
+    import sys, torch
+    import torch_tensorrt, trt_inline
     from models import ConvBnRelu
 
-    x = torch.randn(2, 3, 8, 8)
-    compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=["aten.relu.default"])
-    assert ex.inline_torch_modules.__module__ == "torch_tensorrt.dynamo._exporter"
-    gm = ex.inline_torch_modules(trt_inline.inline_trt_modules(copy.deepcopy(compiled)))
-    gm.graph.lint()
+    batch = torch.export.Dim("batch", min=1, max=8)
+    model, x = ConvBnRelu().eval(), torch.randn(4, 3, 8, 8)
+    compiled = trt_inline.reference.compile(
+        model, (x,), torch_executed_ops=["aten.relu.default"], dynamic_shapes=({0: batch},)
+    )
+    torch_tensorrt.save(compiled, sys.argv[1], arg_inputs=[x], retrace=True, dynamic_shapes=({0: batch},))
+    checks = [torch.randn(n, 3, 8, 8) for n in (1, 8)]
+    with torch.no_grad():
+        torch.save([[list(compiled(c)) for c in checks], checks], sys.argv[1] + ".expected")
 """
 
 
-def test_stock_pass_fails_on_the_seed_graph_when_disabled(tmp_path: Path) -> None:
-    """The suite's graphs really trigger the bug: without the plugin, 2.13 cannot save them."""
-    tree = package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0"))
-    proc = run_python(_STOCK_SECOND_PASS, tree, disable=True)
+def test_released_dynamic_retrace_goes_through_our_passes(tmp_path: Path) -> None:
+    """From 2.11, retrace=True with dynamic shapes inlines with transform() and re-exports the flat graph."""
+    tree = release_tree(tmp_path)
+    if releases.minor(str(RELEASE)) < (2, 11):
+        pytest.skip(f"Torch-TensorRT {RELEASE} retraces the compiled module directly, without transform()")
+    path = tmp_path / "dynamic.pt2"
+    proc = run_python(_SAVE_DYNAMIC, tree, str(path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    expected, checks = torch.load(f"{path}.expected", weights_only=True)
+    for want, inputs in zip(expected, checks, strict=True):
+        results = load_in_fresh_process(tmp_path, [path], [inputs])
+        assert max_abs_diff(results[str(path)]["outputs"], want) == 0.0, inputs.shape
+
+
+def test_stock_save_fails_on_the_seed_graph_when_disabled(tmp_path: Path) -> None:
+    """The suite's graphs really trigger the bug: without the plugin, releases up to 2.13 cannot save them."""
+    tree = release_tree(tmp_path, stand_in_engine_op=True)
+    if not stock_wires_by_name():
+        pytest.skip(f"Torch-TensorRT {RELEASE} already wires fallback inputs by position")
+    proc = run_python(_SAVE_SEED, tree, str(tmp_path), disable=True)
     assert proc.returncode != 0
-    assert "Argument 'getitem' of Node 'relu' was used before it has been defined" in proc.stderr
+    assert "was used before it has been defined" in proc.stderr, proc.stderr[-3000:]
 
 
+# Each of (install, uninstall, enabled) twice, in every order: the exporter's state afterwards, on import
+# after the calls and with the exporter imported before them.
 _CONTROLS = """
-    import torch, trt_inline
+    import json, sys, torch, trt_inline
+    calls = sys.argv[1].split(",")
+    import_first = sys.argv[2] == "before"
+    if import_first:
+        import torch_tensorrt.dynamo._exporter as ex
+    for call in calls:
+        if call == "enabled":
+            with trt_inline.enabled():
+                assert trt_inline.is_active() is import_first  # active at once where the exporter is imported
+        else:
+            getattr(trt_inline, call)()
     import torch_tensorrt.dynamo._exporter as ex
-    names = ("inline_trt_modules", "inline_torch_modules", "lift")
-    stock = {n: getattr(ex, n) for n in names}
-    assert all(f.__module__ == "torch_tensorrt.dynamo._exporter" for f in stock.values()), "disabled by env"
-    assert not trt_inline.is_active()
-    trt_inline.install(); trt_inline.install()
-    assert trt_inline.is_active() and all(getattr(ex, n) is not stock[n] for n in names)
-    trt_inline.uninstall(); trt_inline.uninstall()
-    assert not trt_inline.is_active() and all(getattr(ex, n) is stock[n] for n in names)
-    with trt_inline.enabled():
-        assert trt_inline.is_active()
-    assert all(getattr(ex, n) is stock[n] for n in names)
-    print("ok")
+    names = ("inline_trt_modules", "inline_torch_modules")
+    print(json.dumps([getattr(ex, n).__module__ for n in names] + [trt_inline.is_active()]))
 """
 
+_ORDERINGS = list(itertools.product(("install", "uninstall", "enabled"), repeat=2))
 
-def test_env_var_disables_and_explicit_controls_restore_stock_functions(tmp_path: Path) -> None:
-    tree = package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0"))
-    proc = run_python(_CONTROLS, tree, disable=True)
+
+@pytest.mark.parametrize("when", ["before", "after"], ids=["exporter-imported-first", "exporter-imported-last"])
+def test_controls_in_every_order_with_the_env_opt_out(tmp_path: Path, when: str) -> None:
+    """TRT_INLINE_DISABLE=1, then two calls: the last explicit install/uninstall decides; enabled() leaves none."""
+    tree = release_tree(tmp_path, with_save=False)
+    for first, second in _ORDERINGS:
+        explicit = [c for c in (first, second) if c != "enabled"]
+        expect_active = bool(explicit) and explicit[-1] == "install"
+        proc = run_python(_CONTROLS, tree, f"{first},{second}", when, disable=True)
+        assert proc.returncode == 0, (first, second, proc.stderr[-3000:])
+        *modules, active = json.loads(proc.stdout.strip().splitlines()[-1])
+        stock = "torch_tensorrt.dynamo._exporter"
+        assert active is expect_active, (first, second, when)
+        assert all((m != stock) is expect_active for m in modules), (first, second, when, modules)
+
+
+def test_enabled_restores_an_active_autoload(tmp_path: Path) -> None:
+    tree = release_tree(tmp_path, with_save=False)
+    code = """
+        import torch, trt_inline
+        import torch_tensorrt.dynamo._exporter as ex
+        before = ex.inline_torch_modules
+        with trt_inline.enabled():
+            pass
+        print(trt_inline.is_active(), ex.inline_torch_modules is before)
+    """
+    proc = run_python(code, tree)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "ok"
-
-
-_UNINSTALL_BEFORE_IMPORT = """
-    import torch, trt_inline
-    trt_inline.uninstall()
-    import torch_tensorrt.dynamo._exporter as ex
-    print(ex.inline_torch_modules.__module__, trt_inline.is_active())
-"""
+    assert proc.stdout.split() == ["True", "True"]
 
 
 def test_uninstall_before_import_wins_over_autoload(tmp_path: Path) -> None:
-    tree = package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0"))
-    proc = run_python(_UNINSTALL_BEFORE_IMPORT, tree)
+    tree = release_tree(tmp_path, with_save=False)
+    code = """
+        import torch, trt_inline
+        trt_inline.uninstall()
+        import torch_tensorrt.dynamo._exporter as ex
+        print(ex.inline_torch_modules.__module__, trt_inline.is_active())
+    """
+    proc = run_python(code, tree)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["torch_tensorrt.dynamo._exporter", "False"]
+
+
+def test_patch_and_unpatch_are_logged_at_info(tmp_path: Path) -> None:
+    tree = release_tree(tmp_path, with_save=False)
+    code = """
+        import logging, torch
+        logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+        import torch_tensorrt.dynamo._exporter, trt_inline
+        trt_inline.uninstall()
+    """
+    proc = run_python(code, tree)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("trt_inline.plugin INFO")]
+    assert lines[0].startswith("trt_inline.plugin INFO patched torch_tensorrt.dynamo._exporter: ")
+    assert lines[1].startswith("trt_inline.plugin INFO restored stock torch_tensorrt.dynamo._exporter: ")
+    assert len(lines) == 2
 
 
 _BROKEN_EXPORTER = """
@@ -204,6 +250,50 @@ def test_unknown_exporter_warns_and_keeps_stock(tmp_path: Path) -> None:
     assert proc.stdout.strip() == "torch_tensorrt.dynamo._exporter"
     assert "trt-inline: could not patch torch_tensorrt.dynamo._exporter" in proc.stderr
     assert "unknown signature (gm, a, b, c, d)" in proc.stderr
+
+
+_FAILING_LIFT = """
+from torch_tensorrt.dynamo._exporter_stock import *  # noqa: F403
+import trt_inline.plugin.adapters as adapters
+
+def _broken_lift(gm, signature):
+    raise ImportError("cannot import name 'GuardsFn' from 'torch.export._unlift'")
+
+adapters.lift = _broken_lift
+"""
+
+
+def test_a_replacement_failing_its_preflight_is_left_stock(tmp_path: Path) -> None:
+    """A replacement that cannot work here is not installed: one warning names it; doctor exits 1."""
+    tree = release_tree(tmp_path, with_save=False)
+    if not stock_wires_by_name():
+        pytest.skip(f"Torch-TensorRT {RELEASE} keeps its own lift (wrapped)")
+    exporter = tree / "torch_tensorrt" / "dynamo"
+    (exporter / "_exporter.py").rename(exporter / "_exporter_stock.py")
+    (exporter / "_exporter.py").write_text(_FAILING_LIFT)
+    code = """
+        import warnings, torch
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch_tensorrt.dynamo._exporter as ex
+        import trt_inline
+        refused = trt_inline.plugin.refused_replacements()
+        print(ex.lift.__module__, ex.inline_torch_modules.__module__, " | ".join(f"{k}: {v}" for k, v in refused.items()))
+        print(*[str(w.message) for w in caught if "trt-inline" in str(w.message)], sep=chr(10))
+    """
+    proc = run_python(code, tree)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, *warned = proc.stdout.strip().splitlines()
+    assert first == (
+        "torch_tensorrt.dynamo._exporter_stock trt_inline.passes "
+        "lift: ImportError: cannot import name 'GuardsFn' from 'torch.export._unlift'"
+    )
+    assert len(warned) == 1 and warned[0].startswith(
+        "trt-inline: torch_tensorrt.dynamo._exporter.lift left stock: the replacement failed on a probe graph"
+    )
+    doctor = run_doctor(tree)
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    assert "left stock: lift" in doctor.stdout and "ImportError: cannot import name 'GuardsFn'" in doctor.stdout
 
 
 def test_exporter_that_fails_to_import_does_not_break_import_torch(tmp_path: Path) -> None:
@@ -316,9 +406,11 @@ def test_doctor_flags_an_unsupported_exporter(tmp_path: Path) -> None:
 
 
 def test_doctor_reports_an_active_patch(tmp_path: Path) -> None:
-    proc = run_doctor(package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0")))
+    proc = run_doctor(release_tree(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "exporter patch (2.13)  active: inline_torch_modules, inline_trt_modules, lift" in proc.stdout
+    version = ".".join(map(str, releases.minor(str(RELEASE))))
+    expected = f"exporter patch ({version})  active: inline_torch_modules, inline_trt_modules, lift, save"
+    assert expected in proc.stdout
 
 
 def test_2_5_adapter_takes_engine_shapes_from_the_outputs_map() -> None:
@@ -377,22 +469,29 @@ def test_2_5_adapter_types_engine_outputs_from_the_engine() -> None:
 
 
 def _compile_module(with_extra_files: bool) -> str:
-    """A stand-in for torch_tensorrt/_compile.py: save() through the (patched) exporter, as the real one does."""
+    """A stand-in for torch_tensorrt/_compile.py's save, with and without the extra_files parameter (2.11+)."""
     extra = "extra_files=None, " if with_extra_files else ""
     write = "extra_files=extra_files" if with_extra_files else "extra_files=None"
     return textwrap.dedent(
         f"""
-        import torch
+        import torch, trt_inline
         __all__ = ["save"]
 
         def save(module, file_path="", *, {extra}output_format="exported_program", inputs=None,
                  arg_inputs=None, kwarg_inputs=None, retrace=True):
-            from torch_tensorrt.dynamo._exporter import export
-            program = export(module, arg_inputs=arg_inputs or inputs, use_legacy_exporter=not retrace)
+            program = trt_inline.to_exported_program(module, arg_inputs=arg_inputs or inputs, retrace=False)
             torch.export.save(program, file_path, {write})
         """
     )
 
+
+_MINIMAL_EXPORTER = """
+def inline_trt_modules(gm, cross_compile_module=False):
+    return gm
+
+def inline_torch_modules(gm):
+    return gm
+"""
 
 _SAVE_THROUGH_TORCH_TENSORRT = """
     import sys, torch
@@ -403,15 +502,15 @@ _SAVE_THROUGH_TORCH_TENSORRT = """
     compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=["aten.relu.default"])
     torch_tensorrt.save(compiled, sys.argv[1], arg_inputs=[x], retrace=False)
     report = trt_inline.verify(sys.argv[1])
-    print(report.reference, report.ok, " ".join(trt_inline.plugin.replaced_functions()))
+    print(report.reference, report.ok, "save" in trt_inline.plugin.replaced_functions())
     trt_inline.uninstall()
     print(torch_tensorrt.save.__module__, getattr(torch_tensorrt.save, "__wrapped__", None) is None)
 """
 
 
-@pytest.mark.parametrize("with_extra_files", [True, False], ids=["2.12+", "before-2.12"])
+@pytest.mark.parametrize("with_extra_files", [True, False], ids=["2.11+", "before-2.11"])
 def test_patched_torch_tensorrt_save_embeds_reference_io(tmp_path: Path, with_extra_files: bool) -> None:
-    tree = package_tree(tmp_path / "site", "2.13.0", released_exporter("2.13.0"))
+    tree = package_tree(tmp_path / "site", "2.13.0", _MINIMAL_EXPORTER)
     (tree / "torch_tensorrt" / "_compile.py").write_text(_compile_module(with_extra_files))
     (tree / "torch_tensorrt" / "__init__.py").write_text(
         "__version__ = '2.13.0'\nfrom torch_tensorrt._compile import *  # noqa: F403\n"
@@ -419,5 +518,5 @@ def test_patched_torch_tensorrt_save_embeds_reference_io(tmp_path: Path, with_ex
     proc = run_python(_SAVE_THROUGH_TORCH_TENSORRT, tree, str(tmp_path / "model.pt2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = proc.stdout.strip().splitlines()[-2:]
-    assert first == "embedded True inline_torch_modules inline_trt_modules lift save"
+    assert first == "embedded True True"
     assert second == "torch_tensorrt._compile True", "uninstall must put the stock save back"

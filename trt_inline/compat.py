@@ -27,8 +27,6 @@ from trt_inline.errors import IncompatibleTorchError
 __all__ = [
     "OpOverload",
     "OpOverloadPacket",
-    "SplitterBase",
-    "Subgraph",
     "aoti_compile_and_package",
     "aoti_load_package",
     "backed_size_oblivious",
@@ -47,6 +45,7 @@ __all__ = [
     "pytree_specs",
     "scalar_argument",
     "set_codegen",
+    "splitter_base",
     "splitter_settings",
     "value_range",
     "weights_only_globals",
@@ -243,13 +242,17 @@ def define_op(
 # The partitioner Torch-TensorRT builds on (torch.fx.passes.splitter_base)
 # ---------------------------------------------------------------------------
 
-from torch.fx.passes.splitter_base import Subgraph, _SplitterBase, _SplitterSettingBase  # noqa: E402
+def splitter_base() -> Any:
+    """``torch.fx.passes.splitter_base._SplitterBase`` (imported on first use: only the reference backend needs it)."""
+    from torch.fx.passes.splitter_base import _SplitterBase
 
-SplitterBase = _SplitterBase
+    return _SplitterBase
 
 
 def splitter_settings(min_block_size: int) -> Any:
     """Settings as Torch-TensorRT's fast partitioner uses them: non-tensor I/O allowed, fusion on."""
+    from torch.fx.passes.splitter_base import _SplitterSettingBase
+
     return _SplitterSettingBase(min_acc_module_size=min_block_size, allow_non_tensor=True)
 
 
@@ -266,14 +269,15 @@ def init_splitter(
     Going through the constructor, rather than copying its fields, keeps up
     with what each torch's splitter sets up (2.9 added fusion-merging state).
     """
-    parameters = inspect.signature(_SplitterBase.__init__).parameters
+    base = splitter_base()
+    parameters = inspect.signature(base.__init__).parameters
     wanted = ("module", "sample_input", "operator_support", "settings", "non_acc_submodule_name")
     missing = [name for name in wanted if name not in parameters]
     if missing:
         raise IncompatibleTorchError(
             f"reference backend: torch {torch.__version__}'s _SplitterBase.__init__ lacks {', '.join(missing)}"
         )
-    _SplitterBase.__init__(
+    base.__init__(
         splitter,
         module=module,
         sample_input=sample_input,

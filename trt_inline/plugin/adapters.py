@@ -188,7 +188,8 @@ def preflight(replacements: dict[str, Any]) -> dict[str, str]:
     steps: list[tuple[str, Callable[[], Any]]] = []
     if "inline_trt_modules" in replacements:
         inline_trt = replacements["inline_trt_modules"]
-        args: tuple[Any, ...] = ({"_run_on_acc_0": [example.shape]},) if _takes_outputs_map(inline_trt) else (False,)
+        outputs_map = {_PROBE_ENGINE: [example.shape]}
+        args: tuple[Any, ...] = (outputs_map,) if _takes_outputs_map(inline_trt) else (False,)
         steps.append(("inline_trt_modules", lambda: inline_trt(probe, *args)))
     steps.append(("inline_torch_modules", lambda: replacements["inline_torch_modules"](probe)))
     if "lift" in replacements:
@@ -208,6 +209,10 @@ def _takes_outputs_map(function: Callable[..., Any]) -> bool:
     return list(inspect.signature(function).parameters)[1:2] == ["outputs_map"]
 
 
+_PROBE_ENGINE = f"{engines.ACC_PREFIX}0"
+_PROBE_FALLBACK = f"{engines.FALLBACK_PREFIX}1"
+
+
 def _probe() -> tuple[torch.fx.GraphModule, torch.Tensor]:
     """``x -> _run_on_acc_0 (x * 2) -> _run_on_gpu_1 (relu) -> output``, with fake values as compile sets them."""
     from trt_inline.reference.engine import build_engine
@@ -220,12 +225,12 @@ def _probe() -> tuple[torch.fx.GraphModule, torch.Tensor]:
         for node in module.graph.nodes:
             node.meta["val"] = fake
     root = torch.nn.Module()
-    root.add_module("_run_on_acc_0", build_engine(block, "_run_on_acc_0"))
-    root.add_module("_run_on_gpu_1", fallback)
+    root.add_module(_PROBE_ENGINE, build_engine(block, _PROBE_ENGINE))
+    root.add_module(_PROBE_FALLBACK, fallback)
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
-    acc = graph.call_module("_run_on_acc_0", (x,))
-    gpu = graph.call_module("_run_on_gpu_1", (acc,))
+    acc = graph.call_module(_PROBE_ENGINE, (x,))
+    gpu = graph.call_module(_PROBE_FALLBACK, (acc,))
     graph.output((gpu,))
     x.meta["val"], acc.meta["val"], gpu.meta["val"] = fake, [fake], fake
     return torch.fx.GraphModule(root, graph), example

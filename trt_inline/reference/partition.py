@@ -128,7 +128,10 @@ class ReferenceOperatorSupport(OperatorSupportBase):  # type: ignore[misc]
         return can_encode_args(node)
 
 
-class ReferencePartitioner(compat.SplitterBase):  # type: ignore[misc,valid-type]
+_SplitterBase = compat.splitter_base()
+
+
+class ReferencePartitioner(_SplitterBase):  # type: ignore[misc,valid-type]
     """``_SplitterBase`` configured as Torch-TensorRT's fast partitioner is.
 
     Built through the base constructor (:func:`trt_inline.compat.init_splitter`),

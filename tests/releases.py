@@ -1,0 +1,223 @@
+"""Torch-TensorRT releases trt-inline supports, the torch each requires, and an importable shell of their save path.
+
+``torch_tensorrt`` cannot be imported on a CPU machine (it needs ``libnvinfer``),
+so the plugin tests build a ``torch_tensorrt`` package in a temporary folder
+holding the release's real ``dynamo/_exporter.py`` and the real ``save`` of its
+``_compile.py`` (with the functions it calls), plus stand-ins for what those
+import from the rest of Torch-TensorRT. For 2.5, whose ``transform`` calls
+``partitioning.run_shape_analysis``, that function is taken from the same
+release. The wheel is downloaded with pip once and cached.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import torch
+
+# Torch-TensorRT release -> the newest torch patch release its Requires-Dist admits.
+# Each minor's newest patch; 2.6.0 and 2.12.0 have the same _exporter.py and _compile.py as 2.6.1 and 2.12.1.
+PAIRS: dict[str, str] = {
+    "2.5.0": "2.5.1",
+    "2.6.1": "2.6.0",
+    "2.7.0": "2.7.1",
+    "2.8.0": "2.8.0",
+    "2.9.0": "2.9.1",
+    "2.10.0": "2.10.0",
+    "2.11.0": "2.11.0",
+    "2.12.1": "2.12.1",
+    "2.13.0": "2.13.0",
+    "2.14.0": "2.14.1",
+}
+# A torch with no Torch-TensorRT release yet: import, passes and end-to-end only.
+FUTURE_TORCH = "2.15.0"
+
+CACHE = Path(os.environ.get("TRT_INLINE_TEST_CACHE", Path.home() / ".cache" / "trt-inline-tests"))
+
+
+def minor(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def release_for_torch(torch_version: str = torch.__version__) -> str | None:
+    """The Torch-TensorRT release that requires this torch's minor version, None if there is none."""
+    for release in PAIRS:
+        if minor(release) == minor(torch_version):
+            return release
+    return None
+
+
+class Unavailable(Exception):
+    """The release's wheel could not be fetched (no package index reachable)."""
+
+
+def release_file(version: str, member: str) -> str:
+    """Source of ``torch_tensorrt/<member>`` in a release's wheel (downloaded once, cached)."""
+    cached = CACHE / version / member
+    if not cached.exists():
+        download = CACHE / version / "wheel"
+        download.mkdir(parents=True, exist_ok=True)
+        wheels = sorted(download.glob("torch_tensorrt-*.whl"))
+        if not wheels:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+                 f"torch-tensorrt=={version}", "-d", str(download)],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            wheels = sorted(download.glob("torch_tensorrt-*.whl"))
+            if proc.returncode != 0 or not wheels:
+                reason = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+                raise Unavailable(f"cannot download torch-tensorrt=={version}: {reason}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for name in ("dynamo/_exporter.py", "_compile.py", "dynamo/partitioning/common.py"):
+                target = CACHE / version / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(wheel.read(f"torch_tensorrt/{name}"))
+        for wheel_file in wheels:
+            wheel_file.unlink()
+    return cached.read_text()
+
+
+# ---------------------------------------------------------------------------
+# Extracting real functions from a release's module, with stand-ins for the rest
+# ---------------------------------------------------------------------------
+
+_STUBS = '''
+import types as _types
+
+
+class _Features:
+    def __getattr__(self, name):
+        return False
+
+
+ENABLED_FEATURES = _Features()
+
+
+class _ShapeMode:
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+
+
+class Input:
+    _ShapeMode = _ShapeMode
+
+
+def _stub_class(name):
+    return type(name, (), {})
+
+
+def _stub_function(name):
+    def unavailable(*args, **kwargs):
+        raise NotImplementedError(f"{name} is not part of the test shell of Torch-TensorRT")
+    return unavailable
+'''
+
+
+def _free_names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def extract(source: str, roots: list[str]) -> str:
+    """A module with the real top-level definitions ``roots`` need (decorators dropped) and stand-ins for the rest."""
+    tree = ast.parse(source)
+    definitions: dict[str, ast.stmt] = {}
+    kept_imports: list[ast.stmt] = []
+    imported: set[str] = set()
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+            definitions[statement.name] = statement
+        elif isinstance(statement, ast.Assign):
+            for target in statement.targets:
+                if isinstance(target, ast.Name):
+                    definitions[target.id] = statement
+        elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+            module = statement.module if isinstance(statement, ast.ImportFrom) else statement.names[0].name
+            names = {(alias.asname or alias.name).split(".")[0] for alias in statement.names}
+            if not (module or "").startswith("torch_tensorrt") and not (
+                isinstance(statement, ast.ImportFrom) and statement.module == "__future__"
+            ):
+                kept_imports.append(statement)
+                imported |= names
+    needed: list[str] = []
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in needed or name not in definitions:
+            continue
+        needed.append(name)
+        todo += sorted(_free_names(definitions[name]))
+    chosen = [s for s in tree.body if any(definitions.get(name) is s for name in needed)]
+    for statement in chosen:
+        if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+            statement.decorator_list = []
+    loaded = set().union(*(_free_names(s) for s in chosen))
+    bound = {n.id for s in chosen for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    bound |= {n.arg for s in chosen for n in ast.walk(s) if isinstance(n, ast.arg)}
+    missing = loaded - set(definitions) - imported - bound - set(vars(builtins)) - {"ENABLED_FEATURES", "Input"}
+    stubs = [
+        f"{name} = _stub_class({name!r})" if name[:1].isupper() else f"{name} = _stub_function({name!r})"
+        for name in sorted(missing)
+    ]
+    header = "from __future__ import annotations\n" + "\n".join(ast.unparse(s) for s in kept_imports)
+    extra = "import torch\nimport torch.fx\nfrom torch.export import ExportedProgram\n"
+    body = "\n\n".join(ast.unparse(s) for s in chosen)
+    return f"{header}\n{extra}{_STUBS}\n" + "\n".join(stubs) + f"\n\n{body}\n"
+
+
+# The stock inline_trt_modules emits tensorrt::execute_engine for every accelerated block; with reference
+# engines (a uint8 payload where TensorRT has an Engine object) it needs an op of that name to build the graph.
+_STAND_IN_ENGINE_OP = """
+import torch
+
+torch.library.define("tensorrt::execute_engine", "(Tensor[] input_tensors, Tensor engine) -> Tensor[]")
+"""
+
+
+def package_tree(
+    root: Path,
+    version: str,
+    exporter_source: str | None = None,
+    *,
+    with_save: bool = False,
+    stand_in_engine_op: bool = False,
+) -> Path:
+    """A ``torch_tensorrt`` package around the release's real exporter (and its real ``save``)."""
+    package = root / "torch_tensorrt"
+    (package / "dynamo" / "runtime").mkdir(parents=True)
+    (package / "dynamo" / "partitioning").mkdir()
+    init = f"__version__ = {version!r}\n"
+    if with_save:
+        init += "from torch_tensorrt._compile import *  # noqa: F403\n"
+        compile_source = extract(release_file(version, "_compile.py"), ["save"])
+        (package / "_compile.py").write_text(compile_source + '\n__all__ = ["save"]\n')
+    (package / "__init__.py").write_text(init)
+    (package / "_features.py").write_text(
+        "from types import SimpleNamespace\n"
+        "ENABLED_FEATURES = SimpleNamespace(torch_tensorrt_runtime=False, fx_frontend=False,\n"
+        "    torchscript_frontend=False, dynamo_frontend=True, windows_cross_compile=False)\n"
+    )
+    (package / "dynamo" / "__init__.py").write_text("")
+    partitioning = ""
+    if minor(version) <= (2, 5):
+        partitioning = extract(release_file(version, "dynamo/partitioning/common.py"), ["run_shape_analysis"])
+    (package / "dynamo" / "partitioning" / "__init__.py").write_text(partitioning)
+    (package / "dynamo" / "runtime" / "__init__.py").write_text(_STAND_IN_ENGINE_OP if stand_in_engine_op else "")
+    runtime = package / "dynamo" / "runtime"
+    (runtime / "_TorchTensorRTModule.py").write_text("ENGINE_IDX = 3\nNAME_IDX = 1\n")
+    # What the 2.13+ save imports to convert TensorRT engine constants; reference engines hold none.
+    (runtime / "_serialized_engine_layout.py").write_text("ENGINE_IDX = 3\n")
+    (runtime / "_TRTEngine.py").write_text("class EngineSerializer:\n    pass\n\n\nclass TRTEngine:\n    pass\n")
+    source = exporter_source if exporter_source is not None else release_file(version, "dynamo/_exporter.py")
+    (package / "dynamo" / "_exporter.py").write_text(source)
+    return root
