@@ -277,8 +277,8 @@ def test_a_replacement_failing_its_preflight_is_left_stock(tmp_path: Path) -> No
             warnings.simplefilter("always")
             import torch_tensorrt.dynamo._exporter as ex
         import trt_inline
-        refused = trt_inline.plugin.refused_replacements()
-        print(ex.lift.__module__, ex.inline_torch_modules.__module__, " | ".join(f"{k}: {v}" for k, v in refused.items()))
+        refused = " | ".join(f"{k}: {v}" for k, v in trt_inline.plugin.refused_replacements().items())
+        print(ex.lift.__module__, ex.inline_torch_modules.__module__, refused)
         print(*[str(w.message) for w in caught if "trt-inline" in str(w.message)], sep=chr(10))
     """
     proc = run_python(code, tree)
