@@ -20,8 +20,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import torch
-
 # Torch-TensorRT release -> the newest torch patch release its Requires-Dist admits.
 # Each minor's newest patch; 2.6.0 and 2.12.0 have the same _exporter.py and _compile.py as 2.6.1 and 2.12.1.
 PAIRS: dict[str, str] = {
@@ -49,8 +47,12 @@ def minor(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def release_for_torch(torch_version: str = torch.__version__) -> str | None:
-    """The Torch-TensorRT release that requires this torch's minor version, None if there is none."""
+def release_for_torch(torch_version: str | None = None) -> str | None:
+    """The Torch-TensorRT release that requires this torch's (default: the installed one's) minor version."""
+    if torch_version is None:
+        import torch  # not at import time: .ci/matrix reads PAIRS with a Python that has no torch
+
+        torch_version = torch.__version__
     for release in PAIRS:
         if minor(release) == minor(torch_version):
             return release
