@@ -79,3 +79,7 @@ class MultiOutputBothSides(nn.Module):
         values, indices = torch.topk(a, k=3, dim=-1)
         left, right = b.split([5, 3], dim=-1)
         return values * 2 + right, indices + left.sum(dim=-1, keepdim=True).long()
+
+
+class TaggedTensor(torch.Tensor):
+    """A tensor subclass: torch.export.save pickles such constants (``use_pickle``); loading one runs its class."""

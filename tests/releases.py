@@ -94,7 +94,7 @@ def release_file(version: str, member: str) -> str:
 # Extracting real functions from a release's module, with stand-ins for the rest
 # ---------------------------------------------------------------------------
 
-_STUBS = '''
+_STUBS = """
 import types as _types
 
 
@@ -123,7 +123,7 @@ def _stub_function(name):
     def unavailable(*args, **kwargs):
         raise NotImplementedError(f"{name} is not part of the test shell of Torch-TensorRT")
     return unavailable
-'''
+"""
 
 
 def _free_names(node: ast.AST) -> set[str]:
@@ -198,7 +198,7 @@ def package_tree(
     package = root / "torch_tensorrt"
     (package / "dynamo" / "runtime").mkdir(parents=True)
     (package / "dynamo" / "partitioning").mkdir()
-    init = f"__version__ = {version!r}\n"
+    init = f"__version__ = {version!r}\n" + (_STAND_IN_ENGINE_OP if stand_in_engine_op else "")
     if with_save:
         init += "from torch_tensorrt._compile import *  # noqa: F403\n"
         compile_source = extract(release_file(version, "_compile.py"), ["save"])
@@ -214,7 +214,7 @@ def package_tree(
     if minor(version) <= (2, 5):
         partitioning = extract(release_file(version, "dynamo/partitioning/common.py"), ["run_shape_analysis"])
     (package / "dynamo" / "partitioning" / "__init__.py").write_text(partitioning)
-    (package / "dynamo" / "runtime" / "__init__.py").write_text(_STAND_IN_ENGINE_OP if stand_in_engine_op else "")
+    (package / "dynamo" / "runtime" / "__init__.py").write_text("")
     runtime = package / "dynamo" / "runtime"
     (runtime / "_TorchTensorRTModule.py").write_text("ENGINE_IDX = 3\nNAME_IDX = 1\n")
     # What the 2.13+ save imports to convert TensorRT engine constants; reference engines hold none.

@@ -1,4 +1,4 @@
-"""Random partitioned graphs: compile -> save (random retrace) -> load is bitwise equal, lints, has no call_module.
+"""Random partitioned graphs: compile -> save (random retrace) -> load is bitwise equal, lints, verifies clean.
 
 A hand-written example passed while real graphs broke, so this searches for the
 graphs nobody thought of: DAGs of unary and binary ops with residual edges to
@@ -185,6 +185,9 @@ def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool) -> None:
     assert len(actual) == len(expected)
     for got, want in zip(actual, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    # Verification never fires on a correct file: no structural problem (orphaned engine outputs included).
+    report = trt_inline.verify(loaded, reference=compiled, arg_inputs=(x,), atol=0.0, rtol=0.0)
+    assert report.ok, report.problems
 
 
 @settings(settings.get_profile("trt_inline"))

@@ -58,7 +58,7 @@ def miswire(source: Path, target: Path) -> Path:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    run_env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    run_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "trt_inline.cli", *args], capture_output=True, text=True, env=run_env, timeout=300
     )

@@ -195,7 +195,8 @@ def check_orphaned_engine_outputs(program: ExportedProgram) -> Findings:
         by_index, others = engines.engine_output_users(node)
         if others or count is None:
             continue
-        unread = [i for i in range(count) if not by_index.get(i)]
+        # A getitem nobody reads does not count: deserialisation makes one for every output of an op.
+        unread = [i for i in range(count) if not any(getitem.users for getitem in by_index.get(i, []))]
         if len(unread) == count:
             found.problems.append(
                 f"engine {position} ({node.name}): none of its {count} outputs is read; "

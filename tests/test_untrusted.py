@@ -1,0 +1,358 @@
+"""Files from strangers: nothing in a crafted archive runs; miswired stock files are caught; old files checked.
+
+Every crafted file is generated here from a good trt_inline file (none is
+checked in). Each refusal must exit 2 with one stderr line naming the archive
+entry, and the marker file its payload would create must not exist afterwards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import operator
+import os
+import pickle
+import shutil
+import warnings
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SavedSeed
+from models import ConvBnRelu, MultiOutputBothSides, TaggedTensor
+from test_verify import assert_unusable, cli
+
+import trt_inline
+from trt_inline.verify import REFERENCE_IO_FILE
+
+
+class _Plant:
+    """Unpickled, it creates the marker file: the proof that code from the file ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _torch_saved(value: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _rewrite(source: Path, target: Path, edit: Callable[[dict[str, bytes]], None]) -> Path:
+    """Copy an archive entry by entry, letting ``edit`` change the {name: bytes} map (order kept)."""
+    with zipfile.ZipFile(source) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    edit(entries)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return target
+
+
+def _entry(entries: dict[str, bytes], *suffixes: str) -> str:
+    return next(name for name in entries if name.endswith(suffixes))
+
+
+def _payload_configs(entries: dict[str, bytes]) -> bool:
+    """Whether the archive has per-payload configs (torch 2.7+), or one torch.save file per kind (torch 2.5, 2.6)."""
+    return any(name.endswith("_constants_config.json") for name in entries)
+
+
+def _flip_to_pickle(entries: dict[str, bytes], kind: str, payload: bytes) -> str:
+    """Make a weight / constant load through the unpickler with ``payload``; return the entry's name.
+
+    Payload-config archives: mark the first payload ``use_pickle`` and replace its
+    file. Older archives pickle all weights (constants) in one torch.save file: replace it.
+    """
+    if not _payload_configs(entries):
+        name = _entry(entries, "serialized_state_dict.pt" if kind == "weights" else "serialized_constants.pt")
+        entries[name] = payload
+        return name
+    config_name = _entry(entries, f"_{kind}_config.json")
+    config = json.loads(entries[config_name])
+    first = next(iter(config["config"].values()))
+    first["use_pickle"] = True
+    entries[config_name] = json.dumps(config).encode()
+    name = f"{config_name.rpartition('/')[0]}/{first['path_name']}"
+    entries[name] = payload
+    return name
+
+
+def _extra_folder(entries: dict[str, bytes]) -> str:
+    reference = _entry(entries, REFERENCE_IO_FILE)
+    return reference.rpartition("/")[0]
+
+
+CRAFTED: dict[str, Callable[[dict[str, bytes], Path], str]] = {}
+
+
+def crafted(name: str) -> Callable[[Callable[[dict[str, bytes], Path], str]], Callable[[dict[str, bytes], Path], str]]:
+    def register(make: Callable[[dict[str, bytes], Path], str]) -> Callable[[dict[str, bytes], Path], str]:
+        CRAFTED[name] = make
+        return make
+
+    return register
+
+
+@crafted("sample inputs")
+def _sample_inputs(entries: dict[str, bytes], marker: Path) -> str:
+    name = _entry(entries, "/data/sample_inputs/model.pt", "serialized_example_inputs.pt")
+    entries[name] = _torch_saved(_Plant(marker))
+    return name
+
+
+@crafted("pickled weight")
+def _pickled_weight(entries: dict[str, bytes], marker: Path) -> str:
+    return _flip_to_pickle(entries, "weights", _torch_saved(_Plant(marker)))
+
+
+@crafted("pickled constant")
+def _pickled_constant(entries: dict[str, bytes], marker: Path) -> str:
+    return _flip_to_pickle(entries, "constants", _torch_saved(_Plant(marker)))
+
+
+@crafted("raw pickle of protocol 0 as a constant")
+def _protocol_0_constant(entries: dict[str, bytes], marker: Path) -> str:
+    return _flip_to_pickle(entries, "constants", pickle.dumps(_Plant(marker), protocol=0))
+
+
+@crafted("extra file")
+def _extra_file(entries: dict[str, bytes], marker: Path) -> str:
+    name = f"{_extra_folder(entries)}/notes.pkl"
+    entries[name] = pickle.dumps(_Plant(marker))
+    return name
+
+
+@crafted("reference I/O")
+def _reference_io(entries: dict[str, bytes], marker: Path) -> str:
+    import base64
+
+    name = _entry(entries, REFERENCE_IO_FILE)
+    entries[name] = base64.b64encode(_torch_saved({"version": 1, "args": [_Plant(marker)]}))
+    return name
+
+
+@crafted("use_pickle flag pointing at a missing file")
+def _missing(entries: dict[str, bytes], marker: Path) -> str:
+    if not _payload_configs(entries):
+        pytest.skip(f"torch {torch.__version__} writes no payload configs, so no use_pickle flags")
+    name = _flip_to_pickle(entries, "constants", b"")
+    del entries[name]
+    return name
+
+
+# What the single stderr line says, per case, besides the entry's name.
+REASONS = {
+    "sample inputs": "it calls posix.system",
+    "pickled weight": "it calls posix.system",
+    "pickled constant": "it calls posix.system",
+    "raw pickle of protocol 0 as a constant": "it calls posix.system",
+    "extra file": "it calls posix.system",
+    "reference I/O": "embedded reference I/O refused",
+    "use_pickle flag pointing at a missing file": "declared by a payload config but missing",
+}
+
+
+@pytest.fixture(scope="module")
+def with_weights(saved_seed: SavedSeed) -> Path:
+    """The seed model with convolution falling back, so the file carries weights (parameters of fallbacks)."""
+    path = saved_seed.root / "weights.pt2"
+    if not path.exists():
+        compiled = trt_inline.reference.compile(
+            ConvBnRelu().eval(), (saved_seed.x,), torch_executed_ops=["aten.convolution.default"]
+        )
+        trt_inline.save(compiled, path, arg_inputs=(saved_seed.x,))
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED))
+def test_crafted_archive_is_refused_and_nothing_runs(
+    saved_seed: SavedSeed, with_weights: Path, tmp_path: Path, case: str
+) -> None:
+    marker = tmp_path / "marker"
+    entry_holder: list[str] = []
+    source = with_weights if case == "pickled weight" else saved_seed.good
+    path = _rewrite(
+        source, tmp_path / "crafted.pt2", lambda entries: entry_holder.append(CRAFTED[case](entries, marker))
+    )
+    (entry,) = entry_holder
+    for command in ("verify", "inspect"):
+        proc = cli(command, str(path))
+        assert_unusable(proc, REASONS[case])
+        if case != "reference I/O" or command == "verify":
+            assert entry in proc.stderr or case == "reference I/O", proc.stderr
+        assert not marker.exists(), f"{command} ran code planted in {entry}"
+    with pytest.raises(trt_inline.VerifyInputError):
+        trt_inline.verify(path)
+    assert not marker.exists()
+
+
+def test_zip_bomb_is_refused_before_anything_is_decompressed(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    path = tmp_path / "bomb.pt2"
+    shutil.copy(saved_seed.good, path)
+    with zipfile.ZipFile(path) as archive:
+        name = f"{_extra_folder({n: b'' for n in archive.namelist()})}/padding.bin"
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(name, b"\0" * (256 << 20))
+    info = zipfile.ZipFile(path).getinfo(name)
+    assert info.file_size / info.compress_size > 200, "the entry must really be a bomb"
+    for command in ("verify", "inspect"):
+        assert_unusable(cli(command, str(path)), f"archive entry {name} refused: declares 268435456")
+
+
+def test_allow_pickle_loads_a_benign_pickled_constant(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    """A constant only a full unpickler can read (a tensor subclass): refused by default, verified with the flag."""
+    extra = {REFERENCE_IO_FILE: ""}
+    program = torch.export.load(saved_seed.good, extra_files=extra)
+    name = next(iter(program.constants))
+    program.constants[name] = program.constants[name].as_subclass(TaggedTensor)
+    path = tmp_path / "subclass.pt2"
+    torch.export.save(program, path, extra_files=extra)
+
+    assert_unusable(cli("verify", str(path)), "it calls models.TaggedTensor")
+    tests = Path(__file__).parent
+    proc = cli("verify", str(path), "--allow-pickle", env={"PYTHONPATH": f"{tests}{os.pathsep}{tests.parent}"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "note: pickles in the file were allowed (allow_pickle)" in proc.stdout
+    assert proc.stdout.count("max abs diff 0 ") == 2
+    report = trt_inline.verify(path, allow_pickle=True)
+    assert report.ok and report.allow_pickle and json.loads(report.to_json())["allow_pickle"] is True
+
+
+# ---------------------------------------------------------------------------
+# Orphaned engine outputs: the silent form of the seed bug, in files without reference I/O
+# ---------------------------------------------------------------------------
+
+
+def _stock_like(source: Path, target: Path, rewire: Callable[[torch.export.ExportedProgram], None]) -> Path:
+    """A file as the stock exporter leaves it when name matching did not crash: rewired, no reference I/O."""
+    program = torch.export.load(source)
+    rewire(program)
+    program.graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    program.graph.lint()
+    torch.export.save(program, target)
+    return target
+
+
+def _engines(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    return [n for n in program.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default]
+
+
+def _engine_targets(program: torch.export.ExportedProgram) -> set[str]:
+    return {str(spec.target) for spec in program.graph_signature.input_specs if "_engine" in str(spec.target)}
+
+
+def _rewire_single_output(program: torch.export.ExportedProgram) -> None:
+    relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
+    assert relus[0].args[0].meta["val"].shape == relus[1].args[0].meta["val"].shape
+    relus[1].replace_input_with(relus[1].args[0], relus[0].args[0])
+
+
+def _rewire_multi_output(program: torch.export.ExportedProgram) -> None:
+    engine = next(n for n in _engines(program) if len(n.meta["val"]) == 2)
+    first, second = sorted((u for u in engine.users if u.target is operator.getitem), key=lambda u: u.args[1])
+    assert first.meta["val"].shape == second.meta["val"].shape
+    consumer = next(iter(second.users))
+    consumer.replace_input_with(second, first)
+
+
+def test_rewired_single_output_engine_is_reported(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    path = _stock_like(saved_seed.good, tmp_path / "stock_single.pt2", _rewire_single_output)
+    program = torch.export.load(path)
+    engines = _engines(program)
+    assert len(engines) == 3, "the engine whose consumer was rewired is dead code now"
+    used = {str(spec.target) for spec in program.graph_signature.input_specs if spec.arg.name in
+            {n.args[1].name for n in engines}}  # fmt: skip
+    (dead,) = _engine_targets(program) - used
+    proc = cli("verify", str(path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        f"problem: engine constant {dead!r} is never read: its engine was removed as dead code; "
+        "the likely cause is a consumer wired to another tensor" in proc.stdout
+    )
+
+
+def test_orphaned_output_of_a_multi_output_engine_is_reported(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    path = _stock_like(saved_seed.good, tmp_path / "stock_multi.pt2", _rewire_multi_output)
+    engines = _engines(torch.export.load(path))
+    position, engine = next((i, n) for i, n in enumerate(engines) if len(n.meta["val"]) == 2)
+    proc = cli("verify", str(path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    expected = f"problem: engine {position} ({engine.name}): output 1 is never read; the likely cause is a consumer"
+    assert expected in proc.stdout, proc.stdout
+
+
+def test_correct_files_have_no_orphans(saved_seed: SavedSeed) -> None:
+    for path in (saved_seed.good, saved_seed.bare):
+        report = trt_inline.verify(path)
+        assert not report.problems, report.problems
+
+
+# ---------------------------------------------------------------------------
+# --reference-from: an old (stock-saved) file against a new trt-inline save of the same module
+# ---------------------------------------------------------------------------
+
+
+def test_reference_from_a_new_file(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    miswired_old = tmp_path / "old_miswired.pt2"
+    program = torch.export.load(saved_seed.good)
+    relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
+    relus[1].replace_input_with(relus[1].args[0], relus[0].args[0])  # loadable, wrong; engine 3 kept alive below
+    torch.export.save(program, miswired_old)  # no dead-code elimination: no orphan, only wrong numbers
+
+    proc = cli("verify", str(miswired_old), "--reference-from", str(saved_seed.good))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"(reference: from {saved_seed.good})" in proc.stdout
+    assert "problem: output 0 differs: max abs diff" in proc.stdout
+
+    proc = cli("verify", str(saved_seed.bare), "--reference-from", str(saved_seed.good))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("max abs diff 0 ") == 2
+
+
+def test_reference_from_a_file_of_another_signature(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    v = torch.randn(4, 16)
+    other = tmp_path / "other.pt2"
+    compiled = trt_inline.reference.compile(
+        MultiOutputBothSides().eval(), (v,), torch_executed_ops=["aten.topk.default"]
+    )
+    trt_inline.save(compiled, other, arg_inputs=(v,))
+    assert_unusable(
+        cli("verify", str(saved_seed.bare), "--reference-from", str(other)),
+        f"{saved_seed.bare} input 0 (x) is float32[2, 3, 8, 8], the reference in {other} gives float32[4, 16]",
+    )
+    assert_unusable(
+        cli("verify", str(saved_seed.bare), "--reference-from", str(saved_seed.bare)), "carries no reference I/O"
+    )
+
+
+# ---------------------------------------------------------------------------
+# One line on stderr, always
+# ---------------------------------------------------------------------------
+
+
+def test_torch_warnings_stay_off_stderr(
+    saved_seed: SavedSeed, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Newer torch warns (a log record) when a program file does not end in .pt2; the CLI shows it only with --debug."""
+    path = tmp_path / "model.bin"
+    shutil.copy(saved_seed.good, path)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        torch.export.load(path)
+    said = [str(w.message) for w in caught] + [record.getMessage() for record in caplog.records]
+    torch_warns = any(".pt2" in message for message in said)
+    quiet = cli("verify", str(path))
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    assert quiet.stderr == ""
+    loud = cli("--debug", "verify", str(path))
+    assert loud.returncode == 0
+    assert (".pt2" in loud.stderr) is torch_warns, loud.stderr
