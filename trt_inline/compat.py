@@ -32,6 +32,7 @@ __all__ = [
     "backed_size_oblivious",
     "define_op",
     "detect_fake_mode",
+    "discarding_fresh_unbacked_symbols",
     "export_nonstrict",
     "exported_program",
     "fake_mode_free",
@@ -82,6 +83,23 @@ def fake_mode_free() -> Iterator[None]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
+        yield
+
+
+@contextlib.contextmanager
+def discarding_fresh_unbacked_symbols(values: Sequence[Any]) -> Iterator[None]:
+    """Inside, unbacked symbols created on the fake values' shape env need not reach an output (2.5+).
+
+    A fake kernel that reads a scalar input with ``item()`` creates such a
+    symbol; export otherwise demands that every one of them be bound to an output.
+    """
+    fake_mode = detect_fake_mode(values)
+    shape_env = getattr(fake_mode, "shape_env", None)
+    ignore = getattr(shape_env, "ignore_fresh_unbacked_symbols", None)
+    if ignore is None:
+        yield
+        return
+    with ignore():
         yield
 
 
@@ -242,6 +260,7 @@ def define_op(
 # The partitioner Torch-TensorRT builds on (torch.fx.passes.splitter_base)
 # ---------------------------------------------------------------------------
 
+
 def splitter_base() -> Any:
     """``torch.fx.passes.splitter_base._SplitterBase`` (imported on first use: only the reference backend needs it)."""
     from torch.fx.passes.splitter_base import _SplitterBase
@@ -249,11 +268,11 @@ def splitter_base() -> Any:
     return _SplitterBase
 
 
-def splitter_settings(min_block_size: int) -> Any:
-    """Settings as Torch-TensorRT's fast partitioner uses them: non-tensor I/O allowed, fusion on."""
+def splitter_settings(min_block_size: int, *, skip_fusion: bool) -> Any:
+    """Splitter settings: non-tensor I/O allowed, as Torch-TensorRT's fast partitioner sets them (torch 2.5+)."""
     from torch.fx.passes.splitter_base import _SplitterSettingBase
 
-    return _SplitterSettingBase(min_acc_module_size=min_block_size, allow_non_tensor=True)
+    return _SplitterSettingBase(min_acc_module_size=min_block_size, allow_non_tensor=True, skip_fusion=skip_fusion)
 
 
 def init_splitter(

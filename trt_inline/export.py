@@ -148,7 +148,7 @@ def exported_program_from_graph(
         graph=gm.graph,
         graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
         state_dict=state_dict,
-        range_constraints=_range_constraints(user_inputs, fake_mode, dynamic_shapes),
+        range_constraints=_range_constraints(gm, user_inputs, fake_mode, dynamic_shapes),
         module_call_graph=[
             ModuleCallEntry(
                 "",
@@ -250,11 +250,15 @@ def _declared_dims(user_inputs: Sequence[torch.fx.Node], dynamic_shapes: Any) ->
     return [dict(spec) if isinstance(spec, dict) else dict(enumerate(spec or ())) for spec in specs]
 
 
-def _range_constraints(user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dynamic_shapes: Any) -> dict[Any, Any]:
-    """The value range of every symbol in the inputs' shapes.
+def _range_constraints(
+    gm: torch.fx.GraphModule, user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dynamic_shapes: Any
+) -> dict[Any, Any]:
+    """The value range of every symbol in the graph's values: input sizes, and unbacked sizes from ``item()``.
 
     The bounds a ``Dim`` declares win: the shape env of an export holds ``[2, max]``
     for a ``Dim(min=1)`` (export's 0/1 specialisation), which would reject batch 1.
+    A loaded program needs a range for every symbol its nodes mention, or it
+    cannot be deserialised.
     """
     if fake_mode is None or fake_mode.shape_env is None:
         return {}
@@ -265,17 +269,25 @@ def _range_constraints(user_inputs: Sequence[torch.fx.Node], fake_mode: Any, dyn
         if not isinstance(value, torch.Tensor):
             continue
         for index, dim in enumerate(value.shape):
-            if not isinstance(dim, torch.SymInt):
-                continue
-            expr = dim.node.expr
             spec = declared.get(index)
-            if expr.is_Symbol and hasattr(spec, "min") and hasattr(spec, "max"):
-                ranges[expr] = compat.value_range(spec.min, spec.max)
-                continue
-            for symbol in sorted(expr.free_symbols, key=str):
-                if symbol in var_to_range:
-                    ranges.setdefault(symbol, var_to_range[symbol])
+            if isinstance(dim, torch.SymInt) and dim.node.expr.is_Symbol and hasattr(spec, "min"):
+                ranges[dim.node.expr] = compat.value_range(spec.min, spec.max)
+    for node in gm.graph.nodes:
+        for symbol in sorted(_free_symbols(node.meta.get("val")), key=str):
+            if symbol in var_to_range:
+                ranges.setdefault(symbol, var_to_range[symbol])
     return ranges
+
+
+def _free_symbols(value: Any) -> set[Any]:
+    """The sympy symbols in a fake value: a tensor's sizes, a symbolic scalar, or a list of those."""
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_free_symbols(v) for v in value))
+    if isinstance(value, torch.Tensor):
+        return set().union(*(_free_symbols(d) for d in value.shape))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return set(value.node.expr.free_symbols)
+    return set()
 
 
 def to_exported_program(

@@ -130,8 +130,9 @@ def inline_engines(
         if call_node.kwargs:
             raise InlineError(f"{name}: engine called with keyword arguments {sorted(call_node.kwargs)}")
         module = gm.get_submodule(name)
-        boundary = _Boundary.of(call_node, vals)
-        inputs = [_as_engine_input(gm, call_node, arg, boundary) for arg in call_node.args]
+        args = [(arg, produced_value(gm, arg)) for arg in call_node.args]
+        boundary = _Boundary.of([value for _, value in args], vals)
+        inputs = [_as_engine_input(gm, call_node, arg, value, boundary) for arg, value in args]
         engine_call = emit_engine_call(gm, call_node, module, inputs, cross_compile_module=cross_compile_module)
         engine_call.meta["val"] = [boundary.engine_value(val) for val in vals]
 
@@ -179,9 +180,8 @@ class _Boundary:
     fake_mode: Any
 
     @staticmethod
-    def of(call_node: torch.fx.Node, vals: Sequence[Any]) -> _Boundary:
-        values = [arg.meta.get("val") for arg in call_node.args if isinstance(arg, torch.fx.Node)] + list(vals)
-        tensors = [value for value in values if isinstance(value, torch.Tensor)]
+    def of(input_values: Sequence[Any], vals: Sequence[Any]) -> _Boundary:
+        tensors = [value for value in [*input_values, *vals] if isinstance(value, torch.Tensor)]
         device = tensors[0].device if tensors else torch.device("cpu")
         return _Boundary(device, compat.detect_fake_mode(tensors))
 
@@ -195,9 +195,35 @@ class _Boundary:
             return torch.empty((), dtype=scalar_dtype(value), device=self.device)
 
 
-def _as_engine_input(gm: torch.fx.GraphModule, call_node: torch.fx.Node, arg: Any, boundary: _Boundary) -> Any:
+def produced_value(gm: torch.fx.GraphModule, arg: Any) -> Any:
+    """The (fake) value ``arg`` carries: its ``meta["val"]``, or what the submodule producing it says.
+
+    The partitioner sets ``meta["val"]`` on engine calls only; a fallback's
+    output is described by the fallback's own graph (its output node's value,
+    or output ``i`` of it for ``getitem(call, i)``). A literal is its own value.
+    """
+    if not isinstance(arg, torch.fx.Node):
+        return arg
+    if "val" in arg.meta:
+        return arg.meta["val"]
+    call, index = arg, None
+    if arg.op == "call_function" and arg.target is operator.getitem and isinstance(arg.args[0], torch.fx.Node):
+        call, index = arg.args[0], arg.args[1]
+    if call.op != "call_module":
+        return None
+    module = gm.get_submodule(str(call.target))
+    if not isinstance(module, torch.fx.GraphModule):
+        return None
+    result = next(n for n in reversed(module.graph.nodes) if n.op == "output").args[0]
+    if index is not None and isinstance(result, (list, tuple)) and isinstance(index, int):
+        result = result[index]
+    return result.meta.get("val") if isinstance(result, torch.fx.Node) else result
+
+
+def _as_engine_input(
+    gm: torch.fx.GraphModule, call_node: torch.fx.Node, arg: Any, value: Any, boundary: _Boundary
+) -> Any:
     """``arg`` as the engine op takes it: a tensor as it is, a scalar as a new 0-d tensor in front of the call."""
-    value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
     if not is_scalar(value):
         return arg
     kwargs: dict[str, Any] = {"dtype": scalar_dtype(value), "device": boundary.device}

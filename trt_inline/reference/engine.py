@@ -407,10 +407,29 @@ def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: s
 
 
 def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
-    # Shapes from the program's own steps on fake inputs; a scalar input is read
-    # with item() (an unbacked symbol under export), never through .shape.
-    outputs = load_program(program).run(inputs, engine)
+    """Shapes from the program's own steps on fake inputs.
+
+    A scalar input is read with ``item()`` (an unbacked symbol under export),
+    never through ``.shape``. Where no output's shape depends on such a symbol
+    (an ``arange`` reduced inside the engine), the symbol is discarded, since
+    nothing outside could bind it; where one does, the steps run again with the
+    symbols kept, so that export binds them to that output.
+    """
+    decoded = load_program(program)
+    if not any(decoded.is_scalar_input(i) for i in range(decoded.num_inputs)):
+        return [out.clone() for out in decoded.run(inputs, engine)]
+    known = _free_symbols(inputs)
+    with compat.discarding_fresh_unbacked_symbols(inputs):
+        outputs = decoded.run(inputs, engine)
+    if _free_symbols(outputs) - known:
+        outputs = decoded.run(inputs, engine)
     return [out.clone() for out in outputs]
+
+
+def _free_symbols(tensors: Sequence[torch.Tensor]) -> set[Any]:
+    return {
+        symbol for t in tensors for d in t.shape if isinstance(d, torch.SymInt) for symbol in d.node.expr.free_symbols
+    }
 
 
 execute_engine = compat.define_op(
@@ -519,12 +538,15 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
 class ReferenceEngine(torch.nn.Module):
     """An accelerated block after compilation by the reference backend.
 
-    ``forward`` takes the block's values positionally and returns one tensor, or
-    a tuple of tensors when the block has several outputs, as Torch-TensorRT's
-    ``TorchTensorRTModule`` does: a scalar argument (a Python number where the
-    block was traced with a SymInt) is passed to the engine as a 0-d tensor on
-    the device of the tensor inputs, and a scalar result comes back as a 0-d
-    tensor.
+    ``forward`` takes the block's values positionally and returns one value, or a
+    tuple when the block has several outputs. The engine op itself takes and
+    returns tensors only, as TensorRT's does: a scalar argument (a Python number
+    where the block was traced with a SymInt) is passed to it as a 0-d tensor on
+    the device of the tensor inputs, and a scalar result comes out of it as a
+    0-d tensor, which ``forward`` reads back with ``item()`` for its consumers,
+    as the graph trt-inline saves does. (Torch-TensorRT 2.14's
+    ``TorchTensorRTModule`` hands the 0-d tensor itself to a consumer traced
+    against a scalar, which then rejects it.)
     """
 
     engine: torch.Tensor
@@ -541,7 +563,7 @@ class ReferenceEngine(torch.nn.Module):
         """dtype (and dims, or scalar-ness) of each output as the program records them; None where it does not."""
         return load_program(self.program).output_specs
 
-    def forward(self, *inputs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def forward(self, *inputs: Any) -> Any:
         tensors = [value for value in inputs if isinstance(value, torch.Tensor)]
         device = tensors[0].device if tensors else self.engine.device
         program = load_program(self.program)
@@ -550,9 +572,13 @@ class ReferenceEngine(torch.nn.Module):
             for i, value in enumerate(inputs)
         ]
         outputs = torch.ops.trt_inline.execute_engine.default(wired, self.engine, self.program)
+        values = [
+            out.item() if spec is not None and spec.scalar else out
+            for out, spec in zip(outputs, program.output_specs, strict=True)
+        ]
         if self.num_outputs == 1:
-            return outputs[0]  # type: ignore[no-any-return]
-        return tuple(outputs)
+            return values[0]  # type: ignore[no-any-return]
+        return tuple(values)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, outputs={self.num_outputs}, payload_bytes={self.engine.numel()}"

@@ -145,12 +145,15 @@ class ReferencePartitioner(_SplitterBase):  # type: ignore[misc,valid-type]
         operator_support: OperatorSupportBase,
         min_block_size: int,
     ) -> None:
+        # Fusion would pull a scalar producer into the block of its consumer; with it off, a
+        # scalar goes into an engine whenever its op converts, so boundaries carry scalars
+        # both ways, as Torch-TensorRT's engines take and return them (see ReferenceOperatorSupport).
         compat.init_splitter(
             self,
             module,
             sample_input,
             operator_support,
-            compat.splitter_settings(min_block_size),
+            compat.splitter_settings(min_block_size, skip_fusion=True),
             non_acc_submodule_name=FALLBACK_PREFIX,
         )
         self.min_block_size = min_block_size
