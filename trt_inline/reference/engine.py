@@ -427,9 +427,13 @@ def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, progr
 
 
 def _free_symbols(tensors: Sequence[torch.Tensor]) -> set[Any]:
-    return {
-        symbol for t in tensors for d in t.shape if isinstance(d, torch.SymInt) for symbol in d.node.expr.free_symbols
-    }
+    """The symbols in the tensors' sizes."""
+    symbols: set[Any] = set()
+    for tensor in tensors:
+        for dim in tensor.shape:
+            if isinstance(dim, torch.SymInt):
+                symbols |= dim.node.expr.free_symbols
+    return symbols
 
 
 execute_engine = compat.define_op(
