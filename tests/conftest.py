@@ -38,7 +38,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    settings.register_profile("trt_inline", settings.get_profile("slow" if config.getoption("--slow") else "ci"))
+    profile = settings.get_profile("slow" if config.getoption("--slow") else "ci")
+    settings.register_profile("trt_inline", profile)
+    # Dynamic-shape graphs cost a few times more each; a sixth as many.
+    settings.register_profile("trt_inline_scalars", profile, max_examples=max(10, profile.max_examples // 6))
 
 
 REPO = Path(__file__).resolve().parent.parent

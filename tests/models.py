@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -83,3 +86,90 @@ class MultiOutputBothSides(nn.Module):
 
 class TaggedTensor(torch.Tensor):
     """A tensor subclass: torch.export.save pickles such constants (``use_pickle``); loading one runs its class."""
+
+
+# ---------------------------------------------------------------------------
+# Scalars crossing engine boundaries (dynamic shapes)
+# ---------------------------------------------------------------------------
+
+
+class ScalarOut(nn.Module):
+    """An engine computes a size (rows - 1); arange falls back and consumes it; a later engine combines."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2.0 + 1.0
+        n = h.shape[0] - 1
+        r = torch.arange(n, dtype=x.dtype)
+        return h[1:] * r.unsqueeze(1) + 0.5
+
+
+class ScalarIn(nn.Module):
+    """A data-dependent item() falls back, bounded with torch._check; an engine takes it first, as arange's end."""
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        n = k.sum().item()
+        torch._check(n >= 1)
+        torch._check(n <= 16)
+        idx = torch.arange(n, dtype=torch.float32)
+        return idx.sum() + x * 2.0
+
+
+class SymArith(nn.Module):
+    """SymInt arithmetic inside an engine (rows - 1) feeds a fallback slice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x) * 3.0
+        end = y.shape[0] - 1
+        return y[:end] + 1.0
+
+
+@dataclass
+class ScalarCase:
+    """A model whose partition has a scalar crossing an engine boundary, with sizes at both ends of its range."""
+
+    name: str
+    model: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    dynamic_shapes: tuple[Any, ...]
+    torch_executed_ops: list[str]
+    # Inputs at the low end, the middle and the high end of the declared range.
+    checks: list[tuple[torch.Tensor, ...]]
+    # Which way the scalar crosses: "output" (an engine returns it) or "input" (an engine takes it first).
+    crossing: str
+
+
+def _counts(count: int) -> torch.Tensor:
+    return (torch.arange(16) < count).long()
+
+
+def scalar_cases() -> list[ScalarCase]:
+    dim = torch.export.Dim
+    return [
+        ScalarCase(
+            "scalar_output",
+            ScalarOut(),
+            (torch.randn(6, 4),),
+            ({0: dim("rows", min=3, max=16)},),
+            ["aten.arange"],
+            [(torch.randn(n, 4),) for n in (3, 9, 16)],
+            "output",
+        ),
+        ScalarCase(
+            "scalar_input",
+            ScalarIn(),
+            (torch.randn(16), _counts(6)),
+            ({0: dim("length", min=1, max=16)}, None),
+            ["aten._local_scalar_dense", "aten.item"],
+            [(torch.randn(m), _counts(c)) for m, c in ((1, 1), (7, 5), (16, 16))],
+            "input",
+        ),
+        ScalarCase(
+            "symint_arithmetic",
+            SymArith(),
+            (torch.randn(6, 8),),
+            ({0: dim("rows", min=3, max=16)},),
+            ["aten.slice"],
+            [(torch.randn(n, 8),) for n in (3, 7, 16)],
+            "output",
+        ),
+    ]

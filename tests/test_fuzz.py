@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, assume, event, given, settings
 from hypothesis import strategies as st
 
 import trt_inline
 from trt_inline import reference
+from trt_inline.passes import is_scalar, produced_value
 
 aten = torch.ops.aten
 BATCH = 4
@@ -64,15 +65,30 @@ class Spec:
         return "\n".join(lines)
 
 
+KINDS = ["unary", "binary", "linear", "split", "topk", "var_mean", "batchnorm", "const"]
+# Ops on the (dynamic) number of rows: sym_size and SymInt arithmetic, consumed by slice, mul, arange.
+SCALAR_KINDS = ["rows_slice", "scale_rows", "arange_rows"]
+SCALAR_FALLBACK_CANDIDATES = [
+    aten.slice.Tensor,
+    aten.cat.default,
+    aten.arange.start_step,
+    aten.unsqueeze.default,
+    aten.sym_size.int,
+]
+
+
 @st.composite
-def specs(draw: st.DrawFn) -> Spec:
+def specs(draw: st.DrawFn, kinds: tuple[str, ...] = tuple(KINDS)) -> Spec:
     widths = [8]  # value 0 is the input x: [BATCH, 8]
     ops: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(1, 9))):
         source = draw(st.integers(0, len(widths) - 1))
         width = widths[source]
-        kind = draw(st.sampled_from(["unary", "binary", "linear", "split", "topk", "var_mean", "batchnorm", "const"]))
-        if kind == "unary":
+        kind = draw(st.sampled_from(kinds))
+        if kind in SCALAR_KINDS:
+            ops.append((kind, source))
+            widths.append(width)
+        elif kind == "unary":
             ops.append(("unary", draw(st.sampled_from(sorted(UNARY))), source))
             widths.append(width)
         elif kind == "binary":  # residual edges: the other operand is any earlier value of the same width
@@ -163,28 +179,56 @@ class RandomModel(torch.nn.Module):
                     1e-5,
                 )
                 values.append(normed[0])
+            elif kind == "rows_slice":  # cat(v[:rows - 1], v[rows - 1:]): the same tensor, through two slices
+                value = values[op[1]]
+                rows = value.shape[0]
+                head, tail = aten.slice.Tensor(value, 0, 0, rows - 1), aten.slice.Tensor(value, 0, rows - 1, rows)
+                values.append(aten.cat.default([head, tail], 0))
+            elif kind == "scale_rows":
+                values.append(aten.mul.Tensor(values[op[1]], values[0].shape[0] // 2 + 1))
+            elif kind == "arange_rows":
+                value = values[op[1]]
+                rows = aten.arange.start_step(0, value.shape[0], 1, dtype=torch.float32)
+                values.append(aten.add.Tensor(value, aten.unsqueeze.default(rows, 1)))
             else:
                 values.append(aten.add.Tensor(values[op[1]], getattr(self, f"c{index}")))
         return tuple(values[i] for i in self.spec.outputs)
 
 
-def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool) -> None:
+def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool, batches: tuple[int, ...] = ()) -> None:
+    """Compile, save, load: bitwise equal, lint-clean, verify-clean; with ``batches``, the batch is dynamic."""
     model = RandomModel(spec).eval()
-    x = torch.randn(BATCH, 8, generator=torch.Generator().manual_seed(spec.seed + 1))
-    compiled = reference.compile(model, (x,), torch_executed_ops=executed)
-    program = trt_inline.to_exported_program(compiled, arg_inputs=(x,), retrace=retrace)
+    generator = torch.Generator().manual_seed(spec.seed + 1)
+    x = torch.randn(BATCH, 8, generator=generator)
+    dynamic_shapes = ({0: torch.export.Dim("batch", min=min(batches), max=max(batches))},) if batches else None
+    try:
+        exported = torch.export.export(model, (x,), dynamic_shapes=dynamic_shapes, strict=False)
+    except torch._dynamo.exc.UserError:  # a model torch.export cannot take (a size guard): not our case
+        assume(False)
+    compiled = reference.compile(exported, (x,), torch_executed_ops=executed)
+    if batches:
+        crossings = sum(
+            1
+            for node in compiled.graph.nodes
+            if trt_inline.engines.is_accelerated_call(compiled, node)
+            for value in [*node.meta["val"], *(produced_value(compiled, arg) for arg in node.args)]
+            if is_scalar(value)
+        )
+        event("a scalar crosses an engine boundary" if crossings else "no scalar crossing")
+    program = trt_inline.to_exported_program(compiled, arg_inputs=(x,), retrace=retrace, dynamic_shapes=dynamic_shapes)
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
     buffer.seek(0)
     loaded = torch.export.load(buffer)
     loaded.graph_module.graph.lint()
     assert [n.name for n in loaded.graph.nodes if n.op == "call_module"] == []
-    with torch.no_grad():
-        expected = compiled(x)
-        actual = loaded.module()(x)
-    assert len(actual) == len(expected)
-    for got, want in zip(actual, expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    for inputs in [(x,), *((torch.randn(b, 8, generator=generator),) for b in batches)]:
+        with torch.no_grad():
+            expected = compiled(*inputs)
+            actual = loaded.module()(*inputs)
+        assert len(actual) == len(expected)
+        for got, want in zip(actual, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     # Verification never fires on a correct file: no structural problem (orphaned engine outputs included).
     report = trt_inline.verify(loaded, reference=compiled, arg_inputs=(x,), atol=0.0, rtol=0.0)
     assert report.ok, report.problems
@@ -194,6 +238,17 @@ def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool) -> None:
 @given(spec=specs(), executed=st.lists(st.sampled_from(FALLBACK_CANDIDATES), unique=True), retrace=st.booleans())
 def test_random_partitioned_graphs_roundtrip_bitwise(spec: Spec, executed: list[Any], retrace: bool) -> None:
     check_roundtrip(spec, executed, retrace)
+
+
+@settings(settings.get_profile("trt_inline_scalars"))
+@given(
+    spec=specs(tuple(KINDS + SCALAR_KINDS * 3)),
+    executed=st.lists(st.sampled_from(FALLBACK_CANDIDATES + SCALAR_FALLBACK_CANDIDATES), unique=True),
+    retrace=st.booleans(),
+)
+def test_random_graphs_with_scalar_crossings_roundtrip_bitwise(spec: Spec, executed: list[Any], retrace: bool) -> None:
+    """Dynamic batch (3 ... 8, checked at both ends): scalars cross engine boundaries wherever the fallbacks fall."""
+    check_roundtrip(spec, executed, retrace, batches=(3, 8))
 
 
 def test_property_catches_name_matched_wiring(monkeypatch: pytest.MonkeyPatch) -> None:

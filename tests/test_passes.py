@@ -30,9 +30,12 @@ class _Fn(torch.nn.Module):
         return self.fn(*args)
 
 
-def engine(fn: Callable[..., Any], name: str) -> ReferenceEngine:
-    """An engine computing ``fn`` (written with aten ops)."""
-    return build_engine(torch.fx.symbolic_trace(fn), name)
+def engine(fn: Callable[..., Any], name: str, *examples: Any) -> ReferenceEngine:
+    """An engine computing ``fn`` (written with aten ops); with ``examples``, it records its inputs and outputs."""
+    block = torch.fx.symbolic_trace(fn)
+    if examples:
+        FakeTensorProp(block, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*examples)
+    return build_engine(block, name)
 
 
 def fallback(module: torch.nn.Module | Callable[..., Any]) -> torch.fx.GraphModule:
@@ -326,3 +329,87 @@ def test_transform_leaves_its_argument_untouched() -> None:
     trt_inline.transform(gm)
     assert gm.code == before
     assert {n for n, _ in gm.named_children()} == {"_run_on_acc_0", "_run_on_gpu_1", "_run_on_acc_2"}
+
+
+def annotated(module: torch.fx.GraphModule, mode: FakeTensorMode, *examples: Any) -> torch.fx.GraphModule:
+    """A fallback with fake values (of the parent's fake mode) on its nodes, as the partitioner leaves them."""
+    FakeTensorProp(module, mode).propagate_dont_convert_inputs(*examples)
+    return module
+
+
+def finished(p: Parent, outputs: Any) -> torch.fx.GraphModule:
+    """The parent as built, without propagation: meta was set by hand, as compile_module sets it."""
+    p.graph.output(outputs)
+    return torch.fx.GraphModule(p.root, p.graph)
+
+
+def test_scalar_engine_output_is_read_back_with_item() -> None:
+    """An engine returning a size: the op returns a 0-d int64 tensor, ``item`` gives the consumers the scalar."""
+    example = torch.randn(4, 5)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = mode.from_tensor
+    p = Parent()
+    x = p.input("x")
+    x.meta["val"] = fake(example)
+    sizes = engine(lambda a: (aten.mul.Tensor(a, 2.0), aten.sym_size.int(a, 0)), "_run_on_acc_0", example)
+    acc0 = p.call("_run_on_acc_0", sizes, x)
+    acc0.meta["val"] = [fake(example * 2), 4]  # compile_module records a scalar output as the scalar itself
+    doubled, rows = p.getitem(acc0, 0), p.getitem(acc0, 1)
+
+    def arange(n: int) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32)
+
+    r = p.call("_run_on_gpu_1", annotated(fallback(arange), mode, 4), rows)
+    combine = engine(
+        lambda a, b: aten.add.Tensor(a, aten.unsqueeze.default(b, 1)), "_run_on_acc_2", example, torch.ones(4)
+    )
+    out = p.call("_run_on_acc_2", combine, doubled, r)
+    out.meta["val"] = [fake(example)]
+    gm = finished(p, out)
+
+    flat = check_equivalent(gm, (example,))
+    (item,) = [n for n in flat.graph.nodes if n.target is aten.item.default]
+    getitem = item.args[0]
+    engine_call = getitem.args[0]
+    assert getitem.target is operator.getitem and getitem.args[1] == 1
+    assert engine_call.target is torch.ops.trt_inline.execute_engine.default
+    assert item.meta["val"] == 4
+    assert (engine_call.meta["val"][1].dtype, engine_call.meta["val"][1].dim()) == (torch.int64, 0)
+    assert (getitem.meta["val"].dtype, getitem.meta["val"].dim()) == (torch.int64, 0)
+    assert list(getitem.users) == [item], "only item reads the 0-d tensor"
+    assert [u.target for u in item.users] == [torch.arange], "the fallback's arange reads the scalar"
+
+
+def test_scalar_engine_input_becomes_a_0d_tensor_in_front_of_the_engine() -> None:
+    """A fallback's scalar feeding an engine first: a ``scalar_tensor`` node, int64 on the tensors' device."""
+    example = torch.randn(4, 5)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = mode.from_tensor
+    p = Parent()
+    x = p.input("x")
+    x.meta["val"] = fake(example)
+
+    def rows_plus_one(a: torch.Tensor) -> int:
+        return aten.sym_size.int(a, 0) + 1  # type: ignore[no-any-return]
+
+    n = p.call("_run_on_gpu_0", annotated(fallback(rows_plus_one), mode, x.meta["val"]), x)
+    uses = engine(
+        lambda k, a: aten.add.Tensor(a, aten.sum.default(aten.arange.default(k, dtype=torch.float32))),
+        "_run_on_acc_1",
+        5,
+        example,
+    )
+    out = p.call("_run_on_acc_1", uses, n, x)
+    out.meta["val"] = [fake(example)]
+    gm = finished(p, out)
+
+    flat = check_equivalent(gm, (example,))
+    engine_call = next(n for n in flat.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default)
+    first, second = engine_call.args[0]
+    assert first.target is aten.scalar_tensor.default
+    assert first.kwargs == {"dtype": torch.int64, "device": torch.device("cpu")}
+    assert (first.meta["val"].dtype, first.meta["val"].dim()) == (torch.int64, 0)
+    assert first.args[0].target is operator.add, "the fallback's scalar, inlined, is what gets wrapped"
+    assert second.name == "x"
+    with torch.no_grad():
+        assert torch.equal(flat(example), example + torch.arange(5, dtype=torch.float32).sum())

@@ -148,6 +148,65 @@ def test_stock_save_fails_on_the_seed_graph_when_disabled(tmp_path: Path) -> Non
     assert "was used before it has been defined" in proc.stderr, proc.stderr[-3000:]
 
 
+_SAVE_SCALARS = """
+    import json, sys, torch
+    import torch_tensorrt, trt_inline
+    from models import scalar_cases
+
+    results = {}
+    for case in scalar_cases():
+        compiled = trt_inline.reference.compile(
+            case.model.eval(), case.inputs, torch_executed_ops=case.torch_executed_ops,
+            dynamic_shapes=case.dynamic_shapes,
+        )
+        for retrace in sys.argv[2].split(","):
+            path = f"{sys.argv[1]}/{case.name}_retrace_{retrace}.pt2"
+            try:
+                torch_tensorrt.save(compiled, path, arg_inputs=list(case.inputs), retrace=retrace == "True",
+                                    dynamic_shapes=case.dynamic_shapes)
+                results[path] = "saved"
+            except Exception as exc:
+                results[path] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        with torch.no_grad():
+            expected = [[compiled(*inputs)] for inputs in case.checks]
+        torch.save({"checks": case.checks, "expected": expected}, f"{sys.argv[1]}/{case.name}.expected")
+    print(json.dumps(results))
+"""
+
+
+def test_released_save_of_scalar_boundaries(tmp_path: Path) -> None:
+    """Scalars crossing engines, saved by the release's own save with the plugin active: exact at 3 sizes each."""
+    tree = release_tree(tmp_path)
+    proc = run_python(_SAVE_SCALARS, tree, str(tmp_path), "False,True")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(results.values()) == {"saved"}, results
+    for case_file in sorted(tmp_path.glob("*.expected")):
+        data = torch.load(case_file, weights_only=True)
+        paths = sorted(Path(p) for p in results if Path(p).name.startswith(case_file.stem + "_retrace_"))
+        assert len(paths) == 2
+        for inputs, expected in zip(data["checks"], data["expected"], strict=True):
+            loaded = load_in_fresh_process(tmp_path, paths, inputs)
+            for path in paths:
+                assert max_abs_diff(loaded[str(path)]["outputs"], expected) == 0.0, (path.name, inputs[0].shape)
+
+
+def test_stock_save_fails_on_scalar_boundaries_when_disabled(tmp_path: Path) -> None:
+    """Without the plugin the stock pass puts SymInts in Tensor[] and types scalar outputs as SymInts.
+
+    Compared on the legacy retrace=False path: it only builds and serializes the
+    graph, so the stand-in engine op (it has the name and schema of TensorRT's,
+    not its kernels) is enough to reach the failure.
+    """
+    tree = release_tree(tmp_path, stand_in_engine_op=True)
+    proc = run_python(_SAVE_SCALARS, tree, str(tmp_path), "False", disable=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 3
+    for path, outcome in results.items():
+        assert outcome.startswith("SerializeError: Failed serializing node execute_engine"), (path, outcome)
+
+
 # Each of (install, uninstall, enabled) twice, in every order: the exporter's state afterwards, on import
 # after the calls and with the exporter imported before them.
 _CONTROLS = """
@@ -409,7 +468,10 @@ def test_doctor_reports_an_active_patch(tmp_path: Path) -> None:
     proc = run_doctor(release_tree(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     version = ".".join(map(str, releases.minor(str(RELEASE))))
-    expected = f"exporter patch ({version})  active: inline_torch_modules, inline_trt_modules, lift, save"
+    expected = (
+        f"exporter patch ({version})  active: create_trt_exp_program, inline_torch_modules, inline_trt_modules, "
+        "lift, save"
+    )
     assert expected in proc.stdout
 
 

@@ -262,7 +262,6 @@ def _range_constraints(
     """
     if fake_mode is None or fake_mode.shape_env is None:
         return {}
-    var_to_range = compat.shape_env_ranges(fake_mode)
     ranges: dict[Any, Any] = {}
     for node, declared in zip(user_inputs, _declared_dims(user_inputs, dynamic_shapes), strict=False):
         value = node.meta.get("val")
@@ -272,11 +271,17 @@ def _range_constraints(
             spec = declared.get(index)
             if isinstance(dim, torch.SymInt) and dim.node.expr.is_Symbol and hasattr(spec, "min"):
                 ranges[dim.node.expr] = compat.value_range(spec.min, spec.max)
-    for node in gm.graph.nodes:
+    add_missing_ranges(gm.graph, fake_mode, ranges)
+    return ranges
+
+
+def add_missing_ranges(graph: torch.fx.Graph, fake_mode: Any, ranges: dict[Any, Any]) -> None:
+    """Give every symbol a node's value mentions a range (from the shape env) where ``ranges`` has none."""
+    var_to_range = compat.shape_env_ranges(fake_mode)
+    for node in graph.nodes:
         for symbol in sorted(_free_symbols(node.meta.get("val")), key=str):
             if symbol in var_to_range:
                 ranges.setdefault(symbol, var_to_range[symbol])
-    return ranges
 
 
 def _free_symbols(value: Any) -> set[Any]:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, as_list, load_in_fresh_process, max_abs_diff
-from models import ConvBnRelu, MultiOutputBothSides, TinyResNet
+from models import ConvBnRelu, MultiOutputBothSides, ScalarCase, TinyResNet, scalar_cases
 
 import trt_inline
 
@@ -157,6 +157,35 @@ def test_dynamic_batch(tmp_path: Path) -> None:
         torch_executed_ops=[torch.ops.aten.relu.default],
         dynamic_shapes=({0: batch},),
         check_inputs=[(torch.randn(1, 3, 16, 16),), (torch.randn(9, 3, 16, 16),)],
+    )
+
+
+_SCALAR_CASES = scalar_cases()
+
+
+@pytest.mark.parametrize("retrace", [True, False])
+@pytest.mark.parametrize("case", _SCALAR_CASES, ids=[c.name for c in _SCALAR_CASES])
+def test_scalar_crossing_engine_boundaries(tmp_path: Path, case: ScalarCase, retrace: bool) -> None:
+    """The scalar-boundary models on real engines, at both ends of the declared range and in between."""
+    from test_scalars import scalar_crossings
+
+    torch_tensorrt = _torch_tensorrt()
+    inputs = tuple(t.cuda() for t in case.inputs)
+    exported = torch.export.export(case.model.eval().cuda(), inputs, dynamic_shapes=case.dynamic_shapes)
+    ops = {getattr(torch.ops.aten, name.split(".")[1]) for name in case.torch_executed_ops}
+    compiled = torch_tensorrt.dynamo.compile(exported, inputs, min_block_size=1, torch_executed_ops=ops)
+    crossings = [c for c in scalar_crossings(compiled) if c[0] == case.crossing]
+    if not crossings:
+        pytest.skip(f"Torch-TensorRT {torch_tensorrt.__version__} put no scalar {case.crossing} on an engine here")
+    roundtrip(
+        tmp_path,
+        f"{case.name}_{retrace}",
+        case.model,
+        case.inputs,
+        torch_executed_ops=list(ops),
+        retrace=retrace,
+        dynamic_shapes=case.dynamic_shapes,
+        check_inputs=case.checks,
     )
 
 

@@ -15,12 +15,17 @@ Torch-TensorRT    ``inline_trt_modules`` signature            replaced
                   expose_aliased_mutations)``                exposed by the stock helper); ``lift``
                                                              first drops ``_guards_fn`` calls
 ================  =========================================  ===============================
+
+On every release ``create_trt_exp_program`` (the legacy ``retrace=False``
+exporter) is wrapped to record a range for every symbol of the graph.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import inspect
+import logging
 import re
 import sys
 import warnings
@@ -35,9 +40,11 @@ from torch.export.graph_signature import InputKind, InputSpec, OutputKind, Outpu
 
 from trt_inline import compat, engines, passes
 from trt_inline.errors import PatchError
-from trt_inline.export import drop_guard_calls, lift_attributes, refuse_call_modules
+from trt_inline.export import add_missing_ranges, drop_guard_calls, lift_attributes, refuse_call_modules
 
 __all__ = ["lift", "preflight", "replacements_for", "torch_tensorrt_version"]
+
+log = logging.getLogger(__name__)
 
 
 def torch_tensorrt_version() -> tuple[int, int] | None:
@@ -145,6 +152,29 @@ def lift_without_guard_calls(stock_lift: Callable[..., Any]) -> Callable[..., An
     return lift
 
 
+def with_complete_ranges(stock_create: Callable[..., Any]) -> Callable[..., Any]:
+    """The legacy exporter's ``create_trt_exp_program``, plus a range for every symbol its graph mentions.
+
+    The stock function records ranges for the input sizes only (none at all
+    before 2.11), so a program holding an unbacked size, such as one read back
+    with ``item()`` from a fallback or across an engine boundary, cannot be
+    loaded. Adding ranges only ever adds what the shape env already knows; if
+    that fails, the stock result is returned as it is.
+    """
+
+    @functools.wraps(stock_create)
+    def create_trt_exp_program(*args: Any, **kwargs: Any) -> Any:
+        program = stock_create(*args, **kwargs)
+        try:
+            placeholders = [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
+            add_missing_ranges(program.graph, compat.detect_fake_mode(placeholders), program.range_constraints)
+        except Exception as exc:  # never worse than stock
+            log.warning("could not complete the range constraints of the saved program: %s", exc)
+        return program
+
+    return create_trt_exp_program
+
+
 def replacements_for(exporter: ModuleType) -> dict[str, Any]:
     """The functions of ``exporter`` to replace, and their replacements, for its version."""
     stock = getattr(exporter, "inline_trt_modules", None)
@@ -167,6 +197,9 @@ def replacements_for(exporter: ModuleType) -> dict[str, Any]:
         version = torch_tensorrt_version()
         stock_lift_lacks_persistent = version < (2, 14) if version else len(params) == 2
         result["lift"] = lift if stock_lift_lacks_persistent else lift_without_guard_calls(stock_lift)
+    stock_create = getattr(exporter, "create_trt_exp_program", None)
+    if callable(stock_create):
+        result["create_trt_exp_program"] = with_complete_ranges(stock_create)
     return result
 
 

@@ -241,6 +241,10 @@ class EngineProgram:
     steps: tuple[_Step, ...]
     outputs: tuple[int, ...]
     output_specs: tuple[ValueSpec | None, ...]
+    # Per input: the symbol naming each size of a tensor input (None where static or not recorded), and
+    # for a scalar input the expression it equals in those symbols (see _encode_expr), where recorded.
+    input_symbols: tuple[tuple[str | None, ...], ...] = ()
+    scalar_exprs: tuple[Any, ...] = ()
 
     def weight_tensors(self, payload: torch.Tensor, like: torch.Tensor | None) -> list[torch.Tensor]:
         """Views of the payload (real run) or fresh fake tensors (fake run)."""
@@ -260,6 +264,28 @@ class EngineProgram:
         spec = self.input_specs[index]
         return spec is not None and spec.scalar
 
+    def _scalar(self, index: int, inputs: Sequence[torch.Tensor]) -> Any:
+        """The value of scalar input ``index``: read from its 0-d tensor, or (tracing) from the input sizes.
+
+        A fake 0-d tensor carries no value, so ``item()`` on it gives a fresh
+        unbacked symbol and the relation to the input sizes (the scalar was
+        ``rows - 1``) is lost; where the program recorded that relation and the
+        sizes it names are inputs of this call, the value is computed from them.
+        """
+        tensor = inputs[index]
+        expr = self.scalar_exprs[index] if index < len(self.scalar_exprs) else None
+        if expr is None or not compat.is_fake(tensor):
+            return tensor.item()
+        sizes: dict[str, Any] = {}
+        for symbols, value in zip(self.input_symbols, inputs, strict=False):
+            for name, dim in zip(symbols, value.shape if value.dim() == len(symbols) else (), strict=False):
+                if name is not None:
+                    sizes.setdefault(name, dim)
+        try:
+            return _evaluate_expr(expr, sizes)
+        except KeyError:  # a symbol no input of this call carries
+            return tensor.item()
+
     def run(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor) -> list[torch.Tensor]:
         """Run the steps; scalar inputs arrive and scalar outputs leave as 0-d tensors.
 
@@ -271,7 +297,7 @@ class EngineProgram:
         tensors = [t for i, t in enumerate(inputs) if not self.is_scalar_input(i)]
         like = tensors[0] if tensors else None
         device = like.device if like is not None else payload.device
-        values = [t.item() if self.is_scalar_input(i) else t for i, t in enumerate(inputs)]
+        values = [self._scalar(i, inputs) if self.is_scalar_input(i) else t for i, t in enumerate(inputs)]
         env: list[Any] = [*values, *self.weight_tensors(payload, like)]
         for step in self.steps:
             args = _substitute(step.args, env, device)
@@ -339,8 +365,14 @@ def load_program(program: str) -> EngineProgram:
             )
             num_values += 1
         outputs = tuple(int(i) for i in doc["outputs"])
-        input_specs = tuple(_decode_spec(spec) for spec in doc.get("input_specs", [None] * num_inputs))
+        raw_inputs = doc.get("input_specs", [None] * num_inputs)
+        input_specs = tuple(_decode_spec(spec) for spec in raw_inputs)
         output_specs = tuple(_decode_spec(spec) for spec in doc.get("output_specs", [None] * len(outputs)))
+        input_symbols = tuple(
+            tuple(None if name is None else str(name) for name in (spec or {}).get("symbols", []))
+            for spec in raw_inputs
+        )
+        scalar_exprs = tuple(_check_expr((spec or {}).get("expr")) for spec in raw_inputs)
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, EngineFormatError):
             raise
@@ -351,19 +383,88 @@ def load_program(program: str) -> EngineProgram:
         raise EngineFormatError("engine program describes a different number of inputs than it takes")
     if len(output_specs) != len(outputs):
         raise EngineFormatError("engine program describes a different number of outputs than it returns")
-    return EngineProgram(num_inputs, input_specs, weights, tuple(steps), outputs, output_specs)
+    return EngineProgram(
+        num_inputs, input_specs, weights, tuple(steps), outputs, output_specs, input_symbols, scalar_exprs
+    )
 
 
 def _encode_spec(value: Any) -> dict[str, Any] | None:
-    """How a program records one input or output: dtype and dims of a tensor (symbolic dims as None), or a scalar."""
+    """How a program records one input or output.
+
+    A tensor: dtype, dims (symbolic ones as None) and the symbol naming each
+    symbolic dim. A scalar: its dtype, and, for a SymInt, the expression it
+    equals in those symbols (``rows - 1``), so that tracing the engine again can
+    recompute it from the input sizes rather than lose the relation.
+    """
     if isinstance(value, torch.Tensor):
-        return {
+        spec: dict[str, Any] = {
             "dtype": str(value.dtype).removeprefix("torch."),
             "shape": [d if isinstance(d, int) else None for d in value.shape],
         }
+        symbols = [
+            str(d.node.expr) if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol else None for d in value.shape
+        ]
+        if any(symbols):
+            spec["symbols"] = symbols
+        return spec
     if isinstance(value, (torch.SymBool, torch.SymInt, torch.SymFloat, bool, int, float)):
-        return {"scalar": str(_scalar_dtype(value)).removeprefix("torch.")}
+        spec = {"scalar": str(_scalar_dtype(value)).removeprefix("torch.")}
+        expr = _encode_expr(value.node.expr) if isinstance(value, torch.SymInt) else None
+        if expr is not None:
+            spec["expr"] = expr
+        return spec
     return None
+
+
+# Integer expressions a program can record, by the name of the sympy function: how to evaluate each.
+_EXPR_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "Add": lambda *terms: functools.reduce(operator.add, terms),
+    "Mul": lambda *factors: functools.reduce(operator.mul, factors),
+    "FloorDiv": operator.floordiv,
+    "Mod": operator.mod,
+    "PythonMod": operator.mod,
+    "Max": lambda *values: functools.reduce(torch.sym_max, values),
+    "Min": lambda *values: functools.reduce(torch.sym_min, values),
+}
+
+
+def _encode_expr(expr: Any) -> Any:
+    """A sympy integer expression as JSON (``{"sym": "s77"}``, ``{"Add": [...]}``, 3), or None if it has other parts."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return {"sym": str(expr)}
+    name = type(expr).__name__
+    if name == "Pow" and expr.args[1].is_Integer and int(expr.args[1]) >= 0:
+        base = _encode_expr(expr.args[0])
+        return None if base is None else {"Mul": [base] * int(expr.args[1])} if int(expr.args[1]) else 1
+    if name not in _EXPR_FUNCTIONS:
+        return None
+    args = [_encode_expr(arg) for arg in expr.args]
+    return None if any(arg is None for arg in args) else {name: args}
+
+
+def _check_expr(expr: Any) -> Any:
+    """A recorded expression as read from a program (shape checked; evaluation never imports anything)."""
+    if expr is None or isinstance(expr, int):
+        return expr
+    if isinstance(expr, dict) and len(expr) == 1:
+        ((tag, payload),) = expr.items()
+        if tag == "sym" and isinstance(payload, str):
+            return expr
+        if tag in _EXPR_FUNCTIONS and isinstance(payload, list):
+            return {tag: [_check_expr(arg) for arg in payload]}
+    raise EngineFormatError(f"engine program has an unreadable size expression {expr!r}")
+
+
+def _evaluate_expr(expr: Any, sizes: dict[str, Any]) -> Any:
+    """A recorded expression's value, its symbols taken from ``sizes`` (KeyError for one not there)."""
+    if isinstance(expr, int):
+        return expr
+    ((tag, payload),) = expr.items()
+    if tag == "sym":
+        return sizes[payload]
+    return _EXPR_FUNCTIONS[tag](*(_evaluate_expr(arg, sizes) for arg in payload))
 
 
 def _decode_spec(spec: Any) -> ValueSpec | None:

@@ -1,0 +1,122 @@
+"""Scalars crossing engine boundaries under dynamic shapes: compile -> save (both retrace values) -> fresh load.
+
+Each model's partition must really have the crossing (checked in ``meta``), the
+saved graph must carry the conversions (``scalar_tensor`` in front of an engine,
+``item`` after it), and the loaded program must match the in-memory module
+bitwise at the low end, the middle and the high end of the declared range, and
+pass ``trt-inline verify``.
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import as_list, load_in_fresh_process, max_abs_diff
+from models import ScalarCase, scalar_cases
+from test_verify import cli
+
+import trt_inline
+from trt_inline import engines, reference
+from trt_inline.passes import is_scalar, produced_value
+
+aten = torch.ops.aten
+CASES = scalar_cases()
+
+
+def scalar_crossings(compiled: torch.fx.GraphModule) -> list[tuple[str, str, int]]:
+    """("output" | "input", engine, position) of every scalar on an engine boundary of a compiled module."""
+    found = []
+    for node in compiled.graph.nodes:
+        if not engines.is_accelerated_call(compiled, node):
+            continue
+        found += [("output", str(node.target), i) for i, val in enumerate(node.meta["val"]) if is_scalar(val)]
+        found += [
+            ("input", str(node.target), i)
+            for i, arg in enumerate(node.args)
+            if is_scalar(produced_value(compiled, arg))
+        ]
+    return found
+
+
+def compile_case(case: ScalarCase) -> torch.fx.GraphModule:
+    return reference.compile(
+        case.model.eval(),
+        case.inputs,
+        torch_executed_ops=case.torch_executed_ops,
+        dynamic_shapes=case.dynamic_shapes,
+    )
+
+
+def _conversions(program: torch.export.ExportedProgram) -> dict[str, int]:
+    """How many scalars enter engines as 0-d tensors, and how many engine outputs are read back with item()."""
+    into = sum(
+        1
+        for node in program.graph.nodes
+        if engines.is_engine_call(node)
+        for arg in engines.engine_inputs(node)
+        if isinstance(arg, torch.fx.Node) and arg.target is aten.scalar_tensor.default
+    )
+    out_of = sum(
+        1
+        for node in program.graph.nodes
+        if node.target is aten.item.default
+        and node.args[0].target is operator.getitem
+        and engines.is_engine_call(node.args[0].args[0])
+    )
+    return {"input": into, "output": out_of}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_scalar_crossing_roundtrips_bitwise(tmp_path: Path, case: ScalarCase) -> None:
+    compiled = compile_case(case)
+    crossings = scalar_crossings(compiled)
+    assert [c for c in crossings if c[0] == case.crossing], f"no scalar {case.crossing} crossing: {crossings}"
+    if case.crossing == "input":
+        assert any(kind == "input" and position == 0 for kind, _, position in crossings), crossings
+
+    paths = []
+    for retrace in (True, False):
+        path = tmp_path / f"{case.name}_retrace_{retrace}.pt2"
+        program = trt_inline.save(
+            compiled, path, arg_inputs=case.inputs, dynamic_shapes=case.dynamic_shapes, retrace=retrace
+        )
+        assert _conversions(program)[case.crossing] >= 1, f"retrace={retrace}: the conversion is not in the graph"
+        paths.append(path)
+
+    diffs: dict[str, list[float]] = {p.name: [] for p in paths}
+    for inputs in case.checks:
+        with torch.no_grad():
+            expected = as_list(compiled(*inputs))
+            eager = as_list(case.model(*inputs))
+        assert max_abs_diff(expected, eager) <= 1e-5, "the compiled module itself must match eager PyTorch"
+        results = load_in_fresh_process(tmp_path, paths, inputs)
+        for path in paths:
+            loaded: dict[str, Any] = results[str(path)]
+            assert loaded["call_modules"] == []
+            diffs[path.name].append(max_abs_diff(loaded["outputs"], expected))
+    assert all(d == [0.0, 0.0, 0.0] for d in diffs.values()), diffs
+
+    for path in paths:
+        proc = cli("verify", str(path))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_tensor_only_boundaries_keep_scalars_in_pytorch() -> None:
+    """``scalar_boundaries=False``: the same model, no scalar on any engine boundary."""
+    case = CASES[0]
+    compiled = reference.compile(
+        case.model.eval(),
+        case.inputs,
+        torch_executed_ops=case.torch_executed_ops,
+        dynamic_shapes=case.dynamic_shapes,
+        scalar_boundaries=False,
+    )
+    assert scalar_crossings(compiled) == []
+    assert any(isinstance(m, reference.ReferenceEngine) for m in compiled.children())
+    with torch.no_grad():
+        for inputs in case.checks:
+            assert max_abs_diff(as_list(compiled(*inputs)), as_list(case.model(*inputs))) <= 1e-5
