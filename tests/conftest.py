@@ -47,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 REPO = Path(__file__).resolve().parent.parent
 
 # Loads each saved file in a process that has imported nothing but torch and the
-# named modules, runs it on the stored inputs and writes the outputs back.
+# named modules, runs it on the stored inputs and writes the outputs back. An
+# AOTInductor package is loaded with trt_inline.package.load_package.
 _LOADER = textwrap.dedent(
     """
     import importlib, sys, torch
@@ -56,13 +57,20 @@ _LOADER = textwrap.dedent(
     inputs = torch.load(sys.argv[1], weights_only=True)
     results = {}
     for path in sys.argv[4:]:
-        program = torch.export.load(path)
-        program.graph_module.graph.lint()
-        calls = [n.name for n in program.graph.nodes if n.op == "call_module"]
+        if path.endswith(".package.pt2"):
+            from trt_inline.package import load_package
+            run, calls = load_package(path), []
+        else:
+            program = torch.export.load(path)
+            program.graph_module.graph.lint()
+            calls = [n.name for n in program.graph.nodes if n.op == "call_module"]
+            run = program.module()
         with torch.no_grad():
-            outputs = program.module()(*inputs)
+            outputs = run(*inputs)
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        results[path] = {"outputs": outputs, "call_modules": calls}
+        kinds = [type(o).__name__ for o in outputs]
+        outputs = [o if isinstance(o, torch.Tensor) else torch.tensor(o) for o in outputs]
+        results[path] = {"outputs": outputs, "call_modules": calls, "kinds": kinds}
     torch.save(results, sys.argv[2])
     """
 )

@@ -120,7 +120,7 @@ class SymArith(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(x) * 3.0
         end = y.shape[0] - 1
-        return y[:end] + 1.0
+        return y[0:end] + 1.0
 
 
 @dataclass
@@ -173,3 +173,11 @@ def scalar_cases() -> list[ScalarCase]:
             "output",
         ),
     ]
+
+
+class RowsAndValues(nn.Module):
+    """Returns a Python int computed in an engine (rows - 1) next to a tensor: the package must give an int too."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        h = torch.relu(x) * 2.0
+        return h + 1.0, h.shape[0] - 1

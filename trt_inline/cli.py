@@ -171,6 +171,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         device=args.device,
         allow_pickle=args.allow_pickle,
+        allow_native_code=args.allow_native_code,
     )
     print(report.to_json() if args.json else report.to_text())
     if report.problems:
@@ -184,11 +185,10 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from trt_inline.graph_table import describe_program
-    from trt_inline.verify import load_exported_program
+    from trt_inline.graph_table import describe_file
+    from trt_inline.verify import open_file
 
-    loaded = load_exported_program(args.path, allow_pickle=args.allow_pickle)
-    print(describe_program(loaded.program))
+    print(describe_file(open_file(args.path, allow_pickle=args.allow_pickle)))
     return 0
 
 
@@ -211,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify_parser = commands.add_parser(
         "verify",
-        help="check a saved ExportedProgram: loads safely, graph sound, outputs match the reference",
+        help="check a saved ExportedProgram or AOTInductor package: loads safely, graph sound, outputs match",
         description="Exit 0: passed. 1: a structural problem or an output mismatch. 2: unusable or refused input.",
     )
     verify_parser.add_argument("path")
@@ -227,6 +227,12 @@ def _parser() -> argparse.ArgumentParser:
     verify_parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
     verify_parser.add_argument("--json", action="store_true", help="print the report as JSON")
     verify_parser.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help)
+    verify_parser.add_argument(
+        "--allow-native-code",
+        action="store_true",
+        help="run an AOTInductor package (loading its shared library runs native code from the file); "
+        "only for files from a trusted source",
+    )
     verify_parser.set_defaults(run=_run_verify)
 
     inspect_parser = commands.add_parser("inspect", help="table of engines, fallback ops and their wiring")

@@ -46,6 +46,7 @@ __all__ = [
     "pytree_specs",
     "scalar_argument",
     "set_codegen",
+    "set_example_inputs",
     "splitter_base",
     "splitter_settings",
     "value_range",
@@ -230,6 +231,15 @@ def scalar_argument(value: Any, name: str) -> Any:
         kind = "SymFloatArgument"
     argument = getattr(graph_signature, kind, None) or graph_signature.SymIntArgument
     return argument(name=name)
+
+
+def set_example_inputs(program: torch.export.ExportedProgram, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Record sample inputs on a program: the property's setter where it has one (2.8+), else its field (2.5)."""
+    prop = getattr(type(program), "example_inputs", None)
+    if isinstance(prop, property) and prop.fset is not None:
+        program.example_inputs = (args, kwargs)
+    else:
+        program._example_inputs = (args, kwargs)
 
 
 def export_nonstrict(

@@ -33,7 +33,7 @@ from torch.export.graph_signature import (
 )
 from torch.utils import _pytree as pytree
 
-from trt_inline import compat
+from trt_inline import compat, package
 from trt_inline.attributes import resolve_attribute
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.passes import is_scalar, transform
@@ -342,6 +342,9 @@ def drop_provenance(program: ExportedProgram) -> ExportedProgram:
 DEFAULT_REFERENCE_LIMIT_BYTES = 64 << 20
 
 
+OUTPUT_FORMATS = ("exported_program", "aot_inductor")
+
+
 def save(
     module: torch.nn.Module | ExportedProgram,
     path: str | os.PathLike[str],
@@ -352,8 +355,14 @@ def save(
     retrace: bool = True,
     embed_reference: bool = True,
     reference_limit_bytes: int = DEFAULT_REFERENCE_LIMIT_BYTES,
+    output_format: str = "exported_program",
 ) -> ExportedProgram:
-    """Inline a compiled module and write it as an ExportedProgram file.
+    """Inline a compiled module and write it as an ExportedProgram file, or as an AOTInductor package.
+
+    ``output_format="aot_inductor"`` compiles the same flat program with
+    AOTInductor (``torch._inductor.aoti_compile_and_package``; it needs
+    ``arg_inputs``) into a PT2 archive that also carries the program, its
+    reference I/O and its output kinds (:mod:`trt_inline.package`).
 
     With sample inputs, the file also carries reference I/O: the inputs and the
     in-memory module's outputs for them, so ``trt-inline verify PATH`` can check
@@ -365,10 +374,14 @@ def save(
     was. Returns the ExportedProgram that was written.
     """
     target = Path(path)
+    if output_format not in OUTPUT_FORMATS:
+        raise SaveError(f"output_format {output_format!r} is not one of {', '.join(map(repr, OUTPUT_FORMATS))}")
     if target.is_dir():
         raise SaveError(f"{target} is a directory")
     if not target.parent.exists():
         raise SaveError(f"directory {target.parent} does not exist")
+    if output_format == "aot_inductor" and target.suffix != ".pt2":
+        raise SaveError(f"{target}: an AOTInductor package's name must end in .pt2")
     program = to_exported_program(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
     )
@@ -376,14 +389,27 @@ def save(
     if embed_reference and (arg_inputs is not None or kwarg_inputs):
         runnable = module.module() if isinstance(module, ExportedProgram) else module
         extra_files = reference_extra_files(runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes)
-    write_program(program, target, extra_files)
+    if output_format == "aot_inductor":
+        seconds = package.compile_package(program, target, extra_files)
+        log.info("compiled %s with AOTInductor in %.1f s", target, seconds)
+    else:
+        write_program(program, target, extra_files)
     return program
 
 
 def reference_extra_files(
-    module: Any, arg_inputs: Sequence[Any] | None, kwarg_inputs: dict[str, Any] | None, target: Path, limit: int
+    module: Any,
+    arg_inputs: Sequence[Any] | None,
+    kwarg_inputs: dict[str, Any] | None,
+    target: Path,
+    limit: int,
+    *,
+    with_output_kinds: bool = False,
 ) -> dict[str, str]:
-    """The extra file carrying reference I/O, or nothing (with a warning saying why)."""
+    """The extra file carrying reference I/O, or nothing (with a warning saying why).
+
+    ``with_output_kinds`` adds a package's output-kinds file, as the sample run saw them.
+    """
     try:
         reference_io = capture_reference_io(module, list(arg_inputs or ()), kwarg_inputs)
     except VerifyInputError as exc:
@@ -398,7 +424,10 @@ def reference_extra_files(
             stacklevel=3,
         )
         return {}
-    return {REFERENCE_IO_FILE: encode_reference_io(reference_io)}
+    extra = {REFERENCE_IO_FILE: encode_reference_io(reference_io)}
+    if with_output_kinds:
+        extra[package.PACKAGE_INFO_FILE] = package.package_info(reference_io.output_kinds)
+    return extra
 
 
 def write_program(program: ExportedProgram, target: Path, extra_files: dict[str, str] | None = None) -> None:

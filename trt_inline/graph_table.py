@@ -16,9 +16,36 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from trt_inline.engines import engine_inputs, is_engine_call
-from trt_inline.verify import describe_value
+from trt_inline.verify import AOTI_PACKAGE, LoadedFile, describe_value
 
-__all__ = ["describe_program"]
+__all__ = ["describe_file", "describe_program"]
+
+
+def describe_file(loaded: LoadedFile) -> str:
+    """The table of a file's program; for an AOTInductor package, first what the package holds.
+
+    Nothing of a package's native code is loaded: its graph is shown from the
+    ExportedProgram it carries, or the table says plainly that it cannot be.
+    """
+    if loaded.kind != AOTI_PACKAGE and loaded.program is not None:
+        return describe_program(loaded.program)
+    native = [(name, size) for name, size in loaded.entries if "/data/aotinductor/" in f"/{name}"]
+    models = sorted({name.split("/data/aotinductor/", 1)[1].split("/", 1)[0] for name, _ in native})
+    libraries = [f"{name.rsplit('/', 1)[1]} ({size} bytes)" for name, size in native if name.endswith(".so")]
+    lines = [
+        f"AOTInductor package: model {', '.join(models)}; {len(native)} AOTInductor files, shared library "
+        + (", ".join(libraries) or "none"),
+        f"reference I/O: {'embedded' if loaded.reference is not None else 'none'}; "
+        f"outputs: {', '.join(loaded.output_kinds) or 'not recorded'}",
+    ]
+    if loaded.program is None:
+        lines.append(
+            "the package carries no ExportedProgram: its graph exists only as compiled native code, which inspect "
+            "does not load, so engines and fallbacks cannot be shown"
+        )
+        return "\n".join(lines)
+    lines.append("graph of the ExportedProgram the package was compiled from:")
+    return "\n".join([*lines, describe_program(loaded.program)])
 
 
 def _input_kinds(program: ExportedProgram) -> dict[str, str]:

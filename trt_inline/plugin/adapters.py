@@ -17,7 +17,8 @@ Torch-TensorRT    ``inline_trt_modules`` signature            replaced
 ================  =========================================  ===============================
 
 On every release ``create_trt_exp_program`` (the legacy ``retrace=False``
-exporter) is wrapped to record a range for every symbol of the graph.
+exporter) is wrapped to record a range for every symbol of the graph and the
+save's sample inputs (:func:`completing_program`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from torch.export.graph_signature import InputKind, InputSpec, OutputKind, Outpu
 from trt_inline import compat, engines, passes
 from trt_inline.errors import PatchError
 from trt_inline.export import add_missing_ranges, drop_guard_calls, lift_attributes, refuse_call_modules
+from trt_inline.plugin.save import sample_inputs_of_this_save
 
 __all__ = ["lift", "preflight", "replacements_for", "torch_tensorrt_version"]
 
@@ -152,14 +154,18 @@ def lift_without_guard_calls(stock_lift: Callable[..., Any]) -> Callable[..., An
     return lift
 
 
-def with_complete_ranges(stock_create: Callable[..., Any]) -> Callable[..., Any]:
-    """The legacy exporter's ``create_trt_exp_program``, plus a range for every symbol its graph mentions.
+def completing_program(stock_create: Callable[..., Any]) -> Callable[..., Any]:
+    """The legacy exporter's ``create_trt_exp_program``, completed with what the stock one leaves out.
 
-    The stock function records ranges for the input sizes only (none at all
-    before 2.11), so a program holding an unbacked size, such as one read back
-    with ``item()`` from a fallback or across an engine boundary, cannot be
-    loaded. Adding ranges only ever adds what the shape env already knows; if
-    that fails, the stock result is returned as it is.
+    * A range for every symbol the graph mentions: the stock function records
+      ranges for input sizes only (none at all before 2.11), so a program holding
+      an unbacked size, such as one read back with ``item()`` from a fallback or
+      across an engine boundary, cannot be loaded.
+    * The sample inputs, where the save has them: without them AOTInductor
+      refuses to compile the program (``output_format="aot_inductor"`` with
+      ``retrace=False``).
+
+    This only ever adds what is known; if that fails, the stock result stands.
     """
 
     @functools.wraps(stock_create)
@@ -168,8 +174,12 @@ def with_complete_ranges(stock_create: Callable[..., Any]) -> Callable[..., Any]
         try:
             placeholders = [n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"]
             add_missing_ranges(program.graph, compat.detect_fake_mode(placeholders), program.range_constraints)
+            given = kwargs.get("arg_inputs")
+            inputs = sample_inputs_of_this_save() if given is None else (tuple(given), kwargs.get("kwarg_inputs") or {})
+            if program.example_inputs is None and inputs is not None and inputs[0]:
+                compat.set_example_inputs(program, tuple(inputs[0]), dict(inputs[1]))
         except Exception as exc:  # never worse than stock
-            log.warning("could not complete the range constraints of the saved program: %s", exc)
+            log.warning("could not complete the saved program (range constraints, sample inputs): %s", exc)
         return program
 
     return create_trt_exp_program
@@ -199,7 +209,7 @@ def replacements_for(exporter: ModuleType) -> dict[str, Any]:
         result["lift"] = lift if stock_lift_lacks_persistent else lift_without_guard_calls(stock_lift)
     stock_create = getattr(exporter, "create_trt_exp_program", None)
     if callable(stock_create):
-        result["create_trt_exp_program"] = with_complete_ranges(stock_create)
+        result["create_trt_exp_program"] = completing_program(stock_create)
     return result
 
 

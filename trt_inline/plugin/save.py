@@ -1,7 +1,14 @@
-"""``torch_tensorrt.save`` that also embeds reference I/O, so ``trt-inline verify`` can check the file."""
+"""``torch_tensorrt.save`` that also embeds reference I/O, so ``trt-inline verify`` can check the file.
+
+For ``output_format="exported_program"`` the reference I/O goes in as an extra
+file (through ``extra_files`` from 2.11, by rewriting the archive before); for
+``"aot_inductor"`` (2.8+) the package is extended with it and with its output
+kinds (:mod:`trt_inline.package`).
+"""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import os
@@ -12,12 +19,23 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import export
+from trt_inline import export, package
 
-__all__ = ["REFERENCE_IO_ENV", "save_with_reference_io"]
+__all__ = ["REFERENCE_IO_ENV", "sample_inputs_of_this_save", "save_with_reference_io"]
 
 # TRT_INLINE_REFERENCE_IO=0: the patched torch_tensorrt.save embeds no reference I/O.
 REFERENCE_IO_ENV = "TRT_INLINE_REFERENCE_IO"
+
+# The tensor inputs of the torch_tensorrt.save call in progress, for the exporter it calls
+# (2.8 ... 2.10 hand theirs none; an AOTInductor package cannot be compiled without them).
+_SAMPLE_INPUTS: contextvars.ContextVar[tuple[tuple[Any, ...], dict[str, Any]] | None] = contextvars.ContextVar(
+    "trt_inline_sample_inputs", default=None
+)
+
+
+def sample_inputs_of_this_save() -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """(args, kwargs) given to the ``torch_tensorrt.save`` running now, if they are tensors."""
+    return _SAMPLE_INPUTS.get()
 
 
 def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]:
@@ -31,10 +49,17 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
     @functools.wraps(stock_save)
     def save(module: Any, file_path: str = "", **kwargs: Any) -> Any:
         extra = _reference_io_for_save(module, file_path, kwargs)
-        if extra and accepts_extra_files:
+        packaged = kwargs.get("output_format") == "aot_inductor"
+        if extra and accepts_extra_files and not packaged:
             kwargs["extra_files"] = {**(kwargs.get("extra_files") or {}), **extra}
-        result = stock_save(module, file_path, **kwargs)
-        if extra and not accepts_extra_files:
+        token = _SAMPLE_INPUTS.set(_tensor_inputs(kwargs))
+        try:
+            result = stock_save(module, file_path, **kwargs)
+        finally:
+            _SAMPLE_INPUTS.reset(token)
+        if extra and packaged:
+            package.extend_package(Path(file_path), Path(file_path), program=None, extra_files=extra)
+        elif extra and not accepts_extra_files:
             export.write_program(torch.export.load(file_path), Path(file_path), extra)
         return result
 
@@ -42,19 +67,30 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
     return save
 
 
+def _tensor_inputs(kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    args = tuple(kwargs.get("arg_inputs") or kwargs.get("inputs") or ())
+    kwarg_inputs = dict(kwargs.get("kwarg_inputs") or {})
+    values = [*args, *kwarg_inputs.values()]
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        return None  # torch_tensorrt.Input specs carry no data
+    return args, kwarg_inputs
+
+
 def _reference_io_for_save(module: Any, file_path: str, kwargs: dict[str, Any]) -> dict[str, str]:
     """The reference-I/O extra file for a ``torch_tensorrt.save`` call, or {} where it does not apply."""
     if os.environ.get(REFERENCE_IO_ENV, "1").strip() in ("0", "false", "no"):
         return {}
-    if kwargs.get("output_format", "exported_program") != "exported_program":
+    output_format = kwargs.get("output_format", "exported_program")
+    if output_format not in ("exported_program", "aot_inductor"):
         return {}
-    if not isinstance(module, torch.fx.GraphModule) or not file_path:
+    inputs = _tensor_inputs(kwargs)
+    if not isinstance(module, torch.fx.GraphModule) or not file_path or inputs is None:
         return {}
-    args = kwargs.get("arg_inputs") or kwargs.get("inputs")
-    kwarg_inputs = kwargs.get("kwarg_inputs") or {}
-    values = [*(args or ()), *kwarg_inputs.values()]
-    if not values or not all(isinstance(v, torch.Tensor) for v in values):
-        return {}  # torch_tensorrt.Input specs carry no data to keep
     return export.reference_extra_files(
-        module, list(args or ()), kwarg_inputs, Path(file_path), export.DEFAULT_REFERENCE_LIMIT_BYTES
+        module,
+        list(inputs[0]),
+        inputs[1],
+        Path(file_path),
+        export.DEFAULT_REFERENCE_LIMIT_BYTES,
+        with_output_kinds=output_format == "aot_inductor",
     )

@@ -3,7 +3,8 @@
 ==========================  =================================================================
 module                      concern
 ==========================  =================================================================
-``archive``                 opening files: unusable ones told apart, unsafe ones refused unread
+``archive``                 opening files (programs, AOTInductor packages): unusable ones told
+                            apart, unsafe ones refused unread, never native code loaded
 ``structure``               structural checks on the graph, one function each
 ``compare``                 running on reference inputs and comparing outputs
 ``report``                  ``VerifyReport`` and its text / JSON forms
@@ -15,7 +16,15 @@ module                      concern
 from __future__ import annotations
 
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError
-from trt_inline.verify.archive import LoadedProgram, check_archive, classify_file, load_exported_program
+from trt_inline.verify.archive import (
+    AOTI_PACKAGE,
+    EXPORTED_PROGRAM,
+    LoadedFile,
+    check_archive,
+    classify_file,
+    load_exported_program,
+    open_file,
+)
 from trt_inline.verify.compare import default_tolerance
 from trt_inline.verify.reference_io import (
     REFERENCE_IO_FILE,
@@ -29,8 +38,10 @@ from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import verify
 
 __all__ = [
+    "AOTI_PACKAGE",
+    "EXPORTED_PROGRAM",
     "REFERENCE_IO_FILE",
-    "LoadedProgram",
+    "LoadedFile",
     "OutputComparison",
     "ReferenceIO",
     "UnsafeArchiveError",
@@ -44,6 +55,7 @@ __all__ = [
     "describe_value",
     "encode_reference_io",
     "load_exported_program",
+    "open_file",
     "structural_problems",
     "verify",
 ]

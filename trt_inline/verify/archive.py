@@ -25,7 +25,7 @@ import os
 import pickletools
 import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +34,22 @@ from torch.export import ExportedProgram
 
 from trt_inline import compat, engines
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, first_line
+from trt_inline.package import PACKAGE_INFO_FILE
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
 
 __all__ = [
+    "AOTI_PACKAGE",
+    "EXPORTED_PROGRAM",
     "MAX_COMPRESSION_RATIO",
-    "LoadedProgram",
+    "LoadedFile",
     "check_archive",
     "classify_file",
     "load_exported_program",
+    "open_file",
 ]
+
+EXPORTED_PROGRAM = "exported_program"
+AOTI_PACKAGE = "aot_inductor"
 
 # A compressed entry that claims to expand more than this (and past 64 MiB) is refused unread.
 MAX_COMPRESSION_RATIO = 200
@@ -51,10 +58,14 @@ _SMALL_ENTRY = 64 << 20
 _MAX_PICKLE_BYTES = 1 << 30
 
 _PROGRAM_MARKERS = ("/models/model.json", "serialized_exported_program.json")
+_AOTI_MARKER = "/data/aotinductor/"
 
 
-def classify_file(path: str | os.PathLike[str]) -> Path:
-    """The path, if it is a complete zip archive holding an ExportedProgram; else a :class:`VerifyInputError`."""
+def classify_file(path: str | os.PathLike[str]) -> tuple[Path, str]:
+    """(path, kind) of a complete zip archive holding an ExportedProgram or an AOTInductor package.
+
+    Anything else is a one-line :class:`VerifyInputError` saying what it is.
+    """
     file = Path(path)
     if not file.exists():
         raise VerifyInputError(f"{file}: no such file")
@@ -65,13 +76,15 @@ def classify_file(path: str | os.PathLike[str]) -> Path:
     if not zipfile.is_zipfile(file) or not _zip_end_is_intact(file):
         raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
     names = _entry_names(file)
+    if any(_AOTI_MARKER in f"/{name}" for name in names):
+        return file, AOTI_PACKAGE
     if not any(name.endswith(marker) for name in names for marker in _PROGRAM_MARKERS):
         if any(name.endswith("/code/__torch__.py") or name.endswith("/constants.pkl") for name in names):
             raise VerifyInputError(
-                f"{file}: a TorchScript archive; verify reads ExportedProgram files (torch.export.save)"
+                f"{file}: a TorchScript archive; verify reads ExportedProgram files and AOTInductor packages"
             )
-        raise VerifyInputError(f"{file}: a zip archive without an ExportedProgram in it")
-    return file
+        raise VerifyInputError(f"{file}: a zip archive without an ExportedProgram or an AOTInductor model in it")
+    return file, EXPORTED_PROGRAM
 
 
 def _zip_end_is_intact(file: Path) -> bool:
@@ -307,33 +320,103 @@ def _apply_stack_effect(stack: list[Any], opcode: pickletools.OpcodeInfo) -> Non
 
 
 @dataclass
-class LoadedProgram:
-    program: ExportedProgram
-    reference: ReferenceIO | None
+class LoadedFile:
+    """A file opened for verification: never its native code.
+
+    ``program`` is the ExportedProgram (for a package: the one it was compiled
+    from, where the package carries it; None otherwise). ``output_kinds`` is what a
+    package records about its outputs (``"tensor"``, ``"int"``, ...).
+    """
+
     path: Path
+    kind: str
+    program: ExportedProgram | None
+    reference: ReferenceIO | None
+    output_kinds: list[str] = field(default_factory=list)
+    entries: list[tuple[str, int]] = field(default_factory=list)
 
 
-def load_exported_program(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> LoadedProgram:
-    """Classify, safety-check, and load an ExportedProgram file with its embedded reference I/O.
+def open_file(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> LoadedFile:
+    """Classify, safety-check and load an ExportedProgram file or an AOTInductor package, with its reference I/O.
 
-    Raises :class:`VerifyInputError` (one line, naming the file) for anything
-    unusable, and :class:`UnsafeArchiveError` for a file refused unread.
+    Loading never runs code from the file: pickles are checked first
+    (:func:`check_archive`), and a package's shared library is not loaded (its
+    ExportedProgram, if it has one, is read from a copy of the archive without
+    the AOTInductor entries). Raises :class:`VerifyInputError` (one line, naming
+    the file) for anything unusable, :class:`UnsafeArchiveError` for a refusal.
     """
     import trt_inline.reference  # noqa: F401  - registers the reference engine op for deserialisation
 
-    file = classify_file(path)
+    file, kind = classify_file(path)
     check_archive(file, allow_pickle=allow_pickle)
-    extra: dict[str, Any] = {REFERENCE_IO_FILE: ""}
+    with zipfile.ZipFile(file) as archive:
+        entries = [(info.filename, info.file_size) for info in archive.infolist()]
+    extra: dict[str, Any] = {REFERENCE_IO_FILE: "", PACKAGE_INFO_FILE: ""}
+    program = None
+    if kind == EXPORTED_PROGRAM:
+        program = _load(file, file, extra)
+    elif any(name.endswith("/models/model.json") for name, _ in entries):
+        program = _load(file, _without_native_code(file), extra)
+    else:
+        extra.update(_extra_files(file))
+    reference = None
+    if extra.get(REFERENCE_IO_FILE):
+        try:
+            reference = decode_reference_io(extra[REFERENCE_IO_FILE])
+        except VerifyInputError as exc:
+            raise VerifyInputError(f"{file}: {exc}") from exc
+    return LoadedFile(file, kind, program, reference, _kinds(extra.get(PACKAGE_INFO_FILE)), entries)
+
+
+def load_exported_program(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> LoadedFile:
+    """:func:`open_file` for a file that must hold an ExportedProgram (a package must carry its program)."""
+    loaded = open_file(path, allow_pickle=allow_pickle)
+    if loaded.program is None:
+        raise VerifyInputError(
+            f"{loaded.path}: an AOTInductor package that carries no ExportedProgram (its graph is native code)"
+        )
+    return loaded
+
+
+def _load(file: Path, source: Path | io.BytesIO, extra: dict[str, Any]) -> ExportedProgram:
     try:
-        program = torch.export.load(file, extra_files=extra)
+        return torch.export.load(source, extra_files=extra)
     except Exception as exc:
         raise VerifyInputError(
             f"{file}: cannot be loaded by torch {torch.__version__} ({type(exc).__name__}: {first_line(exc)})"
         ) from exc
-    text = extra.get(REFERENCE_IO_FILE) or ""
+
+
+def _without_native_code(file: Path) -> io.BytesIO:
+    """A copy of a package without its AOTInductor entries: what ``torch.export.load`` may see of it.
+
+    ``torch.export.load`` of a whole package would load its shared library.
+    """
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(file) as source, zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as copy:
+        for info in source.infolist():
+            if _AOTI_MARKER not in f"/{info.filename}":
+                copy.writestr(info, source.read(info))
+    buffer.seek(0)
+    return buffer
+
+
+def _extra_files(file: Path) -> dict[str, str]:
+    """The extra files of an archive torch will not load (a package without its program), read directly."""
+    with zipfile.ZipFile(file) as archive:
+        return {
+            name.rpartition("/")[2]: archive.read(name).decode("utf-8", errors="replace")
+            for name in archive.namelist()
+            if name.split("/", 1)[-1].startswith("extra/")
+        }
+
+
+def _kinds(text: str | None) -> list[str]:
     if not text:
-        return LoadedProgram(program, None, file)
+        return []
     try:
-        return LoadedProgram(program, decode_reference_io(text), file)
-    except VerifyInputError as exc:
-        raise VerifyInputError(f"{file}: {exc}") from exc
+        info = json.loads(text)
+    except ValueError:
+        return []
+    kinds = info.get("outputs") if isinstance(info, dict) else None
+    return [str(kind) for kind in kinds] if isinstance(kinds, list) else []

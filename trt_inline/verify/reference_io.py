@@ -16,13 +16,14 @@ import pickle
 import warnings
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
 from trt_inline.errors import VerifyInputError
+from trt_inline.package import output_kinds
 
 __all__ = [
     "REFERENCE_IO_FILE",
@@ -44,6 +45,8 @@ class ReferenceIO:
     outputs: list[torch.Tensor]
     # Where the inputs were when captured: verify runs there by default (TensorRT engines need CUDA).
     device: str = "cpu"
+    # What each output was before it was kept as a tensor: "tensor", or "int"/"float"/"bool" for a scalar.
+    output_kinds: list[str] = field(default_factory=list)
 
     def nbytes(self) -> int:
         tensors = [*self.args, *self.kwargs.values(), *self.outputs]
@@ -74,6 +77,7 @@ def capture_reference_io(
         {k: v.detach().cpu() for k, v in kwargs.items()},
         tensors_only(outputs, "outputs"),
         device=str(flat[0].device) if flat else "cpu",
+        output_kinds=output_kinds(pytree.tree_leaves(outputs)),
     )
 
 
@@ -87,6 +91,7 @@ def encode_reference_io(reference: ReferenceIO) -> str:
             "kwargs": {k: v.detach().cpu() for k, v in reference.kwargs.items()},
             "outputs": [t.detach().cpu() for t in reference.outputs],
             "device": reference.device,
+            "output_kinds": list(reference.output_kinds),
         },
         buffer,
     )
@@ -120,4 +125,6 @@ def decode_reference_io(text: str) -> ReferenceIO:
     device = payload.get("device", "cpu")
     if not isinstance(device, str):
         raise VerifyInputError("embedded reference I/O names no valid device")
-    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device)
+    kinds = payload.get("output_kinds", [])
+    kinds = [str(kind) for kind in kinds] if isinstance(kinds, list) else []
+    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds)

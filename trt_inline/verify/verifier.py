@@ -11,7 +11,8 @@ import torch
 from torch.export import ExportedProgram
 
 from trt_inline.errors import VerifyInputError
-from trt_inline.verify.archive import load_exported_program
+from trt_inline.package import load_package
+from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.compare import compare_output, run_on
 from trt_inline.verify.reference_io import ReferenceIO, tensors_only
 from trt_inline.verify.report import VerifyReport, describe_value
@@ -32,6 +33,7 @@ def verify(
     rtol: float | None = None,
     device: str | None = None,
     allow_pickle: bool = False,
+    allow_native_code: bool = False,
 ) -> VerifyReport:
     """Check a saved program's structure and compare its outputs with a reference.
 
@@ -44,19 +46,26 @@ def verify(
 
     Files are checked before loading (:mod:`trt_inline.verify.archive`): one
     whose pickles need more than plain tensors and Torch-TensorRT engines is
-    refused unless ``allow_pickle=True``. The run leaves the caller's RNG state
-    and deterministic-algorithm flags as they were.
+    refused unless ``allow_pickle=True``. An AOTInductor package is checked
+    through the ExportedProgram it carries (if any) and only run, which loads
+    its shared library, with ``allow_native_code=True``. The run leaves the
+    caller's RNG state and deterministic-algorithm flags as they were.
 
     Raises :class:`VerifyInputError` for unusable input (not a loadable
     ExportedProgram file, inputs the program cannot take, a refused file).
     """
+    loaded: LoadedFile | None = None
+    program: ExportedProgram | None
     if isinstance(path_or_program, ExportedProgram):
         program, embedded, source = path_or_program, None, "<ExportedProgram>"
     else:
-        loaded = load_exported_program(path_or_program, allow_pickle=allow_pickle)
+        loaded = open_file(path_or_program, allow_pickle=allow_pickle)
         program, embedded, source = loaded.program, loaded.reference, os.fspath(path_or_program)
     report = VerifyReport(source=source, allow_pickle=allow_pickle)
-    report.problems, report.notes = structural_problems(program)
+    if program is not None:
+        report.problems, report.notes = structural_problems(program)
+    else:
+        report.notes.append("the package carries no ExportedProgram: its graph was not checked, only its outputs")
     if allow_pickle:
         report.notes.append("pickles in the file were allowed (allow_pickle): only for a file from a trusted source")
 
@@ -75,7 +84,8 @@ def verify(
         report.reference = "module"
     elif reference_from is not None:
         newer = _reference_of(reference_from, allow_pickle)
-        _check_signature(program, source, newer, os.fspath(reference_from))
+        if program is not None:
+            _check_signature(program, source, newer, os.fspath(reference_from))
         args, kwargs, want = newer.args, newer.kwargs, newer.outputs
         report.reference = f"from {os.fspath(reference_from)}"
         device = device or _capture_device(newer)
@@ -86,7 +96,14 @@ def verify(
         report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
         return report
 
-    got = run_on(program.module(), args, kwargs, device)
+    if loaded is not None and loaded.kind == AOTI_PACKAGE:
+        if report.problems:
+            report.notes.append("the package was not run: the program it carries failed the structural checks")
+            return report
+        runnable = _package_model(loaded, report, allow_native_code)
+    else:
+        runnable = program.module()  # type: ignore[union-attr]  # only a package can lack its program
+    got = run_on(runnable, args, kwargs, device)
     if len(got) != len(want):
         report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
     for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
@@ -95,6 +112,19 @@ def verify(
         if comparison.problem:
             report.problems.append(comparison.problem)
     return report
+
+
+def _package_model(loaded: LoadedFile, report: VerifyReport, allow_native_code: bool) -> Callable[..., Any]:
+    """A package's AOTInductor model, which only ``allow_native_code`` loads."""
+    if not allow_native_code:
+        raise VerifyInputError(
+            f"{loaded.path} is an AOTInductor package: running it loads its shared library, native code from the "
+            "file; pass --allow-native-code (allow_native_code=True) only for a file from a trusted source"
+        )
+    report.notes.append(
+        "ran the package's AOTInductor model (allow_native_code): only for a file from a trusted source"
+    )
+    return load_package(loaded.path)
 
 
 def _capture_device(reference: ReferenceIO) -> str | None:
@@ -111,7 +141,7 @@ def _capture_device(reference: ReferenceIO) -> str | None:
 
 def _reference_of(path: str | os.PathLike[str], allow_pickle: bool) -> ReferenceIO:
     """The reference I/O embedded in another file (safety-checked like the file being verified)."""
-    loaded = load_exported_program(path, allow_pickle=allow_pickle)
+    loaded = open_file(path, allow_pickle=allow_pickle)
     if loaded.reference is None:
         raise VerifyInputError(f"{Path(path)}: carries no reference I/O to check against (save it with arg_inputs)")
     return loaded.reference

@@ -1,0 +1,227 @@
+"""AOTInductor packages: compile -> package -> load in a fresh process -> bitwise against the in-memory module.
+
+Compiling a package takes seconds on a small machine, so each is built once per
+module (``packages``) and shared by the assertions on it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import as_list, load_in_fresh_process, max_abs_diff
+from models import RELU, ConvBnRelu, MultiOutputBothSides, RowsAndValues, TinyResNet, scalar_cases
+from test_scalars import scalar_crossings
+from test_untrusted import _Plant, _rewrite, _torch_saved
+from test_verify import assert_unusable, cli
+
+import trt_inline
+from trt_inline import compat, reference
+from trt_inline.verify import REFERENCE_IO_FILE
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch._inductor, "aoti_compile_and_package"),
+    reason=f"torch {torch.__version__} has no AOTInductor packages",
+)
+
+NATIVE = "--allow-native-code"
+
+
+@dataclass
+class Package:
+    name: str
+    path: Path
+    compiled: torch.fx.GraphModule
+    checks: list[tuple[torch.Tensor, ...]]
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    return [v if isinstance(v, torch.Tensor) else torch.tensor(v) for v in as_list(values)]
+
+
+def _package(
+    root: Path, name: str, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], **options: Any
+) -> Package:
+    checks = options.pop("checks", [inputs])
+    dynamic_shapes = options.get("dynamic_shapes")
+    compiled = reference.compile(model.eval(), inputs, **options)
+    path = root / f"{name}.package.pt2"
+    started = time.monotonic()
+    trt_inline.save(compiled, path, arg_inputs=inputs, dynamic_shapes=dynamic_shapes, output_format="aot_inductor")
+    return Package(name, path, compiled, checks, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Package]:
+    root = tmp_path_factory.mktemp("packages")
+    torch.manual_seed(0)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    scalar = scalar_cases()[0]
+    built = [
+        _package(root, "seed", ConvBnRelu(), (torch.randn(2, 3, 8, 8),), torch_executed_ops=[RELU]),
+        _package(root, "residual", TinyResNet(), (torch.randn(2, 3, 8, 8),), torch_executed_ops=["aten.add.Tensor"]),
+        _package(root, "multi_output", MultiOutputBothSides(), (torch.randn(4, 16),), torch_executed_ops=["aten.topk"]),
+        _package(
+            root,
+            "dynamic_batch",
+            ConvBnRelu(),
+            (torch.randn(4, 3, 8, 8),),
+            torch_executed_ops=[RELU],
+            dynamic_shapes=({0: batch},),
+            checks=[(torch.randn(1, 3, 8, 8),), (torch.randn(8, 3, 8, 8),)],
+        ),
+        _package(
+            root,
+            "scalar_crossing",
+            scalar.model,
+            scalar.inputs,
+            torch_executed_ops=scalar.torch_executed_ops,
+            dynamic_shapes=scalar.dynamic_shapes,
+            checks=scalar.checks,
+        ),
+        _package(
+            root,
+            "scalar_output",
+            RowsAndValues(),
+            (torch.randn(5, 3),),
+            torch_executed_ops=["aten.mul.Tensor"],
+            dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=9)},),
+            checks=[(torch.randn(2, 3),), (torch.randn(9, 3),)],
+        ),
+    ]
+    for package in built:
+        package.extra["size"] = package.path.stat().st_size
+    return {p.name: p for p in built}
+
+
+NAMES = ["seed", "residual", "multi_output", "dynamic_batch", "scalar_crossing", "scalar_output"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_package_roundtrips_bitwise_in_a_fresh_process(packages: dict[str, Package], tmp_path: Path, name: str) -> None:
+    package = packages[name]
+    for inputs in package.checks:
+        with torch.no_grad():
+            expected = as_list(package.compiled(*inputs))
+        loaded = load_in_fresh_process(tmp_path, [package.path], inputs)[str(package.path)]
+        assert loaded["kinds"] == [type(e).__name__ for e in expected], "outputs keep their kinds (int stays int)"
+        assert max_abs_diff(loaded["outputs"], _tensors(expected)) == 0.0, (name, [t.shape for t in inputs])
+    proc = cli("verify", str(package.path), NATIVE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"PASS {package.path} (reference: embedded)" in proc.stdout
+
+
+def test_structures_are_really_there(packages: dict[str, Package]) -> None:
+    """Each package's module has the structure its test is about."""
+    multi = packages["multi_output"].compiled
+    assert any(len(n.meta.get("val", [])) > 1 for n in multi.graph.nodes if n.op == "call_module"), "multi-output"
+    assert [c for c in scalar_crossings(packages["scalar_crossing"].compiled) if c[0] == "output"]
+    assert [c for c in scalar_crossings(packages["scalar_output"].compiled) if c[0] == "output"]
+    with torch.no_grad():
+        _, rows = packages["scalar_output"].compiled(torch.randn(6, 3))
+    assert isinstance(rows, int) and rows == 5, "the compiled module returns a Python int"
+
+
+def test_raw_aoti_loader_returns_the_scalar_as_a_tensor(packages: dict[str, Package]) -> None:
+    """Why load_package exists: the stock loader hands back the scalar output as a tensor."""
+    model = compat.aoti_load_package(str(packages["scalar_output"].path))
+    _, rows = model(torch.randn(6, 3))
+    assert isinstance(rows, torch.Tensor) and int(rows.reshape(-1)[0]) == 5
+    _, rows = trt_inline.package.load_package(packages["scalar_output"].path)(torch.randn(6, 3))
+    assert isinstance(rows, int) and rows == 5
+
+
+def test_verify_and_inspect_never_load_native_code_unasked(packages: dict[str, Package], tmp_path: Path) -> None:
+    """Without --allow-native-code verify refuses to run a package; inspect reads it without loading it."""
+    broken = _rewrite(
+        packages["seed"].path,
+        tmp_path / "broken_library.pt2",
+        lambda entries: entries.update({n: b"not a shared library" for n in entries if n.endswith(".so")}),
+    )
+    assert_unusable(cli("verify", str(broken)), "is an AOTInductor package: running it loads its shared library")
+    proc = cli("inspect", str(broken))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("AOTInductor package: model model;")
+    assert "graph of the ExportedProgram the package was compiled from:" in proc.stdout
+    assert "engine 3" in proc.stdout and "relu.default(getitem = engine 0 output 0)" in proc.stdout
+
+
+def test_altered_expected_outputs_fail_naming_the_output(packages: dict[str, Package], tmp_path: Path) -> None:
+    def alter(entries: dict[str, bytes]) -> None:
+        name = next(n for n in entries if n.endswith(REFERENCE_IO_FILE))
+        payload = torch.load(io.BytesIO(base64.b64decode(entries[name])), weights_only=True)
+        payload["outputs"][1] = payload["outputs"][1] + 1.0
+        entries[name] = base64.b64encode(_torch_saved(payload))
+
+    altered = _rewrite(packages["seed"].path, tmp_path / "altered.pt2", alter)
+    proc = cli("verify", str(altered), NATIVE)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "problem: output 1 differs: max abs diff 1" in proc.stdout
+    assert "ok   output 0" in proc.stdout
+
+
+def test_planted_pickle_in_a_package_is_refused(packages: dict[str, Package], tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+
+    def plant(entries: dict[str, bytes]) -> None:
+        name = next(n for n in entries if n.endswith("/data/sample_inputs/model.pt"))
+        entries[name] = _torch_saved(_Plant(marker))
+
+    planted = _rewrite(packages["seed"].path, tmp_path / "planted.pt2", plant)
+    for command in (["verify", str(planted), NATIVE], ["inspect", str(planted)]):
+        assert_unusable(cli(*command), "data/sample_inputs/model.pt (archive/data.pkl) refused: it calls posix.system")
+    assert not marker.exists()
+
+
+def test_print_package_figures(packages: dict[str, Package]) -> None:
+    """Compile time and size of each package (pytest -s shows them; the closing notes quote them)."""
+    for package in packages.values():
+        assert package.extra["size"] > 0
+        print(f"{package.name:<16} compile+save {package.seconds:6.1f} s  {package.extra['size'] / 1024:8.1f} KiB")
+
+
+_PLUGIN_SAVE = """
+    import sys, torch
+    import torch_tensorrt, trt_inline
+    from models import ConvBnRelu
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    for retrace in (False, True):
+        torch_tensorrt.save(compiled, f"{sys.argv[1]}/plugin_{retrace}.package.pt2", output_format="aot_inductor",
+                            arg_inputs=[x], retrace=retrace)
+    with torch.no_grad():
+        torch.save([[x], list(compiled(x))], f"{sys.argv[1]}/plugin.expected")
+"""
+
+
+def test_released_save_writes_packages_through_our_passes(tmp_path: Path) -> None:
+    """The release's own save (2.8+) with the plugin: packages of both retrace values, exact, verifiable."""
+    import releases
+    from test_plugin import RELEASE, release_tree, run_python
+
+    tree = release_tree(tmp_path)
+    if releases.minor(str(RELEASE)) < (2, 8):
+        pytest.skip(f"Torch-TensorRT {RELEASE} has no output_format='aot_inductor'")
+    proc = run_python(_PLUGIN_SAVE, tree, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    inputs, expected = torch.load(tmp_path / "plugin.expected", weights_only=True)
+    paths = [tmp_path / f"plugin_{retrace}.package.pt2" for retrace in (False, True)]
+    results = load_in_fresh_process(tmp_path, paths, inputs)
+    for path in paths:
+        assert max_abs_diff(results[str(path)]["outputs"], expected) == 0.0, path.name
+        env = {"PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).parent)])}
+        verified = cli("verify", str(path), NATIVE, env=env)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        with zipfile.ZipFile(path) as archive:
+            assert any(n.endswith(f"/extra/{REFERENCE_IO_FILE}") for n in archive.namelist())
