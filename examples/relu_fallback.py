@@ -2,12 +2,14 @@
 
 Compiles a conv -> batchnorm -> relu network with ``relu`` forced to run in
 PyTorch, on TensorRT when ``torch_tensorrt`` and CUDA are available and on the
-CPU reference backend otherwise; saves it as an ExportedProgram with
-trt_inline's positional passes; loads it in a fresh interpreter; and prints the
-engines, the fallback ops, and the max abs difference between the loaded and
-the in-memory module. Exits 1 if they differ beyond the backend's tolerance.
+CPU reference backend otherwise; saves it with trt_inline's positional passes as
+an ExportedProgram (or, with ``--format aot_inductor``, as an AOTInductor
+package); loads it in a fresh interpreter; and prints the engines, the fallback
+ops, and the max abs difference between the loaded and the in-memory module.
+Exits 1 if they differ beyond the backend's tolerance.
 
-    python examples/relu_fallback.py [--backend auto|reference|tensorrt] [--out model.pt2] [--no-retrace]
+    python examples/relu_fallback.py [--backend auto|reference|tensorrt] [--format exported_program|aot_inductor]
+                                     [--out model.pt2] [--no-retrace]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -93,20 +96,27 @@ def describe(compiled: torch.fx.GraphModule) -> None:
 
 _LOAD_AND_RUN = """
 import sys, torch, trt_inline
-program = torch.export.load(sys.argv[1])
-program.graph_module.graph.lint()
 inputs = torch.load(sys.argv[2], weights_only=True)
 device = inputs[0].device
+if sys.argv[4] == "aot_inductor":
+    run = trt_inline.package.load_package(sys.argv[1])  # loads the package's shared library
+else:
+    program = torch.export.load(sys.argv[1])
+    program.graph_module.graph.lint()
+    run = program.module().to(device)
 with torch.no_grad():
-    outputs = program.module().to(device)(*inputs)
+    outputs = run(*inputs)
 torch.save([o.cpu() for o in outputs], sys.argv[3])
 """
 
 
-def load_in_fresh_process(path: Path, inputs: tuple[torch.Tensor, ...], workdir: Path) -> list[torch.Tensor]:
+def load_in_fresh_process(
+    path: Path, inputs: tuple[torch.Tensor, ...], workdir: Path, output_format: str
+) -> list[torch.Tensor]:
     inputs_file, outputs_file = workdir / "inputs.pt", workdir / "outputs.pt"
     torch.save(list(inputs), inputs_file)
-    subprocess.run([sys.executable, "-c", _LOAD_AND_RUN, str(path), str(inputs_file), str(outputs_file)], check=True)
+    command = [sys.executable, "-c", _LOAD_AND_RUN, str(path), str(inputs_file), str(outputs_file), output_format]
+    subprocess.run(command, check=True)
     outputs: list[torch.Tensor] = torch.load(outputs_file, weights_only=True)
     return outputs
 
@@ -116,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("auto", "reference", "tensorrt"), default="auto")
     parser.add_argument("--out", type=Path, help="where to write the ExportedProgram (default: a temporary file)")
     parser.add_argument("--no-retrace", action="store_true", help="build the program without re-exporting")
+    parser.add_argument(
+        "--format",
+        choices=("exported_program", "aot_inductor"),
+        default="exported_program",
+        help="what to save: an ExportedProgram, or an AOTInductor package (compiles C++, takes a while)",
+    )
     args = parser.parse_args(argv)
 
     backend = args.backend
@@ -139,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         path = args.out or workdir / "relu_fallback.pt2"
-        trt_inline.save(compiled, path, arg_inputs=inputs, retrace=not args.no_retrace)
-        print(f"saved {path} ({path.stat().st_size} bytes, retrace={not args.no_retrace})")
-        loaded = load_in_fresh_process(path, inputs, workdir)
+        started = time.monotonic()
+        trt_inline.save(compiled, path, arg_inputs=inputs, retrace=not args.no_retrace, output_format=args.format)
+        seconds = time.monotonic() - started
+        print(
+            f"saved {path} ({args.format}, {path.stat().st_size} bytes, retrace={not args.no_retrace}, {seconds:.1f} s)"
+        )
+        loaded = load_in_fresh_process(path, inputs, workdir, args.format)
 
     with torch.no_grad():
         expected: Any = compiled(*inputs)
