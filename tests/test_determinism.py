@@ -16,15 +16,22 @@ _SAVE = textwrap.dedent(
     """
     import sys, torch, trt_inline
     sys.path.insert(0, sys.argv[1])
-    from models import ConvBnRelu, MultiOutputBothSides
+    from models import ConvBnRelu, MultiOutputBothSides, scalar_cases
     torch.manual_seed(0)
     x, v = torch.randn(2, 3, 8, 8), torch.randn(4, 16)
     seed = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=["aten.relu.default"])
     multi = trt_inline.reference.compile(MultiOutputBothSides().eval(), (v,), torch_executed_ops=["aten.topk.default"])
+    case = scalar_cases()[0]  # dynamic shapes, a scalar crossing an engine boundary
+    scalar = trt_inline.reference.compile(
+        case.model.eval(), case.inputs, torch_executed_ops=case.torch_executed_ops, dynamic_shapes=case.dynamic_shapes
+    )
     for retrace in (True, False):
         trt_inline.save(seed, f"{sys.argv[2]}/seed_{retrace}.pt2", arg_inputs=(x,), retrace=retrace)
         trt_inline.save(multi, f"{sys.argv[2]}/multi_{retrace}.pt2", arg_inputs=(v,), retrace=retrace)
+        trt_inline.save(scalar, f"{sys.argv[2]}/scalar_{retrace}.pt2", arg_inputs=case.inputs,
+                        dynamic_shapes=case.dynamic_shapes, retrace=retrace)
         print(trt_inline.transform(seed).code)
+        print(trt_inline.transform(scalar).code)
     """
 )
 

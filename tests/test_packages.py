@@ -27,10 +27,8 @@ import trt_inline
 from trt_inline import compat, reference
 from trt_inline.verify import REFERENCE_IO_FILE
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(torch._inductor, "aoti_compile_and_package"),
-    reason=f"torch {torch.__version__} has no AOTInductor packages",
-)
+WHY_NOT = compat.aoti_packages()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"AOTInductor packages: {WHY_NOT}")
 
 NATIVE = "--allow-native-code"
 

@@ -357,7 +357,7 @@ def test_scalar_engine_output_is_read_back_with_item() -> None:
     doubled, rows = p.getitem(acc0, 0), p.getitem(acc0, 1)
 
     def arange(n: int) -> torch.Tensor:
-        return torch.arange(n, dtype=torch.float32)
+        return aten.arange.default(n, dtype=torch.float32)  # type: ignore[no-any-return]
 
     r = p.call("_run_on_gpu_1", annotated(fallback(arange), mode, 4), rows)
     combine = engine(
@@ -377,7 +377,7 @@ def test_scalar_engine_output_is_read_back_with_item() -> None:
     assert (engine_call.meta["val"][1].dtype, engine_call.meta["val"][1].dim()) == (torch.int64, 0)
     assert (getitem.meta["val"].dtype, getitem.meta["val"].dim()) == (torch.int64, 0)
     assert list(getitem.users) == [item], "only item reads the 0-d tensor"
-    assert [u.target for u in item.users] == [torch.arange], "the fallback's arange reads the scalar"
+    assert [u.target for u in item.users if u.target is not operator.eq] == [aten.arange.default]
 
 
 def test_scalar_engine_input_becomes_a_0d_tensor_in_front_of_the_engine() -> None:
@@ -392,7 +392,10 @@ def test_scalar_engine_input_becomes_a_0d_tensor_in_front_of_the_engine() -> Non
     def rows_plus_one(a: torch.Tensor) -> int:
         return aten.sym_size.int(a, 0) + 1  # type: ignore[no-any-return]
 
-    n = p.call("_run_on_gpu_0", annotated(fallback(rows_plus_one), mode, x.meta["val"]), x)
+    rows = annotated(fallback(rows_plus_one), mode, x.meta["val"])
+    # Before torch 2.8 FakeTensorProp records tensor values only; export (what the partitioner sees) records scalars.
+    next(n for n in rows.graph.nodes if n.op == "output").args[0].meta.setdefault("val", 5)
+    n = p.call("_run_on_gpu_0", rows, x)
     uses = engine(
         lambda k, a: aten.add.Tensor(a, aten.sum.default(aten.arange.default(k, dtype=torch.float32))),
         "_run_on_acc_1",

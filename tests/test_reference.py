@@ -13,8 +13,8 @@ from models import RELU, ConvBnRelu
 import trt_inline
 from trt_inline import reference
 from trt_inline.errors import EngineFormatError
-from trt_inline.reference.engine import FORMAT, load_program
 from trt_inline.reference.partition import resolve_ops
+from trt_inline.reference.program import FORMAT, load_program
 
 
 def _program(**overrides: object) -> str:

@@ -32,19 +32,35 @@ def test_core_passes_never_import_the_reference_backend() -> None:
         assert not [name for name in imported if name.startswith("trt_inline.reference")], module
 
 
+def _dotted(node: ast.AST) -> str:
+    """``torch._ops.OpOverload`` for the attribute chain of an expression ("" if it is not one)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return ""
+
+
 def test_private_torch_apis_only_through_compat() -> None:
-    """``torch._*``, the splitter and ``_unlift`` are reached only in compat.py."""
+    """``torch._*``, the splitter, ``_unlift`` and private attributes of torch objects: only in compat.py."""
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "compat.py":
             continue
+        tree = ast.parse(path.read_text())
         for name in _imports(path):
             if name.startswith("torch._") or ".passes.splitter_base" in name or "_unlift" in name:
-                offenders.append(f"{path.relative_to(REPO)}: {name}")
-        source = path.read_text()
-        for private in ("torch._ops.", "torch._subclasses", "torch._guards", "._codegen", "torch._inductor"):
-            if private in source:
-                offenders.append(f"{path.relative_to(REPO)}: {private}")
+                offenders.append(f"{path.relative_to(REPO)}: import {name}")
+        for node in ast.walk(tree):
+            dotted = _dotted(node) if isinstance(node, ast.Attribute) else ""
+            second = dotted.split(".")[1] if dotted.count(".") else ""
+            if dotted.startswith("torch.") and second.startswith("_") and second not in ("__version__", "_check"):
+                offenders.append(f"{path.relative_to(REPO)}: {dotted}")
+            if isinstance(node, ast.Attribute) and node.attr in ("_codegen", "_schema", "_overloadname"):
+                offenders.append(f"{path.relative_to(REPO)}: .{node.attr}")
     assert offenders == []
 
 

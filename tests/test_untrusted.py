@@ -61,18 +61,26 @@ def _entry(entries: dict[str, bytes], *suffixes: str) -> str:
 
 
 def _payload_configs(entries: dict[str, bytes]) -> bool:
-    """Whether the archive has per-payload configs (torch 2.7+), or one torch.save file per kind (torch 2.5, 2.6)."""
+    """Whether the archive has per-payload configs (torch 2.9+), or one torch.save file per kind (2.5 ... 2.8)."""
     return any(name.endswith("_constants_config.json") for name in entries)
+
+
+# Where archives without payload configs keep all weights / all constants in one torch.save file.
+_WHOLE_FILES = {
+    "weights": ("/data/weights/model.pt", "serialized_state_dict.pt"),  # torch 2.7/2.8, torch 2.5/2.6
+    "constants": ("/data/constants/model.pt", "serialized_constants.pt"),
+}
 
 
 def _flip_to_pickle(entries: dict[str, bytes], kind: str, payload: bytes) -> str:
     """Make a weight / constant load through the unpickler with ``payload``; return the entry's name.
 
-    Payload-config archives: mark the first payload ``use_pickle`` and replace its
-    file. Older archives pickle all weights (constants) in one torch.save file: replace it.
+    Archives with payload configs (torch 2.9+): mark the first payload
+    ``use_pickle`` and replace its file. Older archives pickle all weights
+    (constants) in one torch.save file: replace it.
     """
     if not _payload_configs(entries):
-        name = _entry(entries, "serialized_state_dict.pt" if kind == "weights" else "serialized_constants.pt")
+        name = _entry(entries, *_WHOLE_FILES[kind])
         entries[name] = payload
         return name
     config_name = _entry(entries, f"_{kind}_config.json")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "OpOverload",
     "OpOverloadPacket",
     "aoti_compile_and_package",
+    "aoti_packages",
     "aoti_load_package",
     "backed_size_oblivious",
     "define_op",
@@ -43,6 +45,8 @@ __all__ = [
     "is_core_aten",
     "is_fake",
     "module_call_signature",
+    "op_overload_name",
+    "op_schema_name",
     "pytree_specs",
     "scalar_argument",
     "set_codegen",
@@ -102,6 +106,18 @@ def discarding_fresh_unbacked_symbols(values: Sequence[Any]) -> Iterator[None]:
         return
     with ignore():
         yield
+
+
+def op_schema_name(target: Any) -> str | None:
+    """``"trt_inline::execute_engine"`` for an OpOverload (its schema's name), None for anything else."""
+    schema = getattr(target, "_schema", None) if isinstance(target, OpOverload) else None
+    name = getattr(schema, "name", None)
+    return name if isinstance(name, str) else None
+
+
+def op_overload_name(target: OpOverload) -> str:
+    """``"default"``, ``"Tensor"``: the overload part of an OpOverload's name."""
+    return str(target._overloadname)
 
 
 def is_core_aten(target: Any) -> bool:
@@ -321,15 +337,21 @@ def init_splitter(
 # ---------------------------------------------------------------------------
 
 
+def aoti_packages() -> str | None:
+    """None where this torch writes AOTInductor packages as PT2 archives (2.8+), else why not."""
+    if getattr(torch._inductor, "aoti_compile_and_package", None) is None:
+        return f"torch {torch.__version__} has no torch._inductor.aoti_compile_and_package"
+    if importlib.util.find_spec("torch.export.pt2_archive") is None:
+        return f"torch {torch.__version__} writes packages in a layout before the PT2 archive (torch 2.8)"
+    return None
+
+
 def aoti_compile_and_package(program: torch.export.ExportedProgram, package_path: str) -> str:
     """Compile ``program`` into an AOTInductor package at ``package_path``."""
-    compile_and_package = getattr(torch._inductor, "aoti_compile_and_package", None)
-    if compile_and_package is None:
-        raise IncompatibleTorchError(
-            f"output_format='aot_inductor' needs torch._inductor.aoti_compile_and_package, which torch "
-            f"{torch.__version__} does not have"
-        )
-    return str(compile_and_package(program, package_path=package_path))
+    why_not = aoti_packages()
+    if why_not is not None:
+        raise IncompatibleTorchError(f"output_format='aot_inductor': {why_not}")
+    return str(torch._inductor.aoti_compile_and_package(program, package_path=package_path))
 
 
 def aoti_load_package(path: str) -> Callable[..., Any]:

@@ -40,6 +40,7 @@ import torch
 import torch.fx
 from torch.export.graph_signature import CustomObjArgument
 
+from trt_inline import compat
 from trt_inline.errors import InlineError
 
 __all__ = [
@@ -142,8 +143,7 @@ def engine_op(node: torch.fx.Node) -> EngineOp | None:
     """The engine op a ``call_function`` node calls, or None."""
     if node.op != "call_function":
         return None
-    schema = getattr(node.target, "_schema", None)
-    return _OPS_BY_NAME.get(getattr(schema, "name", ""))
+    return _OPS_BY_NAME.get(compat.op_schema_name(node.target) or "")
 
 
 def is_engine_call(node: torch.fx.Node) -> bool:
@@ -248,8 +248,6 @@ def unique_attr_name(gm: torch.nn.Module, base: str) -> str:
 
 def _fake_like(tensor: torch.Tensor, call_node: torch.fx.Node) -> Any:
     """A fake value for a tensor attribute, in the graph's fake mode when it has one."""
-    from trt_inline import compat
-
     fake_mode = compat.detect_fake_mode(list(call_node.meta.get("val", [])))
     if fake_mode is not None:
         return fake_mode.from_tensor(tensor, static_shapes=True)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import compat
+from trt_inline import compat, symbolic
 from trt_inline.attributes import resolve_attribute
 from trt_inline.engines import emit_engine_call, is_accelerated_call, is_fallback_call, unique_attr_name
 from trt_inline.errors import InlineError
@@ -117,6 +117,7 @@ def inline_engines(
 ) -> torch.fx.GraphModule:
     """``inline_trt_modules`` with a hook per engine (Torch-TensorRT 2.14 exposes KV-cache mutations there)."""
     log_graph(log, "before inline_trt_modules", gm)
+    sizes = _InputSizes.of(gm)
     for call_node in list(gm.graph.nodes):
         if not is_accelerated_call(gm, call_node):
             continue
@@ -141,13 +142,13 @@ def inline_engines(
                 output = gm.graph.call_function(operator.getitem, (engine_call, 0))
             output.meta["val"] = engine_call.meta["val"][0]
             call_node.replace_all_uses_with(output)
-            _restore_scalar(gm, output, vals[0])
+            _restore_scalar(gm, output, vals[0], sizes, f"{name} output 0")
         else:
             users = _getitem_users(call_node, len(vals), "engine")
             call_node.replace_all_uses_with(engine_call)
             for user, index in users:
                 user.meta["val"] = engine_call.meta["val"][index]
-                _restore_scalar(gm, user, vals[index])
+                _restore_scalar(gm, user, vals[index], sizes, f"{name} output {index}")
         gm.graph.erase_node(call_node)
         if on_engine is not None:
             on_engine(engine_call, module, len(vals))
@@ -233,14 +234,74 @@ def _as_engine_input(
     return tensor
 
 
-def _restore_scalar(gm: torch.fx.GraphModule, output: torch.fx.Node, value: Any) -> None:
-    """If the engine output ``output`` stands for a scalar, read it back with ``item`` for its consumers."""
+def _restore_scalar(
+    gm: torch.fx.GraphModule, output: torch.fx.Node, value: Any, sizes: _InputSizes, label: str
+) -> None:
+    """If the engine output ``output`` stands for a scalar, read it back with ``item`` for its consumers.
+
+    Traced again, ``item`` gives a fresh unbacked symbol; where the scalar is an
+    expression in the input sizes, an assertion restates it, so that the tracer
+    replaces the symbol by the expression (and the saved program checks it)::
+
+        %item = item(%getitem)                    # meta["val"] = s0 - 1
+        %sym_size = sym_size(%x, 0)
+        %add = add(%sym_size, -1)                 # rebuilt from the recorded expression
+        %eq = eq(%item, %add)
+        %_assert_scalar = _assert_scalar(%eq, "... output 0 equals s0 - 1")
+
+    ``_assert_scalar`` rather than ``torch._check``: it has side effects for dead
+    code elimination (Torch-TensorRT's own ``transform`` runs one), an
+    ExportedProgram may hold it, and tracing learns from it all the same.
+    """
     if not is_scalar(value):
         return
     with gm.graph.inserting_after(output):
         item = gm.graph.call_function(aten.item.default, (output,))
     item.meta["val"] = value
     output.replace_all_uses_with(item, delete_user_cb=lambda user: user is not item)
+    expr = symbolic.encode(value.node.expr) if isinstance(value, torch.SymInt) else None
+    if expr is None or isinstance(expr, int) or not sizes.cover(expr):
+        return  # static, or data-dependent: nothing in the inputs to restate it with
+    with gm.graph.inserting_before(item.next):
+        rebuilt = symbolic.build(gm.graph, expr, lambda name: sizes.node(gm.graph, name))
+        equal = gm.graph.call_function(operator.eq, (item, rebuilt))
+        equal.meta["val"] = value == symbolic.evaluate(expr, sizes.values)
+        message = f"trt_inline: {label} equals {value}, as when it was compiled"
+        gm.graph.call_function(aten._assert_scalar.default, (equal, message)).meta["val"] = None
+
+
+@dataclass
+class _InputSizes:
+    """Which input size each size symbol names: ``{"s0": (x, 0)}``, read from the placeholders' fake values."""
+
+    where: dict[str, tuple[torch.fx.Node, int]]
+    values: dict[str, Any]
+
+    @staticmethod
+    def of(gm: torch.fx.GraphModule) -> _InputSizes:
+        where: dict[str, tuple[torch.fx.Node, int]] = {}
+        values: dict[str, Any] = {}
+        for node in gm.graph.nodes:
+            if node.op != "placeholder":
+                continue
+            value = node.meta.get("val")
+            for dim, name in enumerate(symbolic.size_symbols(value)):
+                if name is not None and name not in where:
+                    where[name], values[name] = (node, dim), value.shape[dim]
+        return _InputSizes(where, values)
+
+    def cover(self, expr: Any) -> bool:
+        try:
+            symbolic.evaluate(expr, self.values)
+        except KeyError:
+            return False
+        return True
+
+    def node(self, graph: torch.fx.Graph, name: str) -> torch.fx.Node:
+        placeholder, dim = self.where[name]
+        size = graph.call_function(aten.sym_size.int, (placeholder, dim))
+        size.meta["val"] = self.values[name]
+        return size
 
 
 def _move_attribute(

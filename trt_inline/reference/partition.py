@@ -21,7 +21,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from trt_inline import compat
 from trt_inline.engines import FALLBACK_PREFIX
-from trt_inline.reference.engine import SCALAR_TARGETS, can_encode_args, encodable_target
+from trt_inline.reference.program import SCALAR_TARGETS, can_encode_args, encodable_target
 
 __all__ = ["ReferenceOperatorSupport", "partition", "resolve_ops"]
 

@@ -193,11 +193,14 @@ def _payloads(archive: zipfile.ZipFile) -> _Payloads:
 
 
 def _loaded_as_pickle(name: str, payloads: _Payloads) -> bool:
-    """Whether torch.export.load unpickles this entry, whatever its first bytes look like."""
-    if name in payloads.pickled:
-        return True
-    base = name.rpartition("/")[2]
-    return "/data/sample_inputs/" in f"/{name}" or (base.startswith("serialized_") and base.endswith(".pt"))
+    """Whether torch.export.load may unpickle this entry, whatever its first bytes look like.
+
+    Payloads a config marks ``use_pickle`` or as objects, and every ``.pt`` /
+    ``.pkl`` entry: sample inputs, and the state dict and constants that torch
+    2.5 ... 2.8 keep as ``torch.save`` files (``serialized_*.pt``,
+    ``data/weights/model.pt``), all loaded with ``torch.load(weights_only=False)``.
+    """
+    return name in payloads.pickled or name.endswith((".pt", ".pkl"))
 
 
 def _pickle_problems(name: str, data: bytes, loaded_as_pickle: bool) -> Iterator[tuple[str, str]]:

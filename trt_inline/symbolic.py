@@ -1,0 +1,106 @@
+"""Integer size expressions (``rows - 1``, ``(rows + 1) // 2``) kept as data, and turned back into values or nodes.
+
+Under dynamic shapes a scalar that crosses an engine boundary is an expression in
+the input sizes. Where it turns into a fresh, unbacked symbol (``item()`` on the
+engine's 0-d tensor, or on an engine's scalar input while tracing), the relation
+is lost unless it is written down. This module writes it down as JSON, without
+any sympy or torch-private type in it::
+
+    s77 - 1        ->  {"Add": [-1, {"sym": "s77"}]}
+
+and folds it back into a value (symbols taken from the sizes at hand) or into FX
+nodes (symbols read with ``sym_size``).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = ["build", "checked", "encode", "evaluate", "fold", "size_symbols"]
+
+# The sympy functions an expression may be made of, by name, with the binary Python operation each folds with.
+_OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
+    "Add": operator.add,
+    "Mul": operator.mul,
+    "FloorDiv": operator.floordiv,
+    "Mod": operator.mod,
+    "PythonMod": operator.mod,
+    "Max": torch.sym_max,
+    "Min": torch.sym_min,
+}
+
+
+def encode(expr: Any) -> Any:
+    """A sympy integer expression as JSON (``{"sym": "s77"}``, ``{"Add": [...]}``, 3); None if it has other parts."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return {"sym": str(expr)}
+    name = type(expr).__name__
+    if name == "Pow" and expr.args[1].is_Integer and int(expr.args[1]) >= 1:
+        base = encode(expr.args[0])
+        return None if base is None else {"Mul": [base] * int(expr.args[1])}
+    if name not in _OPERATIONS:
+        return None
+    args = [encode(arg) for arg in expr.args]
+    return None if any(arg is None for arg in args) else {name: args}
+
+
+def checked(expr: Any) -> Any:
+    """An expression read from a file, its shape checked (ValueError if it is not one this module writes)."""
+    if expr is None or (isinstance(expr, int) and not isinstance(expr, bool)):
+        return expr
+    if isinstance(expr, dict) and len(expr) == 1:
+        ((tag, payload),) = expr.items()
+        if tag == "sym" and isinstance(payload, str):
+            return expr
+        if tag in _OPERATIONS and isinstance(payload, list) and payload:
+            return {tag: [checked(arg) for arg in payload]}
+    raise ValueError(f"unreadable size expression {expr!r}")
+
+
+def fold(expr: Any, symbol: Callable[[str], Any], operation: Callable[[str, Any, Any], Any]) -> Any:
+    """Fold an expression: ``symbol(name)`` for each symbol, ``operation(tag, a, b)`` left to right for the rest."""
+    if isinstance(expr, int):
+        return expr
+    ((tag, payload),) = expr.items()
+    if tag == "sym":
+        return symbol(payload)
+    values = [fold(arg, symbol, operation) for arg in payload]
+    return functools.reduce(lambda a, b: operation(tag, a, b), values)
+
+
+def evaluate(expr: Any, sizes: dict[str, Any]) -> Any:
+    """The expression's value, its symbols taken from ``sizes`` (KeyError for a symbol not there)."""
+    return fold(expr, sizes.__getitem__, lambda tag, a, b: _OPERATIONS[tag](a, b))
+
+
+def build(graph: torch.fx.Graph, expr: Any, size_node: Callable[[str], torch.fx.Node]) -> Any:
+    """FX nodes computing the expression at the graph's insertion point: ``operator`` calls on ``size_node(name)``s.
+
+    Each new node gets ``meta["val"]`` computed from its arguments' values.
+    """
+
+    def operation(tag: str, a: Any, b: Any) -> torch.fx.Node:
+        node = graph.call_function(_OPERATIONS[tag], (a, b))
+        node.meta["val"] = _OPERATIONS[tag](_value(a), _value(b))
+        return node
+
+    return fold(expr, size_node, operation)
+
+
+def _value(arg: Any) -> Any:
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+
+
+def size_symbols(value: Any) -> list[str | None]:
+    """The symbol naming each size of a tensor value (None where the size is static or an expression)."""
+    if not isinstance(value, torch.Tensor):
+        return []
+    return [str(d.node.expr) if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol else None for d in value.shape]
