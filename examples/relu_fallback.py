@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         eager: Any = model(*inputs)
     diff = max((a.cpu() - b).abs().max().item() for a, b in zip(expected, loaded, strict=True))
     eager_diff = max((a - b).abs().max().item() for a, b in zip(eager, expected, strict=True))
-    print(f"max abs diff, loaded vs in-memory compiled module: {diff}")
+    print(f"max abs diff, loaded vs in-memory compiled module: {diff:.3g}")
     print(f"max abs diff, compiled vs eager PyTorch:            {eager_diff:.3g}")
     if diff > TOLERANCE[backend]:
         print(f"FAIL: loaded program differs by {diff} (tolerance {TOLERANCE[backend]})", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import releases
 from conftest import REPO
 
 
@@ -53,19 +54,35 @@ def test_dockerfile_defaults_are_a_matrix_entry() -> None:
     assert f"--build-arg TORCH_TENSORRT_VERSION={entry['torch_tensorrt']}" in (REPO / "Dockerfile").read_text()
 
 
-def test_readme_builds_every_matrix_entry_and_covers_it_in_the_compatibility_table() -> None:
-    section = readme_section("Running the GPU suite")
+def compatibility_rows() -> dict[str, str]:
+    """{Torch-TensorRT release: the torch it was tested on} from the README's compatibility table."""
     table = readme_section("`torch_tensorrt.save` with no change to user code")
-    rows = re.findall(r"^\| (2\.\d+)(?: \.\.\. (2\.\d+))? \|", table, flags=re.MULTILINE)
-    assert rows
+    return dict(re.findall(r"^\| (2\.\d+\.\d+) \| (2\.\d+\.\d+) \|", table, flags=re.MULTILINE))
+
+
+def test_compatibility_table_names_every_supported_pair() -> None:
+    assert compatibility_rows() == releases.PAIRS
+    table = readme_section("`torch_tensorrt.save` with no change to user code")
+    assert re.search(rf"^\| none yet \| {re.escape(releases.FUTURE_TORCH)} \|", table, flags=re.MULTILINE)
+
+
+def test_ci_matrix_runs_every_supported_pair() -> None:
+    text = (REPO / ".github" / "workflows" / "ci.yml").read_text()
+    listed = re.search(r"release: \[([^\]]*)\]", text, flags=re.DOTALL)
+    assert listed is not None
+    assert re.findall(r'"([^"]+)"', listed.group(1)) == [*releases.PAIRS, f"torch-{releases.FUTURE_TORCH}"]
+
+
+def test_readme_builds_every_gpu_matrix_entry_and_covers_it_in_the_compatibility_table() -> None:
+    section = readme_section("Running the GPU suite")
+    rows = compatibility_rows()
     for entry in workflow_matrix():
         build = (
             f"docker build --build-arg TORCH_VERSION={entry['torch']} "
             f"--build-arg TORCH_TENSORRT_VERSION={entry['torch_tensorrt']}"
         )
         assert build in section, build
-        minor = _minor(entry["torch_tensorrt"])
-        assert any(_minor(low) <= minor <= _minor(high or low) for low, high in rows), entry
+        assert any(_minor(release) == _minor(entry["torch_tensorrt"]) for release in rows), entry
 
 
 def test_gpu_script_runs_the_gpu_marker_and_verifies() -> None:
@@ -73,3 +90,13 @@ def test_gpu_script_runs_the_gpu_marker_and_verifies() -> None:
     assert "pytest -m gpu tests/gpu" in script
     assert "trt-inline verify" in script
     assert 'CMD ["bash", ".ci/gpu"]' in (REPO / "Dockerfile").read_text()
+
+
+def test_torch_requirement_is_the_range_the_matrix_runs() -> None:
+    text = (REPO / "pyproject.toml").read_text()
+    found = re.search(r'"torch>=(\d+\.\d+),<(\d+\.\d+)"', text)
+    assert found is not None, "pyproject.toml must bound torch on both sides"
+    low, high = _minor(found.group(1)), _minor(found.group(2))
+    assert low == min(_minor(torch) for torch in releases.PAIRS.values())
+    future = _minor(releases.FUTURE_TORCH)
+    assert high == (future[0], future[1] + 1)

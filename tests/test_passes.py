@@ -35,7 +35,18 @@ def engine(fn: Callable[..., Any], name: str, *examples: Any) -> ReferenceEngine
     block = torch.fx.symbolic_trace(fn)
     if examples:
         FakeTensorProp(block, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*examples)
+        _RecordScalars(block).run(*examples)
     return build_engine(block, name)
+
+
+class _RecordScalars(torch.fx.Interpreter):
+    """Records Python scalars in ``meta["val"]``, as export does (older FakeTensorProp records tensors only)."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, (bool, int, float)) and n.meta.get("val") is None:
+            n.meta["val"] = result
+        return result
 
 
 def fallback(module: torch.nn.Module | Callable[..., Any]) -> torch.fx.GraphModule:
@@ -393,7 +404,7 @@ def test_scalar_engine_input_becomes_a_0d_tensor_in_front_of_the_engine() -> Non
         return aten.sym_size.int(a, 0) + 1  # type: ignore[no-any-return]
 
     rows = annotated(fallback(rows_plus_one), mode, x.meta["val"])
-    # Before torch 2.8 FakeTensorProp records tensor values only; export (what the partitioner sees) records scalars.
+    # Older FakeTensorProp records tensor values only; export (what the partitioner sees) records scalars.
     next(n for n in rows.graph.nodes if n.op == "output").args[0].meta.setdefault("val", 5)
     n = p.call("_run_on_gpu_0", rows, x)
     uses = engine(

@@ -164,11 +164,16 @@ _SAVE_SCALARS = """
         dynamic = {"dynamic_shapes": case.dynamic_shapes} if "dynamic_shapes" in parameters else {}
         for retrace in sys.argv[2].split(","):
             path = f"{sys.argv[1]}/{case.name}_retrace_{retrace}.pt2"
+            results[path] = ""
             try:
                 torch_tensorrt.save(compiled, path, arg_inputs=list(case.inputs), retrace=retrace == "True", **dynamic)
                 results[path] = "saved"
+                if sys.argv[3:] == ["load"]:
+                    results[path] = "saved, loading fails: "
+                    torch.export.load(path)
+                    results[path] = "saved"
             except Exception as exc:
-                results[path] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+                results[path] += f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
         with torch.no_grad():
             expected = [[compiled(*inputs)] for inputs in case.checks]
         torch.save({"checks": case.checks, "expected": expected}, f"{sys.argv[1]}/{case.name}.expected")
@@ -199,19 +204,26 @@ def test_released_save_of_scalar_boundaries(tmp_path: Path) -> None:
 
 
 def test_stock_save_fails_on_scalar_boundaries_when_disabled(tmp_path: Path) -> None:
-    """Without the plugin the stock pass puts SymInts in Tensor[] and types scalar outputs as SymInts.
+    """Without the plugin each scalar case fails: it cannot be saved, or the saved file cannot be loaded.
 
-    Compared on the legacy retrace=False path: it only builds and serializes the
-    graph, so the stand-in engine op (it has the name and schema of TensorRT's,
-    not its kernels) is enough to reach the failure.
+    The stock pass puts SymInts in Tensor[] and types scalar outputs as SymInts
+    (``SerializeError``), and its program has no range for a symbol read with
+    ``item()`` (loading fails). Compared on the legacy retrace=False path: it
+    only builds, serializes and deserializes the graph, so the stand-in engine op
+    (it has the name and schema of TensorRT's, not its kernels) is enough to
+    reach the failure.
     """
     tree = release_tree(tmp_path, stand_in_engine_op=True)
-    proc = run_python(_SAVE_SCALARS, tree, str(tmp_path), "False", disable=True)
+    proc = run_python(_SAVE_SCALARS, tree, str(tmp_path), "False", "load", disable=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == 3
+    # 2.5 fails earlier on a scalar engine output: its shape analysis reads `.shape` of every submodule output.
+    failures = ("SerializeError: Failed serializing node execute_engine", "saved, loading fails: RuntimeError")
+    if releases.minor(str(RELEASE)) <= (2, 5):
+        failures += ("AttributeError: 'int' object has no attribute 'shape'",)
     for path, outcome in results.items():
-        assert outcome.startswith("SerializeError: Failed serializing node execute_engine"), (path, outcome)
+        assert outcome.startswith(failures), (path, outcome)
 
 
 # Each of (install, uninstall, enabled) twice, in every order: the exporter's state afterwards, on import
@@ -475,9 +487,11 @@ def test_doctor_reports_an_active_patch(tmp_path: Path) -> None:
     proc = run_doctor(release_tree(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     version = ".".join(map(str, releases.minor(str(RELEASE))))
+    # 2.5's transform is replaced too: its shape analysis cannot type scalar engine outputs.
+    transform = ", transform" if releases.minor(str(RELEASE)) <= (2, 5) else ""
     expected = (
         f"exporter patch ({version})  active: create_trt_exp_program, inline_torch_modules, inline_trt_modules, "
-        "lift, save"
+        f"lift, save{transform}"
     )
     assert expected in proc.stdout
 
@@ -535,6 +549,41 @@ def test_2_5_adapter_types_engine_outputs_from_the_engine() -> None:
     with torch.no_grad():
         assert [t.dtype for t in flat(x)] == [torch.float16, torch.float16]
         assert max_abs_diff(list(flat(x)), list(compiled(x))) == 0.0
+
+
+def test_2_5_transform_types_scalar_engine_outputs_from_one_run() -> None:
+    """2.5's shape analysis reads ``.shape`` of every submodule output; the replacement records values instead."""
+    from models import scalar_cases
+
+    case = next(c for c in scalar_cases() if c.name == "scalar_output")
+    # Dynamic, so that an engine computes the size (a static compile folds it into a constant).
+    compiled = trt_inline.reference.compile(
+        case.model.eval(), case.inputs, torch_executed_ops=case.torch_executed_ops, dynamic_shapes=case.dynamic_shapes
+    )
+    calls = [n for n in compiled.graph.nodes if n.op == "call_module" and str(n.target).startswith("_run_on_acc_")]
+    for node in calls:
+        del node.meta["val"]  # as 2.5's compile leaves engine calls
+    flat = adapters.transform_recording_engine_outputs(compiled, case.inputs)
+    assert all("val" not in n.meta for n in calls), "the argument must be left untouched"
+    engine_calls = [n for n in flat.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default]
+    recorded = [v for n in engine_calls for v in n.meta["val"]]
+    assert any(isinstance(v, torch.Tensor) and v.dim() == 0 and v.dtype == torch.int64 for v in recorded), recorded
+    reads = [n for n in flat.graph.nodes if n.target is torch.ops.aten.item.default]
+    rows_minus_one = case.inputs[0].shape[0] - 1  # what ScalarOut's engine returns
+    assert reads and all(r.meta["val"] == rows_minus_one for r in reads), [r.meta.get("val") for r in reads]
+    submodules = {name for name, _ in compiled.named_children()}
+    assert not any(n.op == "call_module" and n.target in submodules for n in flat.graph.nodes)
+    with torch.no_grad():  # 2.5 records the sizes of the save's inputs: compared at those
+        assert max_abs_diff([flat(*case.inputs)], [compiled(*case.inputs)]) == 0.0
+
+
+def test_2_5_replacements_include_transform_when_the_exporter_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(adapters, "torch_tensorrt_version", lambda: (2, 5))
+    exporter = _fake_exporter("gm, outputs_map", transform=lambda gm, inputs, kwarg_inputs=None: gm)
+    replacements = plugin.replacements_for(exporter)
+    assert replacements["transform"] is adapters.transform_recording_engine_outputs
+    assert "transform" not in plugin.replacements_for(_fake_exporter("gm, cross_compile_module=False"))
+    assert adapters.preflight(replacements) == {}
 
 
 def _compile_module(with_extra_files: bool) -> str:

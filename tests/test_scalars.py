@@ -127,3 +127,27 @@ def test_tensor_only_boundaries_keep_scalars_in_pytorch() -> None:
     with torch.no_grad():
         for inputs in case.checks:
             assert max_abs_diff(as_list(compiled(*inputs)), as_list(case.model(*inputs))) <= 1e-5
+
+
+def test_settled_assertions_are_dropped_where_torch_cannot_serialize_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.5/2.6 refuse a comparison whose value is a plain bool: retrace=False drops the restated size there."""
+    from trt_inline import compat
+
+    major_minor = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    assert compat.serializes_settled_conditions() == (major_minor >= (2, 7))
+
+    case = next(c for c in CASES if c.crossing == "output")
+    compiled = compile_case(case)
+    monkeypatch.setattr(compat, "serializes_settled_conditions", lambda: False)
+    path = tmp_path / "settled.pt2"
+    program = trt_inline.save(compiled, path, arg_inputs=case.inputs, dynamic_shapes=case.dynamic_shapes, retrace=False)
+    targets = [n.target for n in program.graph.nodes]
+    assert aten._assert_scalar.default not in targets and operator.eq not in targets, program.graph_module.code
+    assert _conversions(program)["output"] >= 1, "item() after the engine stays"
+    for inputs in case.checks:
+        with torch.no_grad():
+            expected = as_list(compiled(*inputs))
+        loaded = load_in_fresh_process(tmp_path, [path], inputs)[str(path)]
+        assert max_abs_diff(loaded["outputs"], expected) == 0.0, inputs[0].shape

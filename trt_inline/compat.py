@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.util
 import inspect
 from collections.abc import Callable, Iterator, Sequence
@@ -221,6 +222,32 @@ def exported_program(**fields: Any) -> torch.export.ExportedProgram:
     return torch.export.ExportedProgram(**{k: v for k, v in fields.items() if k in accepted})
 
 
+@functools.cache
+def serializes_settled_conditions() -> bool:
+    """Whether ``torch.export.save`` takes a symbolic comparison whose value is a plain bool.
+
+    torch 2.7 and later write it as a constant SymBool; 2.5 and 2.6 refuse the
+    node ("Unsupported symbolic type: <class 'bool'>"). Asked of the serializer
+    itself, on a one-node graph; any failure counts as "no".
+    """
+    import operator
+
+    from torch.export import ExportGraphSignature
+
+    try:
+        from torch._export.serde.serialize import GraphModuleSerializer
+
+        graph = torch.fx.Graph()
+        size = graph.placeholder("size")
+        size.meta["val"] = 1
+        condition = graph.call_function(operator.eq, (size, size))
+        condition.meta["val"] = True
+        GraphModuleSerializer(ExportGraphSignature([], []), []).handle_call_function(condition)
+    except Exception:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def backed_size_oblivious() -> Iterator[None]:
     """Trace without 0/1 specialisation of input sizes, where this torch can (2.8+ has the flag).
@@ -359,4 +386,7 @@ def aoti_load_package(path: str) -> Callable[..., Any]:
     load = getattr(torch._inductor, "aoti_load_package", None)
     if load is None:
         raise IncompatibleTorchError(f"torch {torch.__version__} cannot load AOTInductor packages")
+    # torch 2.10's loader reads torch._inductor.codecache without importing it.
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch._inductor.codecache")
     return load(path)  # type: ignore[no-any-return]

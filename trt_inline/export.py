@@ -33,7 +33,7 @@ from torch.export.graph_signature import (
 )
 from torch.utils import _pytree as pytree
 
-from trt_inline import compat, package
+from trt_inline import compat, package, symbolic
 from trt_inline.attributes import resolve_attribute
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.passes import is_scalar, transform
@@ -79,6 +79,44 @@ def drop_guard_calls(gm: torch.fx.GraphModule) -> None:
     gm.delete_all_unused_submodules()
 
 
+def drop_settled_assertions(gm: torch.fx.GraphModule) -> None:
+    """Remove ``_assert_scalar`` checks the graph's own symbols already settle, where torch cannot save them.
+
+    :func:`trt_inline.passes.inline_trt_modules` restates a scalar engine
+    output as an expression in the input sizes for tracers; in the graph itself
+    the condition is settled (``True``, or a SymBool that is constant true).
+    torch 2.5 and 2.6 cannot serialize a settled condition
+    (:func:`compat.serializes_settled_conditions`), so there the check goes, with
+    the size arithmetic that only fed it::
+
+        before:  %item = item(%getitem)          # meta["val"] = s0 - 1
+                 %sym_size = sym_size(%x, 0)
+                 %add = add(%sym_size, -1)
+                 %eq = eq(%item, %add)           # meta["val"] = True
+                 %_assert_scalar = _assert_scalar(%eq, "...")
+        after:   %item = item(%getitem)
+    """
+    if compat.serializes_settled_conditions():
+        return
+    for node in list(gm.graph.nodes):
+        if node.target is not torch.ops.aten._assert_scalar.default:
+            continue
+        condition = node.args[0]
+        if isinstance(condition, torch.fx.Node) and symbolic.is_settled(condition.meta.get("val")):
+            gm.graph.erase_node(node)
+            _erase_unused(gm.graph, condition)
+
+
+def _erase_unused(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Erase ``node`` if nothing reads it, then each of its inputs that this leaves unread (not placeholders)."""
+    if node.users or node.op != "call_function":
+        return
+    inputs = list(node.all_input_nodes)
+    graph.erase_node(node)
+    for producer in inputs:
+        _erase_unused(graph, producer)
+
+
 def refuse_call_modules(gm: torch.fx.GraphModule) -> None:
     """A :class:`SaveError` naming the first node that still calls a submodule."""
     for node in gm.graph.nodes:
@@ -117,6 +155,7 @@ def exported_program_from_graph(
     guards from them, and otherwise checks every call in Python instead.
     """
     drop_guard_calls(gm)
+    drop_settled_assertions(gm)
     refuse_call_modules(gm)
     user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in user_inputs])

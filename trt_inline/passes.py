@@ -413,11 +413,18 @@ def _replace_fallback_uses(call_node: torch.fx.Node, output: Any, name: str) -> 
 def transform(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
     """Flatten a compiled module into one graph: a deep copy, both passes, cleanup, ``lint()``.
 
-    The argument is left untouched. Submodules no node calls any more are
-    deleted, dead code is eliminated, and the graph is linted, so a miswired
-    graph fails here rather than in a deployment.
+    The argument is left untouched (:func:`copy_module`, then :func:`flatten`).
     """
-    gm = _deepcopy(gm)
+    return flatten(copy_module(gm), cross_compile_module)
+
+
+def flatten(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
+    """Both passes in place, then cleanup and ``lint()``; returns ``gm``, recompiled.
+
+    Submodules no node calls any more are deleted, dead code is eliminated, and
+    the graph is linted, so a miswired graph fails here rather than in a
+    deployment.
+    """
     inline_trt_modules(gm, cross_compile_module)
     inline_torch_modules(gm)
     gm.delete_all_unused_submodules()
@@ -428,7 +435,7 @@ def transform(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> t
     return gm
 
 
-def _deepcopy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``copy.deepcopy`` that keeps every tensor attribute of the kind it was.
 
     A GraphModule's deepcopy re-registers every tensor as a persistent buffer,

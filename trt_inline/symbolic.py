@@ -104,3 +104,10 @@ def size_symbols(value: Any) -> list[str | None]:
     if not isinstance(value, torch.Tensor):
         return []
     return [str(d.node.expr) if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol else None for d in value.shape]
+
+
+def is_settled(condition: Any) -> bool:
+    """Whether a condition's value is known to hold: ``True``, or a SymBool whose expression is the constant true."""
+    if isinstance(condition, torch.SymBool):
+        return bool(condition.node.expr == True)  # noqa: E712 - sympy's true compares equal to True
+    return condition is True

@@ -8,7 +8,8 @@ strings alone:
 Torch-TensorRT    ``inline_trt_modules`` signature            replaced
 ================  =========================================  ===============================
 2.5               ``(gm, outputs_map)``                      both passes (engine outputs typed
-                                                             from the engine), ``lift``
+                                                             from the engine), ``lift``,
+                                                             ``transform`` (no shape analysis)
 2.6               ``(gm, cross_compile_flag)``               both passes, ``lift``
 2.7 ... 2.13      ``(gm, cross_compile_module)``             both passes, ``lift``
 2.14              ``(gm, cross_compile_module,               both passes (KV-cache mutations still
@@ -30,7 +31,7 @@ import logging
 import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -40,11 +41,17 @@ from torch.export import ExportGraphSignature
 from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 
 from trt_inline import compat, engines, passes
-from trt_inline.errors import PatchError
-from trt_inline.export import add_missing_ranges, drop_guard_calls, lift_attributes, refuse_call_modules
+from trt_inline.errors import PatchError, SaveError
+from trt_inline.export import (
+    add_missing_ranges,
+    drop_guard_calls,
+    drop_settled_assertions,
+    lift_attributes,
+    refuse_call_modules,
+)
 from trt_inline.plugin.save import sample_inputs_of_this_save
 
-__all__ = ["lift", "preflight", "replacements_for", "torch_tensorrt_version"]
+__all__ = ["lift", "preflight", "record_engine_outputs", "replacements_for", "torch_tensorrt_version"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +97,60 @@ def inline_trt_modules_with_outputs_map(gm: torch.fx.GraphModule, outputs_map: d
     return passes.inline_trt_modules(gm)
 
 
+def transform_recording_engine_outputs(
+    gm: torch.fx.GraphModule, inputs: Sequence[Any], kwarg_inputs: dict[str, Any] | None = None
+) -> torch.fx.GraphModule:
+    """2.5's ``transform(gm, inputs, kwarg_inputs)``, typing engine outputs from one run of the module.
+
+    The stock 2.5 ``transform`` takes engine output shapes from
+    ``partitioning.run_shape_analysis``, which reads ``.shape`` of every input and
+    output of every submodule (running the whole module once per submodule): a
+    scalar crossing any boundary fails there, before anything is inlined
+    (``AttributeError: 'int' object has no attribute 'shape'``). This copies the
+    module, runs the copy once with a forward hook on each engine whose call has
+    no ``meta["val"]`` and records what it returned (a tensor as a fake tensor of
+    its dtype, device and shape; a scalar as itself, as ``compile_module`` records
+    it), then flattens the copy with both passes.
+
+        before:  acc = _run_on_acc_0(x)                    (no meta["val"])
+        after:   acc = _run_on_acc_0(x)  meta["val"] = [FakeTensor(f32[4, 5]), 4]
+                 ... then passes.flatten
+    """
+    flat = passes.copy_module(gm)
+    record_engine_outputs(flat, tuple(inputs), dict(kwarg_inputs or {}))
+    return passes.flatten(flat)
+
+
+def record_engine_outputs(gm: torch.fx.GraphModule, inputs: tuple[Any, ...], kwarg_inputs: dict[str, Any]) -> None:
+    """Set ``meta["val"]`` of each engine call lacking it from the outputs of one run of ``gm``."""
+    untyped = {str(n.target): n for n in gm.graph.nodes if engines.is_accelerated_call(gm, n) and "val" not in n.meta}
+    if not untyped:
+        return
+    produced: dict[str, Any] = {}
+    handles = [
+        gm.get_submodule(target).register_forward_hook(
+            lambda _module, _args, output, target=target: produced.__setitem__(target, output)
+        )
+        for target in untyped
+    ]
+    try:
+        with torch.no_grad():
+            gm(*inputs, **kwarg_inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    for target, call_node in untyped.items():
+        if target not in produced:
+            raise SaveError(f"{target}: the engine did not run when the module ran on the save's inputs")
+        output = produced[target]
+        values = list(output) if isinstance(output, (tuple, list)) else [output]
+        call_node.meta["val"] = [
+            _fake_empty(tuple(v.shape), v.dtype, v.device, fake_mode) if isinstance(v, torch.Tensor) else v
+            for v in values
+        ]
+
+
 def _fake_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, fake_mode: Any) -> torch.Tensor:
     if fake_mode is None:
         return torch.empty(shape, dtype=dtype, device="meta")
@@ -130,6 +191,7 @@ def lift(
     serializer.
     """
     drop_guard_calls(gm)
+    drop_settled_assertions(gm)
     refuse_call_modules(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in placeholders])
@@ -148,6 +210,7 @@ def lift_without_guard_calls(stock_lift: Callable[..., Any]) -> Callable[..., An
 
     def lift(gm: torch.fx.GraphModule, graph_signature: Any) -> Any:
         drop_guard_calls(gm)
+        drop_settled_assertions(gm)
         return stock_lift(gm, graph_signature)
 
     lift.__doc__ = stock_lift.__doc__
@@ -194,6 +257,8 @@ def replacements_for(exporter: ModuleType) -> dict[str, Any]:
     result: dict[str, Any] = {"inline_torch_modules": passes.inline_torch_modules}
     if params == ["gm", "outputs_map"]:
         result["inline_trt_modules"] = inline_trt_modules_with_outputs_map
+        if callable(getattr(exporter, "transform", None)):
+            result["transform"] = transform_recording_engine_outputs
     elif len(params) == 2 and params[0] == "gm" and params[1] in ("cross_compile_flag", "cross_compile_module"):
         result["inline_trt_modules"] = passes.inline_trt_modules
     elif params == ["gm", "cross_compile_module", "expose_aliased_mutations"]:
@@ -235,6 +300,12 @@ def preflight(replacements: dict[str, Any]) -> dict[str, str]:
         args: tuple[Any, ...] = (outputs_map,) if _takes_outputs_map(inline_trt) else (False,)
         steps.append(("inline_trt_modules", lambda: inline_trt(probe, *args)))
     steps.append(("inline_torch_modules", lambda: replacements["inline_torch_modules"](probe)))
+    if "transform" in replacements:
+        untyped, _ = _probe()
+        for node in untyped.graph.nodes:
+            if node.target == _PROBE_ENGINE:
+                del node.meta["val"]  # as 2.5 leaves it: the replacement records it from a run
+        steps.append(("transform", lambda: replacements["transform"](untyped, (example,))))
     if "lift" in replacements:
         steps.append(("lift", lambda: replacements["lift"](_cleaned(probe), _signature(probe))))
     for name, step in steps:
