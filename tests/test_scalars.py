@@ -132,11 +132,12 @@ def test_tensor_only_boundaries_keep_scalars_in_pytorch() -> None:
 def test_settled_assertions_are_dropped_where_torch_cannot_serialize_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """torch 2.5/2.6 refuse a comparison whose value is a plain bool: retrace=False drops the restated size there."""
+    """torch 2.6 refuses a comparison whose value is a plain bool: retrace=False drops the restated size there."""
     from trt_inline import compat
 
     major_minor = tuple(int(part) for part in torch.__version__.split(".")[:2])
-    assert compat.serializes_settled_conditions() == (major_minor >= (2, 7))
+    # Measured on each torch of the matrix: only 2.6 raises.
+    assert compat.serializes_settled_conditions() == (major_minor != (2, 6))
 
     case = next(c for c in CASES if c.crossing == "output")
     compiled = compile_case(case)

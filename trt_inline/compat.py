@@ -226,9 +226,9 @@ def exported_program(**fields: Any) -> torch.export.ExportedProgram:
 def serializes_settled_conditions() -> bool:
     """Whether ``torch.export.save`` takes a symbolic comparison whose value is a plain bool.
 
-    torch 2.7 and later write it as a constant SymBool; 2.5 and 2.6 refuse the
-    node ("Unsupported symbolic type: <class 'bool'>"). Asked of the serializer
-    itself, on a one-node graph; any failure counts as "no".
+    torch 2.5 accepts it and 2.7 and later write it as a constant SymBool; 2.6
+    refuses the node ("Unsupported symbolic type: <class 'bool'>"). Asked of the
+    serializer itself, on a one-node graph; any failure counts as "no".
     """
     import operator
 

@@ -85,7 +85,7 @@ def drop_settled_assertions(gm: torch.fx.GraphModule) -> None:
     :func:`trt_inline.passes.inline_trt_modules` restates a scalar engine
     output as an expression in the input sizes for tracers; in the graph itself
     the condition is settled (``True``, or a SymBool that is constant true).
-    torch 2.5 and 2.6 cannot serialize a settled condition
+    torch 2.6 cannot serialize a settled condition
     (:func:`compat.serializes_settled_conditions`), so there the check goes, with
     the size arithmetic that only fed it::
 
