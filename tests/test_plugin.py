@@ -170,7 +170,15 @@ _SAVE_SCALARS = """
                 results[path] = "saved"
                 if sys.argv[3:] == ["load"]:
                     results[path] = "saved, loading fails: "
-                    torch.export.load(path)
+                    program = torch.export.load(path)
+                    # The real op takes Tensor[]: a scalar in that list fails when the program runs.
+                    results[path] = "saved, loaded, an engine input is not a tensor: "
+                    for node in program.graph.nodes:
+                        if str(node.target).startswith("tensorrt.execute_engine"):
+                            for arg in node.args[0]:
+                                kind = type(arg.meta.get("val")).__name__
+                                if not isinstance(arg.meta.get("val"), torch.Tensor):
+                                    raise TypeError(f"{node.name} input {arg.name} is {kind}")
                     results[path] = "saved"
             except Exception as exc:
                 results[path] += f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
@@ -204,14 +212,15 @@ def test_released_save_of_scalar_boundaries(tmp_path: Path) -> None:
 
 
 def test_stock_save_fails_on_scalar_boundaries_when_disabled(tmp_path: Path) -> None:
-    """Without the plugin each scalar case fails: it cannot be saved, or the saved file cannot be loaded.
+    """Without the plugin each scalar case fails: no file, a file that cannot be loaded, or a miswired one.
 
     The stock pass puts SymInts in Tensor[] and types scalar outputs as SymInts
-    (``SerializeError``), and its program has no range for a symbol read with
-    ``item()`` (loading fails). Compared on the legacy retrace=False path: it
-    only builds, serializes and deserializes the graph, so the stand-in engine op
-    (it has the name and schema of TensorRT's, not its kernels) is enough to
-    reach the failure.
+    (``SerializeError``, or on torch versions whose serializer lets it through a
+    loaded program whose engine gets a scalar in its ``Tensor[]``), and its
+    program has no range for a symbol read with ``item()`` (loading fails).
+    Compared on the legacy retrace=False path: it only builds, serializes and
+    deserializes the graph, so the stand-in engine op (it has the name and
+    schema of TensorRT's, not its kernels) is enough to reach the failure.
     """
     tree = release_tree(tmp_path, stand_in_engine_op=True)
     proc = run_python(_SAVE_SCALARS, tree, str(tmp_path), "False", "load", disable=True)
@@ -219,7 +228,11 @@ def test_stock_save_fails_on_scalar_boundaries_when_disabled(tmp_path: Path) -> 
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == 3
     # 2.5 fails earlier on a scalar engine output: its shape analysis reads `.shape` of every submodule output.
-    failures = ("SerializeError: Failed serializing node execute_engine", "saved, loading fails: RuntimeError")
+    failures = (
+        "SerializeError: Failed serializing node execute_engine",
+        "saved, loading fails: RuntimeError",
+        "saved, loaded, an engine input is not a tensor: TypeError",
+    )
     if releases.minor(str(RELEASE)) <= (2, 5):
         failures += ("AttributeError: 'int' object has no attribute 'shape'",)
     for path, outcome in results.items():
