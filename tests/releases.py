@@ -216,9 +216,16 @@ def package_tree(
     (package / "dynamo" / "partitioning" / "__init__.py").write_text(partitioning)
     (package / "dynamo" / "runtime" / "__init__.py").write_text("")
     runtime = package / "dynamo" / "runtime"
-    (runtime / "_TorchTensorRTModule.py").write_text("ENGINE_IDX = 3\nNAME_IDX = 1\n")
-    # What the 2.13+ save imports to convert TensorRT engine constants; reference engines hold none.
-    (runtime / "_serialized_engine_layout.py").write_text("ENGINE_IDX = 3\n")
+    # What the 2.13+ save imports to convert TensorRT engine constants, and what 2.14's imports to declare
+    # aliased KV-cache mutations (it reads engines only through torch_tensorrt.executorch, absent here):
+    # reference engines hold no TensorRT engine, so none of these is ever asked about one.
+    (runtime / "_TorchTensorRTModule.py").write_text(
+        "ENGINE_IDX = 3\nNAME_IDX = 1\n\n\ndef deserialize_aliased_io(text):\n    return {}\n"
+    )
+    (runtime / "_serialized_engine_layout.py").write_text(
+        "ENGINE_IDX = 3\nALIASED_IO_IDX = INPUT_BINDING_NAMES_IDX = OUTPUT_BINDING_NAMES_IDX = -1\n\n\n"
+        "def deserialize_binding_names(text):\n    return []\n"
+    )
     (runtime / "_TRTEngine.py").write_text("class EngineSerializer:\n    pass\n\n\nclass TRTEngine:\n    pass\n")
     source = exporter_source if exporter_source is not None else release_file(version, "dynamo/_exporter.py")
     (package / "dynamo" / "_exporter.py").write_text(source)
