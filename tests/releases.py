@@ -198,7 +198,9 @@ def package_tree(
     package = root / "torch_tensorrt"
     (package / "dynamo" / "runtime").mkdir(parents=True)
     (package / "dynamo" / "partitioning").mkdir()
-    init = f"__version__ = {version!r}\n" + (_STAND_IN_ENGINE_OP if stand_in_engine_op else "")
+    # 2.14's save looks the engine op up on every call (the real package registers it at import).
+    needs_op = stand_in_engine_op or minor(version) >= (2, 14)
+    init = f"__version__ = {version!r}\n" + (_STAND_IN_ENGINE_OP if needs_op else "")
     if with_save:
         init += "from torch_tensorrt._compile import *  # noqa: F403\n"
         compile_source = extract(release_file(version, "_compile.py"), ["save"])
