@@ -79,6 +79,12 @@ def drop_guard_calls(gm: torch.fx.GraphModule) -> None:
     gm.delete_all_unused_submodules()
 
 
+def drop_unserializable(gm: torch.fx.GraphModule) -> None:
+    """Remove from a flat graph what ``torch.export.save`` cannot take: guard calls, then settled assertions."""
+    drop_guard_calls(gm)
+    drop_settled_assertions(gm)
+
+
 def drop_settled_assertions(gm: torch.fx.GraphModule) -> None:
     """Remove ``_assert_scalar`` checks the graph's own symbols already settle, where torch cannot save them.
 
@@ -154,8 +160,7 @@ def exported_program_from_graph(
     ``torch.export`` keeps them: ``ExportedProgram.module()`` compiles its input
     guards from them, and otherwise checks every call in Python instead.
     """
-    drop_guard_calls(gm)
-    drop_settled_assertions(gm)
+    drop_unserializable(gm)
     refuse_call_modules(gm)
     user_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in user_inputs])

@@ -44,8 +44,7 @@ from trt_inline import compat, engines, passes
 from trt_inline.errors import PatchError, SaveError
 from trt_inline.export import (
     add_missing_ranges,
-    drop_guard_calls,
-    drop_settled_assertions,
+    drop_unserializable,
     lift_attributes,
     refuse_call_modules,
 )
@@ -190,8 +189,7 @@ def lift(
     left by ``ExportedProgram.module()`` are dropped instead of reaching the
     serializer.
     """
-    drop_guard_calls(gm)
-    drop_settled_assertions(gm)
+    drop_unserializable(gm)
     refuse_call_modules(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in placeholders])
@@ -205,12 +203,15 @@ def lift(
     return gm, graph_signature, state_dict, constants
 
 
-def lift_without_guard_calls(stock_lift: Callable[..., Any]) -> Callable[..., Any]:
-    """2.14's ``lift``, after removing the ``_guards_fn`` call the inlined fallback brought along."""
+def lift_serializable(stock_lift: Callable[..., Any]) -> Callable[..., Any]:
+    """2.14's ``lift``, after removing what the serializer cannot take.
+
+    That is the ``_guards_fn`` call the inlined fallback brought along, and
+    settled assertions where torch cannot write them.
+    """
 
     def lift(gm: torch.fx.GraphModule, graph_signature: Any) -> Any:
-        drop_guard_calls(gm)
-        drop_settled_assertions(gm)
+        drop_unserializable(gm)
         return stock_lift(gm, graph_signature)
 
     lift.__doc__ = stock_lift.__doc__
@@ -271,7 +272,7 @@ def replacements_for(exporter: ModuleType) -> dict[str, Any]:
     if callable(stock_lift):
         version = torch_tensorrt_version()
         stock_lift_lacks_persistent = version < (2, 14) if version else len(params) == 2
-        result["lift"] = lift if stock_lift_lacks_persistent else lift_without_guard_calls(stock_lift)
+        result["lift"] = lift if stock_lift_lacks_persistent else lift_serializable(stock_lift)
     stock_create = getattr(exporter, "create_trt_exp_program", None)
     if callable(stock_create):
         result["create_trt_exp_program"] = completing_program(stock_create)
