@@ -34,13 +34,12 @@ def engine(fn: Callable[..., Any], name: str, *examples: Any) -> ReferenceEngine
     """An engine computing ``fn`` (written with aten ops); with ``examples``, it records its inputs and outputs."""
     block = torch.fx.symbolic_trace(fn)
     if examples:
-        FakeTensorProp(block, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*examples)
-        _RecordScalars(block).run(*examples)
+        _ScalarFakeTensorProp(block, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*examples)
     return build_engine(block, name)
 
 
-class _RecordScalars(torch.fx.Interpreter):
-    """Records Python scalars in ``meta["val"]``, as export does (older FakeTensorProp records tensors only)."""
+class _ScalarFakeTensorProp(FakeTensorProp):
+    """Also records Python scalars in ``meta["val"]``, as export does (older FakeTensorProp records tensors only)."""
 
     def run_node(self, n: torch.fx.Node) -> Any:
         result = super().run_node(n)
@@ -344,7 +343,7 @@ def test_transform_leaves_its_argument_untouched() -> None:
 
 def annotated(module: torch.fx.GraphModule, mode: FakeTensorMode, *examples: Any) -> torch.fx.GraphModule:
     """A fallback with fake values (of the parent's fake mode) on its nodes, as the partitioner leaves them."""
-    FakeTensorProp(module, mode).propagate_dont_convert_inputs(*examples)
+    _ScalarFakeTensorProp(module, mode).propagate_dont_convert_inputs(*examples)
     return module
 
 
@@ -403,10 +402,7 @@ def test_scalar_engine_input_becomes_a_0d_tensor_in_front_of_the_engine() -> Non
     def rows_plus_one(a: torch.Tensor) -> int:
         return aten.sym_size.int(a, 0) + 1  # type: ignore[no-any-return]
 
-    rows = annotated(fallback(rows_plus_one), mode, x.meta["val"])
-    # Older FakeTensorProp records tensor values only; export (what the partitioner sees) records scalars.
-    next(n for n in rows.graph.nodes if n.op == "output").args[0].meta.setdefault("val", 5)
-    n = p.call("_run_on_gpu_0", rows, x)
+    n = p.call("_run_on_gpu_0", annotated(fallback(rows_plus_one), mode, x.meta["val"]), x)
     uses = engine(
         lambda k, a: aten.add.Tensor(a, aten.sum.default(aten.arange.default(k, dtype=torch.float32))),
         "_run_on_acc_1",
