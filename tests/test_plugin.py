@@ -176,9 +176,9 @@ _SAVE_SCALARS = """
                     for node in program.graph.nodes:
                         if str(node.target).startswith("tensorrt.execute_engine"):
                             for arg in node.args[0]:
-                                kind = type(arg.meta.get("val")).__name__
-                                if not isinstance(arg.meta.get("val"), torch.Tensor):
-                                    raise TypeError(f"{node.name} input {arg.name} is {kind}")
+                                val = arg.meta.get("val")
+                                if not isinstance(val, torch.Tensor):
+                                    raise TypeError(f"{node.name} input {arg.name} is {type(val).__name__}")
                     results[path] = "saved"
             except Exception as exc:
                 results[path] += f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"

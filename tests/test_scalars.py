@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import releases
 import torch
 from conftest import as_list, load_in_fresh_process, max_abs_diff
 from models import ScalarCase, scalar_cases
@@ -135,12 +136,13 @@ def test_settled_assertions_are_dropped_where_torch_cannot_serialize_them(
     """torch 2.6 refuses a comparison whose value is a plain bool: retrace=False drops the restated size there."""
     from trt_inline import compat
 
-    major_minor = tuple(int(part) for part in torch.__version__.split(".")[:2])
     # Measured on each torch of the matrix: only 2.6 raises.
-    assert compat.serializes_settled_conditions() == (major_minor != (2, 6))
+    assert compat.serializes_settled_conditions() == (releases.minor(torch.__version__) != (2, 6))
 
     case = next(c for c in CASES if c.crossing == "output")
     compiled = compile_case(case)
+    flat = trt_inline.transform(compiled)
+    assert aten._assert_scalar.default in [n.target for n in flat.graph.nodes], "the settled assertion is there"
     monkeypatch.setattr(compat, "serializes_settled_conditions", lambda: False)
     path = tmp_path / "settled.pt2"
     program = trt_inline.save(compiled, path, arg_inputs=case.inputs, dynamic_shapes=case.dynamic_shapes, retrace=False)

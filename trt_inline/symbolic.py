@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["build", "checked", "encode", "evaluate", "fold", "size_symbols"]
+__all__ = ["build", "checked", "encode", "evaluate", "fold", "is_settled", "size_symbols"]
 
 # The sympy functions an expression may be made of, by name, with the binary Python operation each folds with.
 _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
