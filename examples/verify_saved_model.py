@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expected", help="torch.save'd list of expected output tensors")
     parser.add_argument("--atol", type=float)
     parser.add_argument("--rtol", type=float)
+    parser.add_argument(
+        "--allow-native-code", action="store_true", help="load TensorRT engines (native code): trusted files only"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -36,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
                 "arg_inputs": list(torch.load(args.inputs, weights_only=True)),
                 "expected": list(torch.load(args.expected, weights_only=True)),
             }
-        report = trt_inline.verify(args.path, atol=args.atol, rtol=args.rtol, **given)
+        report = trt_inline.verify(
+            args.path, atol=args.atol, rtol=args.rtol, allow_native_code=args.allow_native_code, **given
+        )
     except (VerifyInputError, OSError) as exc:
         print(f"verify_saved_model: {exc}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from models import RELU, ConvBnRelu
 
 import trt_inline
 from trt_inline import reference
-from trt_inline.errors import EngineFormatError
+from trt_inline.errors import EngineFormatError, RefusedOperatorError
 from trt_inline.reference.partition import resolve_ops
 from trt_inline.reference.program import FORMAT, load_program
 
@@ -40,8 +41,6 @@ def test_program_runs() -> None:
     [
         ("not json", "not valid JSON"),
         (json.dumps({"format": "other"}), "not in format"),
-        (_program(steps=[{"target": "aten::no_such_op.default", "args": [], "kwargs": {}}]), "not registered"),
-        (_program(steps=[{"target": "builtins.eval", "args": [], "kwargs": {}}]), "invalid target"),
         (_program(steps=[{"target": "aten::relu.default", "args": [{"ref": 7}], "kwargs": {}}]), "dangling reference"),
         (_program(outputs=[9]), "returns a value it never computes"),
         (_program(steps=[{"target": "aten::relu.default", "args": [{"pickle": "x"}], "kwargs": {}}]), "unreadable"),
@@ -51,6 +50,23 @@ def test_program_runs() -> None:
 def test_bad_programs_are_refused(program: str, message: str) -> None:
     with pytest.raises(EngineFormatError, match=message):
         load_program(program).run([torch.randn(3)], torch.empty(0, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("aten::no_such_op.default", "step 0 names aten::no_such_op.default, which is not registered"),
+        ("builtins.eval", "step 0 names 'builtins.eval', which is not an operator name"),
+        ("load_library::__call__.__call__", "step 0 names load_library::__call__.__call__, which is not a registered"),
+        ("aten::from_file.default", "step 0 calls aten::from_file.default, which reads files"),
+        ("aten::add_.Tensor", "step 0 calls aten::add_.Tensor, which writes to its arguments"),
+    ],
+)
+def test_programs_may_only_call_allowed_operators(target: str, message: str) -> None:
+    """A program's targets are looked up and checked against the allow-list when it is decoded."""
+    program = _program(steps=[{"target": target, "args": [], "kwargs": {}}])
+    with pytest.raises(RefusedOperatorError, match=re.escape(message)):
+        load_program(program)
 
 
 def test_torch_executed_ops_forms() -> None:

@@ -58,6 +58,9 @@ def miswire(source: Path, target: Path) -> Path:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process of its own; every ``verify`` of the suite runs under a 2 GiB memory limit."""
+    if args[:1] == ("verify",) and "--memory-limit" not in args:
+        args = (*args, "--memory-limit", "2GiB")
     run_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "trt_inline.cli", *args], capture_output=True, text=True, env=run_env, timeout=300
@@ -103,7 +106,8 @@ def test_reference_module_and_given_tensors(saved: dict[str, Path]) -> None:
     assert verify(saved["bare"], arg_inputs=x, expected=expected).ok
     assert not verify(saved["bare"], arg_inputs=x, expected=[e + 1 for e in expected]).ok
     program = load_exported_program(saved["good"]).program
-    assert verify(saved["miswired"], reference=program.module()).ok is False
+    assert verify(saved["miswired"], reference=program.module(), arg_inputs=x).ok is False
+    assert verify(saved["miswired"], reference=program.module(), isolate=False).ok is False
 
 
 def test_file_without_reference_io(saved: dict[str, Path]) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trt_inline.errors import TrtInlineError, VerifyInputError, first_line
+from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.logs import debug_to_stderr
 
 __all__ = ["main"]
@@ -172,8 +172,12 @@ def _run_verify(args: argparse.Namespace) -> int:
         device=args.device,
         allow_pickle=args.allow_pickle,
         allow_native_code=args.allow_native_code,
+        allow_ops=args.allow_op,
+        timeout=args.timeout,
+        memory_limit=args.memory_limit,
+        debug=args.debug,
     )
-    print(report.to_json() if args.json else report.to_text())
+    _print_text(report.to_json() if args.json else report.to_text())
     if report.problems:
         return 1
     if not report.compared:
@@ -185,11 +189,58 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from trt_inline.graph_table import describe_file
-    from trt_inline.verify import open_file
+    from trt_inline.verify.archive import classify_file
+    from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits, default_memory_limit, parse_size, run_isolated
 
-    print(describe_file(open_file(args.path, allow_pickle=args.allow_pickle)))
+    classify_file(args.path)
+    limits = Limits(
+        DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
+        default_memory_limit(args.path) if args.memory_limit is None else parse_size(args.memory_limit),
+    )
+    arguments = {
+        "path": args.path,
+        "allow_pickle": args.allow_pickle,
+        "allow_native_code": args.allow_native_code,
+        "allow_ops": args.allow_op,
+    }
+    result = run_isolated("inspect", arguments, None, limits, where=args.path, debug=args.debug)
+    _print_text(str(result.value))
     return 0
+
+
+def _print_text(text: str) -> None:
+    """Print a report line by line with control characters escaped: nothing from a file reaches the terminal raw."""
+    print("\n".join(printable(line) for line in text.split("\n")))
+
+
+def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) -> None:
+    """The flags that widen what a file may do, and the limits of the child process that opens it."""
+    parser.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help)
+    parser.add_argument(
+        "--allow-native-code",
+        action="store_true",
+        help="load TensorRT engines and run AOTInductor packages (native code from the file); "
+        "only for files from a trusted source",
+    )
+    parser.add_argument(
+        "--allow-op",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also allow this operator (ns::op or ns::op.overload; repeatable); only for a file you trust",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="stop the child process that loads and runs the file after this long (default 3600)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="memory the child process may use beyond an interpreter with torch, e.g. 2GiB "
+        "(default: twice the file's size plus 2 GiB)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -212,7 +263,8 @@ def _parser() -> argparse.ArgumentParser:
     verify_parser = commands.add_parser(
         "verify",
         help="check a saved ExportedProgram or AOTInductor package: loads safely, graph sound, outputs match",
-        description="Exit 0: passed. 1: a structural problem or an output mismatch. 2: unusable or refused input.",
+        description="Exit 0: passed. 1: a structural problem or an output mismatch. 2: unusable or refused input, "
+        "or the child process that loads the file hit a limit or crashed.",
     )
     verify_parser.add_argument("path")
     verify_parser.add_argument("--inputs", help="torch.save'd tensor, list of tensors, or {'args', 'kwargs'}")
@@ -226,18 +278,12 @@ def _parser() -> argparse.ArgumentParser:
     verify_parser.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
     verify_parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
     verify_parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify_parser.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help)
-    verify_parser.add_argument(
-        "--allow-native-code",
-        action="store_true",
-        help="run an AOTInductor package (loading its shared library runs native code from the file); "
-        "only for files from a trusted source",
-    )
+    _add_trust_options(verify_parser, allow_pickle_help)
     verify_parser.set_defaults(run=_run_verify)
 
     inspect_parser = commands.add_parser("inspect", help="table of engines, fallback ops and their wiring")
     inspect_parser.add_argument("path")
-    inspect_parser.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help)
+    _add_trust_options(inspect_parser, allow_pickle_help)
     inspect_parser.set_defaults(run=_run_inspect)
     return parser
 

@@ -47,6 +47,9 @@ __all__ = [
     "is_fake",
     "module_call_signature",
     "op_overload_name",
+    "op_overloads",
+    "op_argument_types",
+    "op_is_mutable",
     "op_schema_name",
     "pytree_specs",
     "scalar_argument",
@@ -119,6 +122,21 @@ def op_schema_name(target: Any) -> str | None:
 def op_overload_name(target: OpOverload) -> str:
     """``"default"``, ``"Tensor"``: the overload part of an OpOverload's name."""
     return str(target._overloadname)
+
+
+def op_is_mutable(target: OpOverload) -> bool:
+    """Whether an OpOverload's schema writes to any argument (``Tensor(a!)``, ``out=``)."""
+    return bool(target._schema.is_mutable)
+
+
+def op_argument_types(target: OpOverload) -> list[str]:
+    """The declared type of each argument of an OpOverload's schema (``"Tensor"``, ``"str"``, ...)."""
+    return [str(argument.type) for argument in target._schema.arguments]
+
+
+def op_overloads(packet: OpOverloadPacket) -> list[str]:
+    """The overload names an OpOverloadPacket has (``"default"``, ``"Tensor"``, ...)."""
+    return [str(name) for name in packet.overloads()]  # type: ignore[no-untyped-call]
 
 
 def is_core_aten(target: Any) -> bool:

@@ -8,6 +8,8 @@ to look. The classes are re-exported where they were first defined
 
 from __future__ import annotations
 
+import re
+
 
 class TrtInlineError(Exception):
     """Base class of every error trt_inline raises on purpose."""
@@ -51,6 +53,19 @@ class UnsafeArchiveError(VerifyInputError):
     """
 
 
+class RefusedOperatorError(UnsafeArchiveError):
+    """A graph or a reference engine in a file calls something that is not an allowed operator.
+
+    The message names the node (or the engine and its step) and the operator;
+    see :mod:`trt_inline.allowed_ops` for the allow-list, ``allow_ops`` /
+    ``--allow-op`` to extend it for a file from a trusted source.
+    """
+
+
+class IsolationError(VerifyInputError):
+    """The child process that loads and runs a file was stopped: a limit was hit, or it died on a signal."""
+
+
 class IncompatibleTorchError(TrtInlineError, RuntimeError):
     """The installed torch lacks a private API that a trt_inline feature needs.
 
@@ -59,7 +74,21 @@ class IncompatibleTorchError(TrtInlineError, RuntimeError):
     """
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character escaped (``\\x1b``): safe to print whatever a file put in it.
+
+    Strings from a saved file (archive entry names, targets, recorded output
+    kinds, messages of exceptions raised while loading it) go through this before
+    they reach a terminal, so that a file cannot move the cursor, rewrite earlier
+    lines or forge a line of the report.
+    """
+    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message: what a one-line error report shows."""
+    """The first line of an exception's message, control characters escaped: what a one-line report shows."""
     lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""
+    return printable(lines[0]) if lines else ""

@@ -16,6 +16,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from trt_inline.engines import engine_inputs, is_engine_call
+from trt_inline.errors import printable
 from trt_inline.verify import AOTI_PACKAGE, LoadedFile, describe_value
 
 __all__ = ["describe_file", "describe_program"]
@@ -29,7 +30,8 @@ def describe_file(loaded: LoadedFile) -> str:
     """
     if loaded.kind != AOTI_PACKAGE and loaded.program is not None:
         return describe_program(loaded.program)
-    native = [(name, size) for name, size in loaded.entries if "/data/aotinductor/" in f"/{name}"]
+    # Entry names come from the file: escaped before they reach a terminal.
+    native = [(printable(name), size) for name, size in loaded.entries if "/data/aotinductor/" in f"/{name}"]
     models = sorted({name.split("/data/aotinductor/", 1)[1].split("/", 1)[0] for name, _ in native})
     libraries = [f"{name.rsplit('/', 1)[1]} ({size} bytes)" for name, size in native if name.endswith(".so")]
     lines = [

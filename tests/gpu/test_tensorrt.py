@@ -62,12 +62,11 @@ def _version() -> tuple[int, int]:
 
 
 def _keep_report(path: Path, name: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline.cli", "verify", str(path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    """verify's JSON report; the file is ours, so its TensorRT engines may be loaded (not by default)."""
+    command = [sys.executable, "-m", "trt_inline.cli", "verify", str(path)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "--allow-native-code" in refused.stderr, refused.stdout + refused.stderr
+    proc = subprocess.run([*command, "--allow-native-code", "--json"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report: dict[str, Any] = json.loads(proc.stdout)
     reports = os.environ.get("TRT_INLINE_REPORTS")

@@ -3,8 +3,9 @@
 A program lists one step per node of the accelerated block; each argument is a
 literal, a reference to an earlier value (an input, a weight, a step's result),
 or a dtype / device / layout by name. Decoding never unpickles and never
-imports: every step's target must be an ``OpOverload`` registered in
-``torch.ops`` or one of a few ``operator`` functions (:data:`SCALAR_TARGETS`).
+imports: every step's target is looked up by name and must be on the allow-list
+of :mod:`trt_inline.allowed_ops` (refused with :class:`RefusedOperatorError`,
+naming the step), so a program from a stranger's file reaches no other callable.
 
 Inputs and outputs are described (``input_specs`` / ``output_specs``): a
 tensor's dtype and dims (with the symbol naming each dynamic dim), or a scalar
@@ -27,9 +28,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import compat, symbolic
+from trt_inline import allowed_ops, compat, symbolic
 from trt_inline.engines import ValueSpec
-from trt_inline.errors import EngineFormatError
+from trt_inline.errors import EngineFormatError, RefusedOperatorError, printable
 
 __all__ = [
     "ALIGN",
@@ -79,21 +80,6 @@ def encodable_target(target: Any) -> str | None:
     if isinstance(target, compat.OpOverload):
         return f"{compat.op_schema_name(target)}.{compat.op_overload_name(target)}"
     return _PY_TARGET_NAMES.get(target)
-
-
-def _resolve_target(name: str) -> Callable[..., Any]:
-    if name in _PY_TARGETS:
-        return _PY_TARGETS[name]
-    namespace, sep, rest = name.partition("::")
-    opname, dot, overload = rest.rpartition(".")
-    if not sep or not dot or not namespace or not opname:
-        raise EngineFormatError(f"engine program names an invalid target {name!r}")
-    try:
-        return getattr(getattr(getattr(torch.ops, namespace), opname), overload)  # type: ignore[no-any-return]
-    except (AttributeError, RuntimeError) as exc:
-        raise EngineFormatError(
-            f"engine program uses operator {name!r}, which is not registered in this process"
-        ) from exc
 
 
 # ---------------------------------------------------------------------------
@@ -179,9 +165,10 @@ def _decode_arg(value: Any, num_values: int) -> Any:
 
 
 def _torch_attr(name: Any, kind: type) -> Any:
-    value = getattr(torch, name, None) if isinstance(name, str) else None
+    public = isinstance(name, str) and name.isidentifier() and not name.startswith("_")
+    value = getattr(torch, name, None) if public else None
     if not isinstance(value, kind):
-        raise EngineFormatError(f"engine program names an unknown {kind.__name__} {name!r}")
+        raise EngineFormatError(f"engine program names an unknown {kind.__name__} {printable(repr(name))}")
     return value
 
 
@@ -320,9 +307,17 @@ def _payload_on(payload: torch.Tensor, device: torch.device) -> torch.Tensor:
     return copies[device]
 
 
-@functools.lru_cache(maxsize=256)
 def load_program(program: str) -> EngineProgram:
-    """Decode a program string. Cached: the same string object arrives on every call."""
+    """Decode a program string; refuses (:class:`RefusedOperatorError`) a step calling a target not allowed.
+
+    Cached per program and per set of operators the caller allowed
+    (:func:`trt_inline.allowed_ops.allowing`): the same string arrives on every call.
+    """
+    return _load_program(program, allowed_ops.allowed_now())
+
+
+@functools.lru_cache(maxsize=256)
+def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
     try:
         doc = json.loads(program)
     except ValueError as exc:
@@ -342,10 +337,14 @@ def load_program(program: str) -> EngineProgram:
         )
         steps = []
         num_values = num_inputs + len(weights)
-        for raw in doc["steps"]:
+        for index, raw in enumerate(doc["steps"]):
+            try:
+                target = allowed_ops.resolve(str(raw["target"]))
+            except RefusedOperatorError as exc:
+                raise RefusedOperatorError(f"step {index} {exc}") from None
             steps.append(
                 _Step(
-                    target=_resolve_target(str(raw["target"])),
+                    target=target,
                     args=tuple(_decode_arg(raw["args"], num_values)),
                     kwargs={str(k): _decode_arg(v, num_values) for k, v in raw["kwargs"].items()},
                 )
@@ -361,7 +360,7 @@ def load_program(program: str) -> EngineProgram:
         )
         scalar_exprs = tuple(symbolic.checked((spec or {}).get("expr")) for spec in raw_inputs)
     except (KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, EngineFormatError):
+        if isinstance(exc, (EngineFormatError, RefusedOperatorError)):
             raise
         raise EngineFormatError(f"engine program is incomplete: {exc!r}") from exc
     if any(not 0 <= i < num_values for i in outputs):

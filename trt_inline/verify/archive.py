@@ -19,30 +19,47 @@ payloads (``use_pickle: false``) are skipped unread.
 
 from __future__ import annotations
 
+import ast
 import io
 import json
+import keyword
 import os
 import pickletools
+import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
+import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import compat, engines
-from trt_inline.errors import UnsafeArchiveError, VerifyInputError, first_line
+from trt_inline import allowed_ops, compat, engines
+from trt_inline.errors import (
+    RefusedOperatorError,
+    TrtInlineError,
+    UnsafeArchiveError,
+    VerifyInputError,
+    first_line,
+    printable,
+)
 from trt_inline.package import PACKAGE_INFO_FILE
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
+from trt_inline.verify.zip_layout import ZipEntry, check_layout
 
 __all__ = [
     "AOTI_PACKAGE",
     "EXPORTED_PROGRAM",
     "MAX_COMPRESSION_RATIO",
+    "MAX_INFLATED_BYTES",
     "LoadedFile",
     "check_archive",
+    "check_expression",
+    "check_guard",
+    "check_loaded_program",
+    "check_serialized_programs",
     "classify_file",
     "load_exported_program",
     "open_file",
@@ -54,6 +71,8 @@ AOTI_PACKAGE = "aot_inductor"
 # A compressed entry that claims to expand more than this (and past 64 MiB) is refused unread.
 MAX_COMPRESSION_RATIO = 200
 _SMALL_ENTRY = 64 << 20
+# What all compressed entries together may expand to (torch itself writes entries uncompressed).
+MAX_INFLATED_BYTES = 1 << 30
 # Pickles larger than this are not scanned in memory; none of the pickles torch.export writes comes close.
 _MAX_PICKLE_BYTES = 1 << 30
 
@@ -117,49 +136,294 @@ def _entry_names(file: Path) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def check_archive(file: Path, *, allow_pickle: bool = False) -> None:
+def check_archive(file: Path, *, allow_pickle: bool = False, allow_native_code: bool = False) -> None:
     """Refuse ``file`` (:class:`UnsafeArchiveError`) if loading it could run code from it or exhaust memory.
 
-    Sizes are always checked; ``allow_pickle=True`` skips the pickle checks for a
-    file from a trusted source.
+    In order: the zip layout (:mod:`trt_inline.verify.zip_layout`: the entries
+    checked are the entries torch reads), sizes, the programs' operators and
+    size expressions (:func:`check_serialized_programs`), then every pickle.
+    ``allow_pickle=True`` skips the pickle checks for a file from a trusted
+    source; ``allow_native_code=True`` lets TensorRT engines through.
     """
+    with open(file, "rb") as handle:
+        layout = check_layout(handle, file.stat().st_size, str(file))
+    _check_sizes(file, layout)
     with zipfile.ZipFile(file) as archive:
         infos = archive.infolist()
-        for info in infos:
-            _check_size(file, info)
+        if [(i.filename, i.header_offset) for i in infos] != [(e.name, e.offset) for e in layout]:
+            raise UnsafeArchiveError(f"{file}: refused: Python's zip reader sees other entries than the directory")
         bad = archive.testzip()
         if bad is not None:
-            raise VerifyInputError(f"{file}: damaged zip archive (bad CRC in {bad})")
+            raise VerifyInputError(f"{file}: damaged zip archive (bad CRC in {printable(bad)})")
+        check_serialized_programs(archive, file)
         if allow_pickle:
             return
         payloads = _payloads(archive)
         missing = sorted((payloads.raw | payloads.pickled) - set(archive.namelist()))
         if missing:
-            raise VerifyInputError(f"{file}: archive entry {missing[0]} is declared by a payload config but missing")
+            raise VerifyInputError(
+                f"{file}: archive entry {printable(missing[0])} is declared by a payload config but missing"
+            )
         for info in infos:
             if info.filename in payloads.raw or info.is_dir() or info.file_size == 0:
                 continue  # raw tensor bytes, or nothing to load (torch writes empty sample inputs as 0 bytes)
-            data = archive.read(info)
             loaded_as_pickle = _loaded_as_pickle(info.filename, payloads)
-            for where, problem in _pickle_problems(info.filename, data, loaded_as_pickle):
-                raise UnsafeArchiveError(
-                    f"{file}: archive entry {where} refused: {problem}; loading it could run code from the file "
-                    "(pass --allow-pickle / allow_pickle=True only for a file from a trusted source)"
-                )
+            with archive.open(info) as stream:
+                for where, problem in _pickle_problems(info.filename, stream, info.file_size, loaded_as_pickle):
+                    if problem == _ENGINE_PROBLEM:
+                        if allow_native_code:
+                            continue
+                        raise UnsafeArchiveError(
+                            f"{file}: archive entry {printable(where)} refused: {problem}, and deserializing a "
+                            "TensorRT plan runs native code (pass --allow-native-code / allow_native_code=True "
+                            "only for a file from a trusted source)"
+                        )
+                    raise UnsafeArchiveError(
+                        f"{file}: archive entry {printable(where)} refused: {problem}; loading it could run code "
+                        "from the file (pass --allow-pickle / allow_pickle=True only for a file from a trusted source)"
+                    )
 
 
-def _check_size(file: Path, info: zipfile.ZipInfo) -> None:
-    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+def _check_sizes(file: Path | str, layout: list[ZipEntry]) -> None:
+    """Each entry's ratio, and the total that compressed entries expand to: no zip bombs, however split."""
+    inflated = 0
+    for entry in layout:
+        _check_size(file, entry.name, entry.method, entry.file_size, entry.compress_size)
+        if entry.method != zipfile.ZIP_STORED:
+            inflated += entry.file_size
+    if inflated > MAX_INFLATED_BYTES:
         raise UnsafeArchiveError(
-            f"{file}: archive entry {info.filename} refused: declares {info.file_size} bytes "
-            f"but stores {info.compress_size}"
+            f"{file}: refused: its compressed entries expand to {inflated} bytes "
+            f"(limit {MAX_INFLATED_BYTES}; torch writes its archives uncompressed)"
         )
-    ratio = info.file_size / max(info.compress_size, 1)
-    if info.file_size > _SMALL_ENTRY and ratio > MAX_COMPRESSION_RATIO:
+
+
+def _check_size(file: Path | str, name: str, method: int, file_size: int, compress_size: int) -> None:
+    if method == zipfile.ZIP_STORED and file_size != compress_size:
         raise UnsafeArchiveError(
-            f"{file}: archive entry {info.filename} refused: declares {info.file_size} bytes from "
-            f"{info.compress_size} compressed (ratio {ratio:.0f}, limit {MAX_COMPRESSION_RATIO}): a zip bomb"
+            f"{file}: archive entry {printable(name)} refused: declares {file_size} bytes but stores {compress_size}"
         )
+    ratio = file_size / max(compress_size, 1)
+    if file_size > _SMALL_ENTRY and ratio > MAX_COMPRESSION_RATIO:
+        raise UnsafeArchiveError(
+            f"{file}: archive entry {printable(name)} refused: declares {file_size} bytes from "
+            f"{compress_size} compressed (ratio {ratio:.0f}, limit {MAX_COMPRESSION_RATIO}): a zip bomb"
+        )
+
+
+# ---------------------------------------------------------------------------
+# Serialized programs: operators and size expressions, checked before torch parses them
+# ---------------------------------------------------------------------------
+
+# torch's deserializer turns size expressions (sympy's ``srepr`` form, ``Add(Symbol('s0',
+# integer=True), Integer(-1))``, or infix ``s0 + 1``) into sympy with ``sympify``, which evaluates
+# the string as Python; and it ``exec``s guards. Both must be expressions over these names only.
+_SIZE_FUNCTIONS = frozenset(
+    {
+        "Symbol", "Integer", "Float", "Rational", "Add", "Mul", "Pow", "Mod", "Max", "Min", "Abs",
+        "GreaterThan", "LessThan", "StrictGreaterThan", "StrictLessThan", "Equality", "Unequality",
+        "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "BooleanTrue", "BooleanFalse",
+        "true", "false", "True", "False", "oo", "zoo", "nan", "Infinity", "NegativeInfinity",
+        "floor", "ceiling", "sqrt", "Piecewise", "ExprCondPair",
+        "FloorDiv", "ModularIndexing", "Where", "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt",
+        "CeilDiv", "LShift", "RShift", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt",
+        "RoundToInt", "RoundDecimal", "ToFloat", "FloatPow", "PowByNatural", "IntTrueDiv", "FloatTrueDiv",
+        "Identity", "BitwiseFn_bitwise_and", "BitwiseFn_bitwise_or",
+    }
+)  # fmt: skip
+_SYMBOL = re.compile(r"^[a-z]+\d+$")
+_MAX_EXPRESSION = 4096
+_EXPRESSION_NODES: tuple[type[ast.AST], ...] = (
+    ast.Expression, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Name, ast.Call,
+    ast.keyword, ast.Load, ast.operator, ast.unaryop, ast.cmpop, ast.boolop, ast.Tuple,
+)  # fmt: skip
+# Guards read input sizes: L['x'].size()[0], and call math and torch's symbolic functions.
+_GUARD_NAMES = frozenset({"L", "math", "inf", "torch"}) | _SIZE_FUNCTIONS
+_GUARD_ATTRIBUTES = frozenset(
+    {"size", "stride", "storage_offset", "dim", "numel", "floor", "ceil", "trunc", "sqrt", "sym_float", "sym_int"}
+)
+_GUARD_NODES = (*_EXPRESSION_NODES, ast.Subscript, ast.Attribute, ast.Slice)
+
+
+def check_expression(text: str) -> str | None:
+    """Why a size expression is refused (it is more than arithmetic on size symbols), or None."""
+    return _python_problem(text, "size expression", _EXPRESSION_NODES, _SIZE_FUNCTIONS, frozenset())
+
+
+def check_guard(text: str) -> str | None:
+    """Why a guard (Python torch will execute) is refused, or None: only comparisons of input sizes pass."""
+    return _python_problem(text, "guard", _GUARD_NODES, _GUARD_NAMES, _GUARD_ATTRIBUTES)
+
+
+def _python_problem(
+    text: str,
+    what: str,
+    nodes: tuple[type[ast.AST], ...],
+    names: frozenset[str],
+    attributes: frozenset[str],
+) -> str | None:
+    """Why ``text``, about to be evaluated as Python by torch, is more than the expression it should be.
+
+    Parsed, never evaluated: only the syntax in ``nodes``, names in ``names`` or
+    shaped like size symbols (``s0``, ``u3``), attributes in ``attributes``,
+    calls of plain names or those attributes, keywords without underscores
+    (sympy's assumptions) and constants that are numbers, booleans or short
+    identifier-like strings (a symbol's name, an input's key).
+    """
+    if len(text) > _MAX_EXPRESSION:
+        return f"a {what} of {len(text)} characters"
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return f"a {what} that is not an expression: {printable(text[:40])!r}"
+    for node in ast.walk(tree):
+        if not isinstance(node, nodes):
+            return f"a {what} containing {type(node).__name__}: {printable(text[:40])!r}"
+        if isinstance(node, ast.Name) and node.id not in names and not _SYMBOL.match(node.id):
+            return f"a {what} naming {printable(node.id)!r}"
+        if isinstance(node, ast.Attribute) and node.attr not in attributes:
+            return f"a {what} reading .{printable(node.attr)}"
+        if isinstance(node, ast.Call) and not isinstance(node.func, (ast.Name, ast.Attribute)):
+            return f"a {what} calling a computed function: {printable(text[:40])!r}"
+        if isinstance(node, ast.keyword) and (node.arg is None or "_" in node.arg):
+            return f"a {what} passing {printable(str(node.arg))!r}"
+        if isinstance(node, ast.Constant) and not _plain_constant(node.value):
+            return f"a {what} with the constant {printable(repr(node.value)[:40])}"
+    return None
+
+
+def _plain_constant(value: Any) -> bool:
+    if isinstance(value, str):
+        return len(value) <= 256 and value.replace("_", "a").isalnum()
+    return isinstance(value, (bool, int, float))
+
+
+def check_serialized_programs(archive: zipfile.ZipFile, file: Path | str) -> None:
+    """Every operator a serialized program calls is allowed, every size expression is only arithmetic.
+
+    Read from the JSON torch will deserialize, before it does: its deserializer
+    resolves targets by walking attributes of ``torch`` and evaluates size
+    expressions as Python. The loaded graph is checked again afterwards
+    (:func:`check_loaded_program`).
+    """
+    for info in archive.infolist():
+        name = info.filename
+        if not name.endswith(".json") or not ("/models/" in f"/{name}" or name.endswith(_PROGRAM_MARKERS[1])):
+            continue
+        try:
+            document = json.loads(archive.read(info))
+        except (ValueError, UnicodeDecodeError):
+            continue  # torch.export.load refuses it before evaluating anything
+        problem = _program_problem(document)
+        if problem:
+            raise RefusedOperatorError(f"{file}: {printable(name)}: {problem}")
+
+
+def _program_problem(document: Any) -> str | None:
+    """The first refused target or expression anywhere in a serialized program (walked without recursion)."""
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(value)
+            continue
+        if not isinstance(value, dict):
+            continue
+        target = value.get("target")
+        if isinstance(target, str) and "inputs" in value and "outputs" in value:
+            why = _target_problem(target)
+            if why:
+                node: Any = value.get("name") or next(iter(value["outputs"] or [{}]), {})
+                return f"node {printable(str(_node_name(node)))} {why}"
+        if isinstance(value.get("nodes"), list) and isinstance(value.get("inputs"), list):
+            why = _graph_inputs_problem(value["inputs"])
+            if why:
+                return f"refused: {why}"
+        for key, item in value.items():
+            if key == "guards_code" and isinstance(item, list):
+                for guard in item:
+                    why = check_guard(str(guard))
+                    if why:
+                        return f"refused: {why}"
+            if key == "expr_str" and isinstance(item, str):
+                why = check_expression(item)
+                if why:
+                    return f"refused: {why}"
+            if key == "range_constraints" and isinstance(item, dict):
+                for symbol in item:
+                    why = check_expression(str(symbol))
+                    if why:
+                        return f"refused: {why}"
+            pending.append(item)
+    return None
+
+
+def _graph_inputs_problem(inputs: list[Any]) -> str | None:
+    """A graph input whose name is not an identifier: FX writes placeholder names into the code it generates."""
+    pending: list[Any] = list(inputs)
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if key in ("name", "as_name") and isinstance(item, str):
+                    if not item.isidentifier() or keyword.iskeyword(item):
+                        return f"a graph input named {printable(item)!r}"
+                else:
+                    pending.append(item)
+    return None
+
+
+def _node_name(node: Any) -> str:
+    """A serialized node's name: the name of its first output, where it has one."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, dict):
+        for value in node.values():
+            if isinstance(value, dict) and isinstance(value.get("name"), str):
+                return str(value["name"])
+            if isinstance(value, dict) and isinstance(value.get("as_name"), str):
+                return str(value["as_name"])
+            if isinstance(value, str):
+                return value
+    return "?"
+
+
+def _target_problem(target: str) -> str | None:
+    qualified = allowed_ops.serialized_to_qualified(target)
+    try:
+        allowed_ops.resolve(qualified)
+    except RefusedOperatorError as exc:
+        return str(exc)
+    return None
+
+
+def check_loaded_program(program: ExportedProgram, file: Path | str) -> None:
+    """Every node of every graph in a loaded program calls an allowed target; every reference engine's steps too.
+
+    What runs is the loaded graph, so this is the check that counts; the one on
+    the JSON (:func:`check_serialized_programs`) protects the deserializer.
+    """
+    position = 0
+    for module in program.graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op == "call_method":
+                raise RefusedOperatorError(f"{file}: node {node.name} calls method {printable(str(node.target))!r}")
+            if node.op != "call_function":
+                continue
+            try:
+                allowed_ops.check_target(node.target)
+                if engines.is_engine_call(node):
+                    engines.engine_signature(node)  # decodes a reference program: refuses its steps' targets
+            except RefusedOperatorError as exc:
+                where = f"engine {position} ({node.name})" if engines.is_engine_call(node) else f"node {node.name}"
+                raise RefusedOperatorError(f"{file}: {where} {exc}") from None
+            except TrtInlineError:
+                pass  # a malformed engine program: a structural problem, reported by the checks
+            position += engines.is_engine_call(node)
 
 
 @dataclass(frozen=True)
@@ -203,28 +467,41 @@ def _loaded_as_pickle(name: str, payloads: _Payloads) -> bool:
     return name in payloads.pickled or name.endswith((".pt", ".pkl"))
 
 
-def _pickle_problems(name: str, data: bytes, loaded_as_pickle: bool) -> Iterator[tuple[str, str]]:
-    """(where, why) for each pickle in an entry (itself, or inside a nested torch.save zip) that is refused."""
-    if data.startswith(b"PK\x03\x04"):
+_ENGINE_PROBLEM = "it holds a TensorRT engine"
+
+
+def _pickle_problems(name: str, stream: IO[bytes], size: int, loaded_as_pickle: bool) -> Iterator[tuple[str, str]]:
+    """(where, why) for each pickle in an entry (itself, or inside a nested torch.save zip) that is refused.
+
+    Read as a stream, never whole. An entry torch would unpickle must hold one
+    pickle and nothing after it: a legacy ``torch.save`` stream is several
+    pickles back to back, and torch would unpickle the ones a scan that stops
+    at the first never read.
+    """
+    head = stream.read(4)
+    stream.seek(0)
+    if head == b"PK\x03\x04":
         try:
-            nested = zipfile.ZipFile(io.BytesIO(data))
+            layout = check_layout(stream, size, name)
+            _check_sizes(name, layout)
+            nested = zipfile.ZipFile(stream)
             infos = nested.infolist()
         except zipfile.BadZipFile:
             if loaded_as_pickle:
                 yield name, "a damaged torch.save archive"
             return
         for info in infos:
-            _check_size(Path(name), info)
             if info.filename.endswith(".pkl"):
-                problem = _scan_pickle(nested.read(info))
+                with nested.open(info) as inner:
+                    problem = _scan_pickle(inner)
                 if problem:
                     yield f"{name} ({info.filename})", problem
         return
-    if loaded_as_pickle or data[:1] == b"\x80":
-        if len(data) > _MAX_PICKLE_BYTES:
-            yield name, f"a pickle of {len(data)} bytes, too large to check"
+    if loaded_as_pickle or head[:1] == b"\x80":
+        if size > _MAX_PICKLE_BYTES:
+            yield name, f"a pickle of {size} bytes, too large to check"
             return
-        problem = _scan_pickle(data)
+        problem = _scan_pickle(stream)
         if problem:
             yield name, problem
 
@@ -248,45 +525,50 @@ _UNKNOWN = object()
 def _allowed_global(module: str, name: str) -> bool:
     if f"{module}.{name}" in compat.weights_only_globals():
         return True
-    pair = (module, name)
-    return (
-        pair in _TORCHSCRIPT_HELPERS
-        or pair in _ENGINE_CLASS_GLOBALS
-        or pair in engines.ENGINE_PICKLE_GLOBALS
-        or pair == ("torch", "ScriptObject")
-    )
+    return (module, name) in _TORCHSCRIPT_HELPERS or (module, name) == ("torch", "ScriptObject")
 
 
-def _scan_pickle(data: bytes) -> str | None:
+def _is_engine_global(module: str, name: str) -> bool:
+    return (module, name) in _ENGINE_CLASS_GLOBALS or (module, name) in engines.ENGINE_PICKLE_GLOBALS
+
+
+def _scan_pickle(stream: IO[bytes]) -> str | None:
     """Why a pickle is refused (it reaches a callable outside the allow-list), or None; never executes it.
 
     Simulates the pickle machine's stack with unknown values, except for the
     strings it pushes, so that ``STACK_GLOBAL`` (module and name taken from the
-    stack or the memo) is resolved like ``GLOBAL``.
+    stack or the memo) is resolved like ``GLOBAL``. A TensorRT engine object
+    is reported as :data:`_ENGINE_PROBLEM` (allowed with native code). The
+    stream must end where the pickle does.
     """
     stack: list[Any] = []
     memo: dict[Any, Any] = {}
+    engine = False
     try:
-        for opcode, arg, _ in pickletools.genops(data):
+        for opcode, arg, _ in pickletools.genops(stream):
             op = opcode.name
             if op in _REFUSED_OPS:
                 return f"it uses the {op} opcode"
             if op in ("GLOBAL", "INST"):
                 module, _, name = str(arg).partition(" ")
-                if not _allowed_global(module, name):
-                    return f"it calls {module}.{name}"
+                engine = engine or _is_engine_global(module, name)
+                if not _allowed_global(module, name) and not _is_engine_global(module, name):
+                    return f"it calls {printable(module)}.{printable(name)}"
             elif op == "STACK_GLOBAL":
                 name, module = stack.pop(), stack.pop()
                 if not isinstance(module, str) or not isinstance(name, str):
                     return "it imports a global whose name it computes"
-                if not _allowed_global(module, name):
-                    return f"it calls {module}.{name}"
+                engine = engine or _is_engine_global(module, name)
+                if not _allowed_global(module, name) and not _is_engine_global(module, name):
+                    return f"it calls {printable(module)}.{printable(name)}"
                 stack.append(_UNKNOWN)
                 continue
             if op in _STRING_OPS:
                 text = arg.decode("latin-1") if isinstance(arg, bytes) else str(arg)
-                if text.startswith(_TORCHBIND_PREFIX) and text not in engines.ENGINE_SCRIPT_CLASSES:
-                    return f"it builds a {text}"
+                if text.startswith(_TORCHBIND_PREFIX):
+                    if text not in engines.ENGINE_SCRIPT_CLASSES:
+                        return f"it builds a {printable(text)}"
+                    engine = True
                 stack.append(text)
             elif op in _GET_OPS:
                 stack.append(memo.get(arg, _UNKNOWN))
@@ -298,7 +580,9 @@ def _scan_pickle(data: bytes) -> str | None:
                 _apply_stack_effect(stack, opcode)
     except (ValueError, IndexError, KeyError) as exc:
         return f"not a readable pickle ({first_line(exc) or type(exc).__name__})"
-    return None
+    if stream.read(1):
+        return "it holds more after its pickle ends (a legacy torch.save stream, or data hidden from this check)"
+    return _ENGINE_PROBLEM if engine else None
 
 
 def _apply_stack_effect(stack: list[Any], opcode: pickletools.OpcodeInfo) -> None:
@@ -339,19 +623,36 @@ class LoadedFile:
     entries: list[tuple[str, int]] = field(default_factory=list)
 
 
-def open_file(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> LoadedFile:
+def open_file(
+    path: str | os.PathLike[str],
+    *,
+    allow_pickle: bool = False,
+    allow_native_code: bool = False,
+    allow_ops: Sequence[str] = (),
+) -> LoadedFile:
     """Classify, safety-check and load an ExportedProgram file or an AOTInductor package, with its reference I/O.
 
     Loading never runs code from the file: pickles are checked first
     (:func:`check_archive`), and a package's shared library is not loaded (its
     ExportedProgram, if it has one, is read from a copy of the archive without
-    the AOTInductor entries). Raises :class:`VerifyInputError` (one line, naming
-    the file) for anything unusable, :class:`UnsafeArchiveError` for a refusal.
+    the AOTInductor entries); every operator its graph and its reference engines
+    call must be allowed (:mod:`trt_inline.allowed_ops`, extended by
+    ``allow_ops``; TensorRT engines only with ``allow_native_code``). Raises
+    :class:`VerifyInputError` (one line, naming the file) for anything unusable,
+    :class:`UnsafeArchiveError` for a refusal.
     """
+    file, kind = classify_file(path)
+    try:
+        with allowed_ops.allowing(allow_ops, native_code=allow_native_code):
+            return _open(file, kind, allow_pickle, allow_native_code)
+    except RecursionError:
+        raise VerifyInputError(f"{file}: nested too deeply to be read") from None
+
+
+def _open(file: Path, kind: str, allow_pickle: bool, allow_native_code: bool) -> LoadedFile:
     import trt_inline.reference  # noqa: F401  - registers the reference engine op for deserialisation
 
-    file, kind = classify_file(path)
-    check_archive(file, allow_pickle=allow_pickle)
+    check_archive(file, allow_pickle=allow_pickle, allow_native_code=allow_native_code)
     with zipfile.ZipFile(file) as archive:
         entries = [(info.filename, info.file_size) for info in archive.infolist()]
     extra: dict[str, Any] = {REFERENCE_IO_FILE: "", PACKAGE_INFO_FILE: ""}
@@ -362,6 +663,8 @@ def open_file(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> Lo
         program = _load(file, _without_native_code(file), extra)
     else:
         extra.update(_extra_files(file))
+    if program is not None:
+        check_loaded_program(program, file)
     reference = None
     if extra.get(REFERENCE_IO_FILE):
         try:
@@ -371,9 +674,11 @@ def open_file(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> Lo
     return LoadedFile(file, kind, program, reference, _kinds(extra.get(PACKAGE_INFO_FILE)), entries)
 
 
-def load_exported_program(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> LoadedFile:
+def load_exported_program(
+    path: str | os.PathLike[str], *, allow_pickle: bool = False, allow_native_code: bool = False
+) -> LoadedFile:
     """:func:`open_file` for a file that must hold an ExportedProgram (a package must carry its program)."""
-    loaded = open_file(path, allow_pickle=allow_pickle)
+    loaded = open_file(path, allow_pickle=allow_pickle, allow_native_code=allow_native_code)
     if loaded.program is None:
         raise VerifyInputError(
             f"{loaded.path}: an AOTInductor package that carries no ExportedProgram (its graph is native code)"
@@ -422,4 +727,4 @@ def _kinds(text: str | None) -> list[str]:
     except ValueError:
         return []
     kinds = info.get("outputs") if isinstance(info, dict) else None
-    return [str(kind) for kind in kinds] if isinstance(kinds, list) else []
+    return [printable(str(kind)) for kind in kinds] if isinstance(kinds, list) else []

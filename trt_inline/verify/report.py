@@ -60,6 +60,18 @@ class VerifyReport:
         result.update(ok=self.ok, compared=self.compared)
         return result
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VerifyReport:
+        """The report :meth:`to_dict` gave (how a child process hands its report back)."""
+        return cls(
+            source=str(data["source"]),
+            problems=[str(p) for p in data["problems"]],
+            notes=[str(n) for n in data["notes"]],
+            outputs=[OutputComparison(**output) for output in data["outputs"]],
+            reference=str(data["reference"]),
+            allow_pickle=bool(data["allow_pickle"]),
+        )
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 

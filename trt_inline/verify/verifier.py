@@ -10,15 +10,24 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from trt_inline import allowed_ops
 from trt_inline.errors import VerifyInputError
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.compare import compare_output, run_on
+from trt_inline.verify.isolation import (
+    DEFAULT_TIMEOUT,
+    Limits,
+    default_memory_limit,
+    format_size,
+    parse_size,
+    run_isolated,
+)
 from trt_inline.verify.reference_io import ReferenceIO, tensors_only
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
-__all__ = ["verify"]
+__all__ = ["inspect_job", "verify", "verify_job"]
 
 
 def verify(
@@ -34,6 +43,11 @@ def verify(
     device: str | None = None,
     allow_pickle: bool = False,
     allow_native_code: bool = False,
+    allow_ops: Sequence[str] = (),
+    isolate: bool = True,
+    timeout: float | None = None,
+    memory_limit: int | str | None = None,
+    debug: bool = False,
 ) -> VerifyReport:
     """Check a saved program's structure and compare its outputs with a reference.
 
@@ -48,18 +62,139 @@ def verify(
     whose pickles need more than plain tensors and Torch-TensorRT engines is
     refused unless ``allow_pickle=True``. An AOTInductor package is checked
     through the ExportedProgram it carries (if any) and only run, which loads
-    its shared library, with ``allow_native_code=True``. The run leaves the
-    caller's RNG state and deterministic-algorithm flags as they were.
+    its shared library, with ``allow_native_code=True``; so are TensorRT engines
+    (a TensorRT plan is native code). The graph and every reference engine may
+    call only allowed operators (:mod:`trt_inline.allowed_ops`; ``allow_ops``
+    adds some for a trusted file). The run leaves the caller's RNG state and
+    deterministic-algorithm flags as they were.
+
+    A file is loaded and run in a child process (:mod:`trt_inline.verify.isolation`)
+    stopped after ``timeout`` seconds (default 3600) or past ``memory_limit``
+    (bytes or ``"2GiB"``; default twice the file's size plus 2 GiB); a crash
+    there is an error here, never a crash of the caller. ``isolate=False`` loads
+    in this process (for a file from a trusted source); so does an
+    ExportedProgram given directly. With isolation, a ``reference`` module runs
+    here, on ``arg_inputs``, which it then needs.
 
     Raises :class:`VerifyInputError` for unusable input (not a loadable
-    ExportedProgram file, inputs the program cannot take, a refused file).
+    ExportedProgram file, inputs the program cannot take, a refused file, a
+    limit the child hit: :class:`IsolationError`).
     """
+    if isinstance(path_or_program, ExportedProgram) or not isolate:
+        with allowed_ops.allowing(allow_ops, native_code=allow_native_code):
+            return _verify_here(
+                path_or_program,
+                reference=reference,
+                arg_inputs=arg_inputs,
+                kwarg_inputs=kwarg_inputs,
+                expected=expected,
+                reference_from=reference_from,
+                atol=atol,
+                rtol=rtol,
+                device=device,
+                allow_pickle=allow_pickle,
+                allow_native_code=allow_native_code,
+            )
+    path = os.fspath(path_or_program)
+    label = None
+    if reference is not None:
+        if arg_inputs is None:
+            raise VerifyInputError(
+                "a reference module runs in this process and the file in a child: give arg_inputs with it"
+            )
+        with torch.no_grad():
+            expected = tensors_only(reference(*arg_inputs, **(kwarg_inputs or {})), "reference outputs")
+        label = "module"
+    limits = Limits(
+        DEFAULT_TIMEOUT if timeout is None else float(timeout),
+        default_memory_limit(path) if memory_limit is None else parse_size(memory_limit),
+    )
+    arguments = {
+        "path": path,
+        "reference_from": None if reference_from is None else os.fspath(reference_from),
+        "atol": atol,
+        "rtol": rtol,
+        "device": device,
+        "allow_pickle": allow_pickle,
+        "allow_native_code": allow_native_code,
+        "allow_ops": list(allow_ops),
+        "label": label,
+    }
+    tensors = {
+        "args": None if arg_inputs is None else list(arg_inputs),
+        "kwargs": kwarg_inputs,
+        "expected": None if expected is None else list(expected),
+    }
+    result = run_isolated("verify", arguments, tensors, limits, where=path, debug=debug)
+    report = VerifyReport.from_dict(result.value)
+    report.notes.append(
+        f"loaded and run in a child process (limits {limits.describe()}; its peak resident memory "
+        f"{format_size(result.peak_rss)})"
+    )
+    return report
+
+
+def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """:func:`verify` inside the child process (:mod:`trt_inline.verify.isolation`)."""
+    with allowed_ops.allowing(arguments["allow_ops"], native_code=arguments["allow_native_code"]):
+        report = _verify_here(
+            arguments["path"],
+            reference=None,
+            arg_inputs=tensors["args"],
+            kwarg_inputs=tensors["kwargs"],
+            expected=tensors["expected"],
+            reference_from=arguments["reference_from"],
+            atol=arguments["atol"],
+            rtol=arguments["rtol"],
+            device=arguments["device"],
+            allow_pickle=arguments["allow_pickle"],
+            allow_native_code=arguments["allow_native_code"],
+        )
+    if arguments["label"]:
+        report.reference = arguments["label"]
+    return report.to_dict()
+
+
+def inspect_job(arguments: dict[str, Any], tensors: Any) -> str:
+    """The ``inspect`` table of a file, inside the child process."""
+    from trt_inline.graph_table import describe_file
+
+    return describe_file(
+        open_file(
+            arguments["path"],
+            allow_pickle=arguments["allow_pickle"],
+            allow_native_code=arguments["allow_native_code"],
+            allow_ops=arguments["allow_ops"],
+        )
+    )
+
+
+def _verify_here(
+    path_or_program: str | os.PathLike[str] | ExportedProgram,
+    *,
+    reference: Callable[..., Any] | None,
+    arg_inputs: Sequence[torch.Tensor] | None,
+    kwarg_inputs: dict[str, torch.Tensor] | None,
+    expected: Sequence[torch.Tensor] | None,
+    reference_from: str | os.PathLike[str] | None,
+    atol: float | None,
+    rtol: float | None,
+    device: str | None,
+    allow_pickle: bool,
+    allow_native_code: bool,
+) -> VerifyReport:
+    """:func:`verify` in this process."""
     loaded: LoadedFile | None = None
     program: ExportedProgram | None
     if isinstance(path_or_program, ExportedProgram):
         program, embedded, source = path_or_program, None, "<ExportedProgram>"
     else:
-        loaded = open_file(path_or_program, allow_pickle=allow_pickle)
+        loaded = open_file(
+            path_or_program,
+            allow_pickle=allow_pickle,
+            allow_native_code=allow_native_code,
+            allow_ops=sorted(allowed_ops.allowed_now()),
+        )
         program, embedded, source = loaded.program, loaded.reference, os.fspath(path_or_program)
     report = VerifyReport(source=source, allow_pickle=allow_pickle)
     if program is not None:
@@ -83,7 +218,7 @@ def verify(
             want = tensors_only(reference(*args, **kwargs), "reference outputs")
         report.reference = "module"
     elif reference_from is not None:
-        newer = _reference_of(reference_from, allow_pickle)
+        newer = _reference_of(reference_from, allow_pickle, allow_native_code)
         if program is not None:
             _check_signature(program, source, newer, os.fspath(reference_from))
         args, kwargs, want = newer.args, newer.kwargs, newer.outputs
@@ -139,9 +274,9 @@ def _capture_device(reference: ReferenceIO) -> str | None:
     return reference.device
 
 
-def _reference_of(path: str | os.PathLike[str], allow_pickle: bool) -> ReferenceIO:
+def _reference_of(path: str | os.PathLike[str], allow_pickle: bool, allow_native_code: bool) -> ReferenceIO:
     """The reference I/O embedded in another file (safety-checked like the file being verified)."""
-    loaded = open_file(path, allow_pickle=allow_pickle)
+    loaded = open_file(path, allow_pickle=allow_pickle, allow_native_code=allow_native_code)
     if loaded.reference is None:
         raise VerifyInputError(f"{Path(path)}: carries no reference I/O to check against (save it with arg_inputs)")
     return loaded.reference

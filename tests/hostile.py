@@ -1,0 +1,388 @@
+"""Files crafted against verify itself, built from a good trt_inline file (none is checked in).
+
+Each :class:`Case` edits a good file the way an attacker would and says what
+``trt-inline verify`` (or ``inspect``) must answer: exit 2 and one stderr line
+containing ``expect``. ``tests/test_hostile.py`` runs every case;
+``benchmarks/bench_hostile.py`` prints each one's exit code, stderr line and
+peak memory.
+
+The traps: a marker file that code from the file would create, a secret file
+that a read would leak into the output, a victim file that a write would change.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trt_inline.package import PACKAGE_INFO_FILE
+
+SECRET = "s3cr3t-token-0f-the-user"
+ESCAPE = "\x1b]0;owned\x07\x1b[2J"
+
+
+@dataclass
+class Traps:
+    """Files a hostile payload would create, read or change."""
+
+    root: Path
+    marker: Path = field(init=False)
+    secret: Path = field(init=False)
+    victim: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.marker = self.root / "marker"
+        self.secret = self.root / "secret.txt"
+        self.victim = self.root / "victim.txt"
+        self.secret.write_text(SECRET)
+        self.victim.write_text("untouched")
+
+    def sprung(self) -> list[str]:
+        """What the payload managed: empty when nothing happened."""
+        found = []
+        if self.marker.exists():
+            found.append("marker created: code from the file ran")
+        if self.victim.read_text() != "untouched":
+            found.append("victim changed: the file wrote to disk")
+        return found
+
+
+class _Plant:
+    """Unpickled, it creates the marker file: the proof that code from the file ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+# ---------------------------------------------------------------------------
+# Editing archives
+# ---------------------------------------------------------------------------
+
+
+def read_entries(source: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(source) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def write_entries(target: Path, entries: list[tuple[str, bytes]] | dict[str, bytes]) -> Path:
+    items = list(entries.items()) if isinstance(entries, dict) else entries
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in items:
+            archive.writestr(name, data)
+    return target
+
+
+def _model_json(entries: dict[str, bytes]) -> str:
+    return next(name for name in entries if name.endswith("models/model.json"))
+
+
+def edit_program(source: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """Rewrite the serialized ExportedProgram (``models/model.json``) with ``edit``."""
+    entries = read_entries(source)
+    name = _model_json(entries)
+    document = json.loads(entries[name])
+    edit(document)
+    entries[name] = json.dumps(document).encode()
+    return write_entries(target, entries)
+
+
+def _engine_nodes(document: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = document["graph_module"]["graph"]["nodes"]
+    return [n for n in nodes if n["target"] == "torch.ops.trt_inline.execute_engine.default"]
+
+
+def edit_engine(source: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """Rewrite the first reference engine's program (a JSON string argument of its call) with ``edit``."""
+
+    def edit_document(document: dict[str, Any]) -> None:
+        node = _engine_nodes(document)[0]
+        argument = next(a for a in node["inputs"] if a["name"] == "program")
+        program = json.loads(argument["arg"]["as_string"])
+        edit(program)
+        argument["arg"]["as_string"] = json.dumps(program)
+
+    return edit_program(source, target, edit_document)
+
+
+def add_steps(program: dict[str, Any], *steps: tuple[Any, ...]) -> None:
+    """Append steps ``(target, args[, kwargs])``; their results are not returned, only computed."""
+    for target, args, *kwargs in steps:
+        program["steps"].append({"target": target, "args": args, "kwargs": kwargs[0] if kwargs else {}})
+
+
+def _first_value(program: dict[str, Any]) -> int:
+    """Reference number of the step results appended next."""
+    return int(program["inputs"]) + len(program["weights"]) + len(program["steps"])
+
+
+# ---------------------------------------------------------------------------
+# The cases
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One crafted file: how to build it from a good file, the CLI arguments, and the stderr line's fragment."""
+
+    name: str
+    kind: str  # the threat-model family it belongs to
+    build: Callable[[Path, Path, Traps], Path]
+    expect: str
+    args: tuple[str, ...] = ()
+    command: str = "verify"
+
+
+def _engine_any_callable(good: Path, out: Path, traps: Traps) -> Path:
+    return edit_engine(good, out, lambda p: add_steps(p, ("load_library::__call__.__call__", [str(traps.secret)])))
+
+
+def _engine_import_module(good: Path, out: Path, traps: Traps) -> Path:
+    return edit_engine(good, out, lambda p: add_steps(p, ("importlib.import_module", ["os"])))
+
+
+def _engine_reads_a_file(good: Path, out: Path, traps: Traps) -> Path:
+    return edit_engine(
+        good, out, lambda p: add_steps(p, ("aten::from_file.default", [str(traps.secret), False, len(SECRET)]))
+    )
+
+
+def _engine_writes_a_file(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(program: dict[str, Any]) -> None:
+        first = _first_value(program)
+        add_steps(
+            program,
+            ("aten::ones.default", [[len("untouched")]]),
+            ("aten::fill_.Scalar", [{"ref": first}, 88]),
+        )
+
+    return edit_engine(good, out, edit)
+
+
+def _graph_reads_a_file(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(document: dict[str, Any]) -> None:
+        relu = next(n for n in document["graph_module"]["graph"]["nodes"] if "relu" in n["target"])
+        relu["target"] = "torch.ops.aten.from_file.default"
+
+    return edit_program(good, out, edit)
+
+
+def _graph_walks_attributes(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(document: dict[str, Any]) -> None:
+        relu = next(n for n in document["graph_module"]["graph"]["nodes"] if "relu" in n["target"])
+        relu["target"] = "torch.os.system"
+
+    return edit_program(good, out, edit)
+
+
+def _size_expression_runs_python(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(document: dict[str, Any]) -> None:
+        document["range_constraints"][f"__import__('os').system('touch {traps.marker}')"] = {
+            "min_val": 2,
+            "max_val": 8,
+        }
+
+    return edit_program(good, out, edit)
+
+
+def _guard_runs_python(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(document: dict[str, Any]) -> None:
+        document["guards_code"] = [f"__import__('os').system('touch {traps.marker}') == 0"]
+
+    return edit_program(good, out, edit)
+
+
+def _placeholder_name_runs_python(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(document: dict[str, Any]) -> None:
+        graph = document["graph_module"]["graph"]
+        graph["inputs"][0]["as_tensor"]["name"] = f"x=__import__('os').system('touch {traps.marker}')"
+
+    return edit_program(good, out, edit)
+
+
+def _tensorrt_engine(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(document: dict[str, Any]) -> None:
+        _engine_nodes(document)[0]["target"] = "torch.ops.tensorrt.execute_engine.default"
+
+    return edit_program(good, out, edit)
+
+
+def _sample_inputs(entries: dict[str, bytes]) -> str:
+    return next(name for name in entries if name.endswith("sample_inputs/model.pt"))
+
+
+def _legacy_stream(good: Path, out: Path, traps: Traps) -> Path:
+    """Sample inputs as a legacy torch.save stream: the magic number's pickle first, the payload later."""
+    entries = read_entries(good)
+    buffer = io.BytesIO()
+    torch.save(_Plant(traps.marker), buffer, _use_new_zipfile_serialization=False)
+    entries[_sample_inputs(entries)] = buffer.getvalue()
+    return write_entries(out, entries)
+
+
+def _duplicate_names(good: Path, out: Path, traps: Traps) -> Path:
+    """Two sample-input entries: torch's reader takes the first (planted), Python's zipfile the last (benign)."""
+    entries = read_entries(good)
+    name = _sample_inputs(entries)
+    planted = io.BytesIO()
+    torch.save(_Plant(traps.marker), planted)
+    items = [(n, d) for n, d in entries.items() if n != name]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name
+        return write_entries(out, [(name, planted.getvalue()), *items, (name, entries[name])])
+
+
+def _two_central_directories(good: Path, out: Path, traps: Traps) -> Path:
+    """A second archive appended whose end record points at the first one's directory offsets, shifted."""
+    planted_entries = read_entries(good)
+    planted = io.BytesIO()
+    torch.save(_Plant(traps.marker), planted)
+    planted_entries[_sample_inputs(planted_entries)] = planted.getvalue()
+    evil = write_entries(out.with_suffix(".evil"), planted_entries).read_bytes()
+    benign = good.read_bytes()
+    out.write_bytes(evil + benign)  # zipfile reads the benign archive as "prepended data" + archive
+    out.with_suffix(".evil").unlink()
+    return out
+
+
+def _bytes_between_entries(good: Path, out: Path, traps: Traps) -> Path:
+    """A planted pickle hidden after the last entry, before the central directory (offsets fixed up)."""
+    data = bytearray(good.read_bytes())
+    end = data.rfind(b"PK\x05\x06")
+    cd_offset = struct.unpack("<I", data[end + 16 : end + 20])[0]
+    hidden = io.BytesIO()
+    torch.save(_Plant(traps.marker), hidden)
+    padding = hidden.getvalue()
+    tail = data[cd_offset:]
+    new_offset = cd_offset + len(padding)
+    tail_end = tail.rfind(b"PK\x05\x06")
+    tail[tail_end + 16 : tail_end + 20] = struct.pack("<I", new_offset)
+    locator = tail.rfind(b"PK\x06\x07")
+    if locator >= 0:  # torch writes zip64 records too: move the record offset and the directory offset
+        record = struct.unpack("<Q", tail[locator + 8 : locator + 16])[0] + len(padding)
+        tail[locator + 8 : locator + 16] = struct.pack("<Q", record)
+        record_at = tail.rfind(b"PK\x06\x06")
+        tail[record_at + 48 : record_at + 56] = struct.pack("<Q", new_offset)
+    out.write_bytes(bytes(data[:cd_offset]) + padding + bytes(tail))
+    return out
+
+
+def _sparse_crash(good: Path, out: Path, traps: Traps) -> Path:
+    """An unchecked sparse tensor with an index far out of range, densified: native code reads out of bounds."""
+
+    def edit(program: dict[str, Any]) -> None:
+        first = _first_value(program)
+        add_steps(
+            program,
+            ("aten::full.default", [[2, 1], 1 << 40], {"dtype": {"dtype": "int64"}}),
+            ("aten::ones.default", [[1]]),
+            ("aten::_sparse_coo_tensor_unsafe.default", [{"ref": first}, {"ref": first + 1}, [4, 4]]),
+            ("aten::to_dense.default", [{"ref": first + 2}]),
+            ("aten::sum.default", [{"ref": first + 3}]),
+        )
+
+    return edit_engine(good, out, edit)
+
+
+def _huge_allocation(good: Path, out: Path, traps: Traps) -> Path:
+    return edit_engine(
+        good, out, lambda p: add_steps(p, ("aten::ones.default", [[4 << 30]], {"dtype": {"dtype": "uint8"}}))
+    )
+
+
+def _endless_compute(good: Path, out: Path, traps: Traps) -> Path:
+    def edit(program: dict[str, Any]) -> None:
+        first = _first_value(program)
+        add_steps(program, ("aten::ones.default", [[2048, 2048]]))
+        for step in range(400):
+            add_steps(program, ("aten::mm.default", [{"ref": first + step}, {"ref": first}]))
+
+    return edit_engine(good, out, edit)
+
+
+def _split_zip_bomb(good: Path, out: Path, traps: Traps) -> Path:
+    """Twenty deflated entries of 60 MiB zeros each: every one under the ratio rule, 1.2 GiB together."""
+    source = read_entries(good)
+    zeros = bytes(60 << 20)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in source.items():
+            archive.writestr(name, data)
+        for index in range(20):
+            archive.writestr(f"archive/extra/padding_{index}", zeros, compress_type=zipfile.ZIP_DEFLATED)
+    return out
+
+
+def _escape_in_entry_name(good: Path, out: Path, traps: Traps) -> Path:
+    entries = read_entries(good)
+    planted = io.BytesIO()
+    torch.save(_Plant(traps.marker), planted)
+    entries[f"archive/extra/{ESCAPE}.pkl"] = planted.getvalue()
+    return write_entries(out, entries)
+
+
+def _escape_in_package(good: Path, out: Path, traps: Traps) -> Path:
+    """A package (no program, never run) whose recorded output kinds and file names carry escape sequences."""
+    info = json.dumps({"outputs": [f"tensor{ESCAPE}"]}).encode()
+    return write_entries(
+        out,
+        [
+            (f"package/data/aotinductor/model/{ESCAPE}.so", b"\x7fELF not really"),
+            (f"package/extra/{PACKAGE_INFO_FILE}", info),
+            ("package/archive_format", b"pt2"),
+        ],
+    )
+
+
+def _deep_nesting(good: Path, out: Path, traps: Traps) -> Path:
+    entries = read_entries(good)
+    entries[_model_json(entries)] = b"[" * 200_000 + b"]" * 200_000
+    return write_entries(out, entries)
+
+
+CASES: tuple[Case, ...] = (
+    Case("engine step reaches torch.ops.load_library", "operators", _engine_any_callable, "step"),
+    Case("engine step names importlib.import_module", "operators", _engine_import_module, "not an operator name"),
+    Case("engine step reads a file (aten::from_file)", "operators", _engine_reads_a_file, "reads files"),
+    Case("engine step writes in place (aten::fill_)", "operators", _engine_writes_a_file, "writes to its arguments"),
+    Case("graph node calls aten::from_file", "operators", _graph_reads_a_file, "node relu calls aten::from_file"),
+    Case("graph target walks to os.system", "operators", _graph_walks_attributes, "not an operator name"),
+    Case("size expression run by sympify", "python in the program", _size_expression_runs_python, "size expression"),
+    Case("guard code executed by torch", "python in the program", _guard_runs_python, "a guard"),
+    Case("placeholder name in generated code", "python in the program", _placeholder_name_runs_python, "graph input"),
+    Case("TensorRT engine without --allow-native-code", "native code", _tensorrt_engine, "allow-native-code"),
+    Case("legacy torch.save stream as sample inputs", "one view", _legacy_stream, "legacy torch.save"),
+    Case("two entries with the same name", "one view", _duplicate_names, "two entries are named"),
+    Case("two archives, two central directories", "one view", _two_central_directories, "different files"),
+    Case("bytes hidden before the central directory", "one view", _bytes_between_entries, "belong to no entry"),
+    Case("unchecked sparse tensor (refused)", "crashes", _sparse_crash, "builds tensors unchecked"),
+    Case(
+        "unchecked sparse tensor, allowed by the user",
+        "crashes",
+        _sparse_crash,
+        "died on SIGSEGV",
+        ("--allow-op", "aten::_sparse_coo_tensor_unsafe"),
+    ),
+    Case("4 GiB allocation", "exhaustion", _huge_allocation, "memory limit", ("--memory-limit", "1GiB")),
+    Case("endless matrix products", "exhaustion", _endless_compute, "time limit", ("--timeout", "4")),
+    Case("zip bomb split over entries", "exhaustion", _split_zip_bomb, "expand to"),
+    Case("deep nesting", "exhaustion", _deep_nesting, "nested too deeply"),
+    Case("escape sequences in a refused entry's name", "terminal", _escape_in_entry_name, "refused"),
+)
+
+# Not refused, but printed: inspect shows what the file holds, every string escaped.
+INSPECTED: tuple[Case, ...] = (
+    Case("escape sequences in a package's output kinds", "terminal", _escape_in_package, "", command="inspect"),
+)

@@ -1,0 +1,79 @@
+"""Files crafted against verify itself (tests/hostile.py): no code runs, no file is read or written, no crash.
+
+Every case must end in exit 2 with one stderr line, no control character on
+stderr, the marker file absent, the victim file untouched and the secret
+nowhere in the output. The CLI runs in this process (its child process is the
+real one); one case also runs the CLI as a process of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SavedSeed
+from hostile import CASES, ESCAPE, INSPECTED, SECRET, Case, Traps
+
+from trt_inline import cli
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _run(case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    traps = Traps(tmp_path)
+    path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
+    code = cli.main([case.command, str(path), *case.args])
+    out, err = capsys.readouterr()
+    assert traps.sprung() == [], (case.name, err)
+    assert SECRET not in out + err, case.name
+    assert not _CONTROL.search(err) and not _CONTROL.search(out), (case.name, err)
+    return code, out, err
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_crafted_file_is_refused(
+    case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(case, saved_seed, tmp_path, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2, (case.name, out, err)
+    assert len(lines) == 1, err
+    assert case.expect in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", INSPECTED, ids=[case.name for case in INSPECTED])
+def test_strings_from_a_file_are_escaped(
+    case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(case, saved_seed, tmp_path, capsys)
+    assert code == 0, err
+    escaped = ESCAPE.encode("unicode_escape").decode()
+    assert f"outputs: tensor{escaped}" in out
+    assert f"{escaped}.so" in out
+
+
+def test_a_crash_is_one_line_from_a_real_process(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    """The CLI as users run it: the child dies on a signal, the CLI prints one line and exits 2."""
+    case = next(c for c in CASES if c.args[:1] == ("--allow-op",))
+    traps = Traps(tmp_path)
+    path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trt_inline", "verify", str(path), *case.args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "died on SIGSEGV" in proc.stderr, proc.stderr
+    assert "nothing of it ran in this process" in proc.stderr
+
+
+def test_good_file_passes_under_a_2gib_limit(saved_seed: SavedSeed, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["verify", str(saved_seed.good), "--memory-limit", "2GiB", "--timeout", "120"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASS") and "limits 120 s, 2 GiB" in out

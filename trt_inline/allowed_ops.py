@@ -1,0 +1,250 @@
+"""Which operators a saved file may call: one allow-list for loaded graphs and reference-engine programs.
+
+A saved graph names its operators as strings (``torch.ops.aten.relu.default``),
+and so does a reference engine's program (``aten::relu.default``). Torch
+resolves such names by walking attributes, which reaches far more than
+operators (``torch.ops.load_library``, ``importlib.import_module``), and any
+registered operator can be named, ``aten::from_file`` (reads and writes files)
+included. So a file from a stranger may call only what this module allows:
+
+==============================  ==========================================================
+kind                            allowed
+==============================  ==========================================================
+ATen operators                  ``aten::*`` with a functional schema (no ``Tensor(a!)``,
+                                no ``out=``), public, or private and tagged ``core``, or
+                                one of :data:`PRIVATE_ATEN`; never :data:`REFUSED_ATEN`
+                                nor a name containing ``sparse``, ``nested`` or ``_unsafe``
+                                (but ``_unsafe_view``)
+engine operators                ``trt_inline::execute_engine``; the TensorRT ones
+                                (:data:`trt_inline.engines.ENGINE_OPS`) only where native
+                                code is allowed: a TensorRT plan is native code
+Python functions                :data:`PYTHON_FUNCTIONS`: ``getitem`` and the symbolic
+                                size arithmetic exported graphs contain
+anything else                   only when the caller names it (``allow_ops``,
+                                ``--allow-op``)
+==============================  ==========================================================
+
+Names are resolved by lookup, never by walking attributes: a Python function
+through :data:`PYTHON_FUNCTIONS`, an operator through its namespace's packet,
+and the result must be the ``OpOverload`` of exactly the name asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import operator
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from trt_inline import compat, engines
+from trt_inline.errors import RefusedOperatorError, printable
+
+__all__ = [
+    "PRIVATE_ATEN",
+    "PYTHON_FUNCTIONS",
+    "REFUSED_ATEN",
+    "allowed_now",
+    "allowing",
+    "check_target",
+    "is_native_engine_op",
+    "qualified_name",
+    "resolve",
+    "serialized_to_qualified",
+]
+
+# Functions an exported graph calls besides operators, by the name torch's serializer
+# gives them (``module.name``); the reference program format writes ``operator.x``.
+PYTHON_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    **{
+        f"_operator.{fn.__name__}": fn
+        for fn in (
+            operator.getitem,
+            operator.add,
+            operator.sub,
+            operator.mul,
+            operator.truediv,
+            operator.floordiv,
+            operator.mod,
+            operator.pow,
+            operator.neg,
+            operator.pos,
+            operator.abs,
+            operator.eq,
+            operator.ne,
+            operator.lt,
+            operator.le,
+            operator.gt,
+            operator.ge,
+            operator.and_,
+            operator.or_,
+            operator.not_,
+        )
+    },
+    **{
+        f"torch.{fn.__name__}": fn
+        for fn in (torch.sym_not, torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_ite)
+    },
+    **{f"math.{fn.__name__}": fn for fn in (math.ceil, math.floor, math.trunc)},
+}
+_FUNCTION_NAMES = {fn: name for name, fn in PYTHON_FUNCTIONS.items()}
+
+# Private ATen operators exported graphs need that are not tagged core (each checks its inputs).
+PRIVATE_ATEN = frozenset(
+    {
+        "aten::_assert_scalar",
+        "aten::_assert_tensor_metadata",
+        "aten::_unsafe_view",
+        "aten::_local_scalar_dense",
+        "aten::_to_copy",
+        "aten::_softmax",
+        "aten::_log_softmax",
+        "aten::_native_batch_norm_legit_no_training",
+        "aten::_native_batch_norm_legit_functional",
+    }
+)
+# Functional ATen operators refused all the same: they touch files or build tensors unchecked.
+REFUSED_ATEN = frozenset({"aten::from_file", "aten::_unsafe_index", "aten::_unsafe_masked_index"})
+_REFUSED_WORDS = ("sparse", "nested", "_unsafe")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_extra_allowed: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "trt_inline_allowed_ops", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def allowing(names: Iterable[str], *, native_code: bool = False) -> Iterator[None]:
+    """Within the block, also allow ``names`` (``ns::op`` or ``ns::op.overload``), and TensorRT engines if asked.
+
+    What a user passes as ``allow_ops`` / ``--allow-op`` for a file they trust.
+    A context variable, so that the engine op's kernel, called by torch, sees it.
+    """
+    extra = set(names)
+    if native_code:
+        extra |= {op.name for op in engines.ENGINE_OPS if op.backend != "reference"}
+    token = _extra_allowed.set(_extra_allowed.get() | frozenset(extra))
+    try:
+        yield
+    finally:
+        _extra_allowed.reset(token)
+
+
+def allowed_now() -> frozenset[str]:
+    """The operators allowed beyond the allow-list at this point (:func:`allowing`)."""
+    return _extra_allowed.get()
+
+
+def qualified_name(target: Any) -> str:
+    """``aten::relu.default`` for an operator, ``_operator.add`` for a Python function, ``repr`` otherwise."""
+    if isinstance(target, compat.OpOverload):
+        return f"{compat.op_schema_name(target)}.{compat.op_overload_name(target)}"
+    if target in _FUNCTION_NAMES:
+        return _FUNCTION_NAMES[target]
+    return printable(repr(target))
+
+
+def is_native_engine_op(name: str) -> bool:
+    """Whether a qualified op name (with or without overload) is a TensorRT engine op."""
+    base = name.partition(".")[0]
+    return any(op.name == base and op.backend != "reference" for op in engines.ENGINE_OPS)
+
+
+def check_target(target: Any) -> None:
+    """Raise :class:`RefusedOperatorError` unless a node target (an object) is allowed."""
+    if isinstance(target, compat.OpOverload):
+        _check_op(target)
+        return
+    try:
+        if target in _FUNCTION_NAMES:
+            return
+    except TypeError:  # unhashable: not one of ours
+        pass
+    raise RefusedOperatorError(f"calls {qualified_name(target)}, which is not an allowed operator")
+
+
+def _check_op(op: compat.OpOverload) -> None:
+    name = compat.op_schema_name(op) or ""
+    full = f"{name}.{compat.op_overload_name(op)}"
+    extra = _extra_allowed.get()
+    if name in extra or full in extra:
+        return
+    if is_native_engine_op(name):
+        raise RefusedOperatorError(_native_refusal(full))
+    if name == engines.REFERENCE_OP.name:
+        return
+    reason = _aten_refusal(op, name)
+    if reason:
+        raise RefusedOperatorError(f"calls {full}, {reason} (--allow-op {name} allows it for a trusted file)")
+
+
+def _native_refusal(full: str) -> str:
+    return (
+        f"calls {full}, a TensorRT engine: deserializing and running a TensorRT plan runs native code "
+        "(pass --allow-native-code / allow_native_code=True only for a file from a trusted source)"
+    )
+
+
+def _aten_refusal(op: compat.OpOverload, name: str) -> str | None:
+    namespace, _, opname = name.partition("::")
+    if namespace != "aten":
+        return "which is not an ATen or engine operator"
+    if name in REFUSED_ATEN or (name not in PRIVATE_ATEN and any(word in opname for word in _REFUSED_WORDS)):
+        return "which reads files or builds tensors unchecked"
+    if compat.op_is_mutable(op):
+        return "which writes to its arguments"
+    if opname.startswith("_") and name not in PRIVATE_ATEN and not compat.is_core_aten(op):
+        return "a private operator that is not on the allow-list"
+    return None
+
+
+def resolve(name: str) -> Callable[..., Any]:
+    """The allowed callable a qualified name stands for (``aten::relu.default``, ``operator.add``).
+
+    Raises :class:`RefusedOperatorError` for anything not allowed, or not an operator at all.
+    """
+    # The reference program format writes ``operator.add``, torch's serializer ``_operator.add``.
+    function = PYTHON_FUNCTIONS.get(f"_{name}" if name.startswith("operator.") else name)
+    if function is not None:
+        return function
+    namespace, sep, rest = name.partition("::")
+    opname, dot, overload = rest.partition(".")
+    if not (sep and _NAME.match(namespace) and _NAME.match(opname) and (not dot or _NAME.match(overload))):
+        raise RefusedOperatorError(f"names {printable(name)!r}, which is not an operator name")
+    qualified = f"{namespace}::{opname}"
+    if is_native_engine_op(qualified) and qualified not in _extra_allowed.get():
+        raise RefusedOperatorError(_native_refusal(f"{qualified}.{overload or 'default'}"))
+    op = _lookup(namespace, opname, overload or "default")
+    _check_op(op)
+    return op
+
+
+def _lookup(namespace: str, opname: str, overload: str) -> compat.OpOverload:
+    """The registered OpOverload ``namespace::opname.overload``, checked to be exactly that one."""
+    wanted = f"{namespace}::{opname}.{overload}"
+    try:
+        packet = getattr(getattr(torch.ops, namespace), opname)
+    except (AttributeError, RuntimeError) as exc:
+        raise RefusedOperatorError(f"names {wanted}, which is not registered in this process") from exc
+    if not isinstance(packet, compat.OpOverloadPacket) or overload not in compat.op_overloads(packet):
+        raise RefusedOperatorError(f"names {wanted}, which is not a registered operator")
+    op = getattr(packet, overload)
+    if not isinstance(op, compat.OpOverload) or qualified_name(op) != wanted:
+        raise RefusedOperatorError(f"names {wanted}, which is not a registered operator")
+    return op
+
+
+def serialized_to_qualified(target: str) -> str:
+    """A target as torch's serializer writes it (``torch.ops.aten.relu.default``) in qualified form.
+
+    Python functions keep their name (``_operator.add``); other strings are returned as they are.
+    """
+    if target.startswith("torch.ops."):
+        parts = target.split(".")
+        if len(parts) == 5:
+            return f"{parts[2]}::{parts[3]}.{parts[4]}"
+    return target

@@ -1,0 +1,312 @@
+"""Loading and running a file in a child process with a time limit and a memory limit.
+
+A file from a stranger can still make the native code that loads or runs it
+crash (an operator with a memory-safety bug, a package's shared library, a
+TensorRT plan), allocate without bound, or compute for hours. So ``verify`` and
+``inspect`` open files in a child interpreter:
+
+* started isolated (``python -I``: no current directory on ``sys.path``, no
+  ``PYTHON*`` variables), with the parent's import path passed explicitly;
+* in a session of its own, so that the time limit kills it and everything it started;
+* with ``RLIMIT_AS`` set, once torch is imported, to what the child uses then
+  plus the memory limit. Where CUDA is available the driver reserves far more
+  address space than it uses, so there the parent watches the child's resident
+  memory instead and kills it past the limit;
+* no core dumps.
+
+The child writes its result as JSON; the parent turns a killed, crashed or
+exhausted child into one :class:`IsolationError` line that says which limit or
+which signal, and never crashes itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trt_inline.errors import (
+    IsolationError,
+    RefusedOperatorError,
+    TrtInlineError,
+    UnsafeArchiveError,
+    VerifyInputError,
+    first_line,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Limits",
+    "default_memory_limit",
+    "format_size",
+    "parse_size",
+    "run_isolated",
+]
+
+DEFAULT_TIMEOUT = 3600.0
+_BASE_MEMORY = 2 << 30
+_POLL_SECONDS = 0.02
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MIB": 1 << 20}
+_UNITS |= {"G": 1 << 30, "GB": 1000**3, "GIB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TIB": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``"2GiB"``, ``"512MiB"``, ``"1.5GB"`` or a plain number of bytes."""
+    if isinstance(text, int):
+        size = text
+    else:
+        match = _SIZE.match(text)
+        unit = match.group(2).upper() if match else ""
+        if match is None or unit not in _UNITS:
+            raise VerifyInputError(f"memory limit {text!r}: give a size such as 2GiB, 512MiB or 4000000000")
+        size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise VerifyInputError(f"memory limit {text!r}: must be more than 0 bytes")
+    return size
+
+
+def format_size(size: int) -> str:
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.3g} {unit}"
+    return f"{size} B"
+
+
+def default_memory_limit(path: str | os.PathLike[str] | None) -> int:
+    """Twice the file's size plus 2 GiB: loading and running a program needs about its size again, and working room."""
+    size = os.path.getsize(path) if path is not None and os.path.isfile(path) else 0
+    return 2 * size + _BASE_MEMORY
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a child may use: seconds of wall-clock time, and bytes beyond what it uses once torch is imported."""
+
+    timeout: float
+    memory: int
+
+    def describe(self) -> str:
+        return f"{self.timeout:g} s, {format_size(self.memory)}"
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    value: Any
+    peak_rss: int  # bytes, the child's maximum resident set
+
+
+# The jobs a child can run, by name: (module, function). The function takes the request's
+# JSON arguments and the tensors the parent saved, and returns something JSON can hold.
+JOBS = {
+    "verify": ("trt_inline.verify.verifier", "verify_job"),
+    "inspect": ("trt_inline.verify.verifier", "inspect_job"),
+}
+
+
+def run_isolated(
+    job: str, arguments: dict[str, Any], tensors: Any, limits: Limits, *, where: str, debug: bool = False
+) -> ChildResult:
+    """Run ``job`` in a child process under ``limits``; its return value, or the error it raised, re-raised here.
+
+    ``tensors`` go through ``torch.save`` and come back with ``weights_only=True``.
+    Raises :class:`IsolationError` naming ``where`` when the child is stopped.
+    """
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="trt-inline-") as folder:
+        work = Path(folder)
+        torch.save(tensors, work / "tensors.pt")
+        request = {"job": job, "arguments": arguments, "memory": limits.memory, "debug": debug}
+        (work / "request.json").write_text(json.dumps(request))
+        path = [entry for entry in sys.path if entry and os.path.isabs(entry)]
+        command = [
+            sys.executable,
+            "-I",
+            "-c",
+            "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+            "from trt_inline.verify.isolation import child_main; child_main(sys.argv[2])",
+            json.dumps(path),
+            str(work),
+        ]
+        # Each thread's malloc arena reserves 64 MiB of address space: few arenas, so that the
+        # address-space limit measures memory rather than the machine's core count.
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+        with open(work / "stderr.txt", "wb") as stderr:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True, env=env
+            )
+            try:
+                status, peak, stopped = _supervise(process, limits, work)
+            except BaseException:  # interrupted: the child must not outlive the call
+                _kill_group(process.pid)
+                process.wait()
+                raise
+        if debug:
+            sys.stderr.write((work / "stderr.txt").read_text(errors="replace"))
+        return _outcome(work, status, peak, stopped, limits, where)
+
+
+def _supervise(process: subprocess.Popen[bytes], limits: Limits, work: Path) -> tuple[int, int, str | None]:
+    """Wait for the child: (wait status, peak RSS in bytes, which limit stopped it or None)."""
+    deadline = time.monotonic() + limits.timeout
+    stopped: str | None = None
+    rss_limit: int | None = None
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return status, usage.ru_maxrss * 1024, stopped
+        if stopped is None:
+            if rss_limit is None and (work / "rss_limit").exists():
+                rss_limit = int((work / "rss_limit").read_text() or 0) or None
+            if time.monotonic() > deadline:
+                stopped = "time"
+            elif rss_limit is not None and _resident(process.pid) > rss_limit:
+                stopped = "memory"
+            if stopped:
+                _kill_group(process.pid)
+        time.sleep(_POLL_SECONDS)
+
+
+def _resident(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _outcome(work: Path, status: int, peak: int, stopped: str | None, limits: Limits, where: str) -> ChildResult:
+    result_file = work / "result.json"
+    if stopped == "time":
+        raise IsolationError(f"{where}: stopped after {limits.timeout:g} s, the time limit (--timeout raises it)")
+    if stopped == "memory":
+        raise IsolationError(
+            f"{where}: stopped past {format_size(limits.memory)} of memory, the memory limit (--memory-limit raises it)"
+        )
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        raise IsolationError(
+            f"{where}: the child process loading it died on {name} (a crash in native code); "
+            "nothing of it ran in this process"
+        )
+    if not result_file.exists():
+        code = os.waitstatus_to_exitcode(status)
+        raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result")
+    result = json.loads(result_file.read_text())
+    if "error" in result:
+        kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError)
+        kind = {cls.__name__: cls for cls in kinds}.get(result["error"], VerifyInputError)
+        message = str(result["message"])
+        # The child's own errors name the file; a limit it hit or an unexpected error may not.
+        raise kind(message if message.startswith(where) else f"{where}: {message}")
+    return ChildResult(result["value"], peak)
+
+
+# ---------------------------------------------------------------------------
+# The child
+# ---------------------------------------------------------------------------
+
+
+def child_main(folder: str) -> None:
+    """Entry point of the child: limits, then the job, then its result as JSON. Never returns."""
+    work = Path(folder)
+    request = json.loads((work / "request.json").read_text())
+    code = 0
+    try:
+        result = {"value": _child_job(work, request)}
+    except MemoryError:
+        result = _memory_error(request)
+    except RecursionError:
+        result = {"error": "VerifyInputError", "message": "nested too deeply to be read"}
+    except Exception as exc:
+        if _is_allocation_failure(exc):
+            result = _memory_error(request)
+        else:
+            if request.get("debug"):
+                traceback.print_exc()
+            kind = type(exc).__name__ if isinstance(exc, TrtInlineError) else "VerifyInputError"
+            message = first_line(exc) if isinstance(exc, TrtInlineError) else f"{type(exc).__name__}: {first_line(exc)}"
+            result = {"error": kind, "message": message}
+    (work / "result.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _child_job(work: Path, request: dict[str, Any]) -> Any:
+    import importlib
+    import resource
+
+    import torch
+
+    import trt_inline.reference
+    import trt_inline.verify  # noqa: F401
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    memory = int(request["memory"])
+    if torch.cuda.is_available():
+        # The CUDA driver reserves address space far beyond what it uses: the parent watches RSS instead.
+        (work / "rss_limit").write_text(str(_own_resident() + memory))
+    else:
+        limit = _own_address_space() + memory
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    tensors = torch.load(work / "tensors.pt", weights_only=True)
+    module_name, function_name = JOBS[request["job"]]
+    job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
+    return job(request["arguments"], tensors)
+
+
+def _own_address_space() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _own_resident() -> int:
+    return _resident(os.getpid())
+
+
+def _is_allocation_failure(exc: BaseException) -> bool:
+    """Whether an allocation failed under the limit: the error itself or one it was raised from."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen)
+        if isinstance(seen, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _memory_error(request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "error": "IsolationError",
+        "message": f"ran out of its memory limit of {format_size(int(request['memory']))} (--memory-limit raises it)",
+    }
