@@ -31,6 +31,8 @@ _WRAPPER = (
 
 
 def _good_file(folder: Path) -> Path:
+    import warnings
+
     import torch
     from models import RELU, ConvBnRelu
 
@@ -40,7 +42,9 @@ def _good_file(folder: Path) -> Path:
     x = torch.randn(2, 3, 8, 8)
     compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
     good = folder / "good.pt2"
-    trt_inline.save(compiled, good, arg_inputs=(x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecation notices, not ours
+        trt_inline.save(compiled, good, arg_inputs=(x,))
     return good
 
 

@@ -85,7 +85,8 @@ def write_entries(target: Path, entries: list[tuple[str, bytes]] | dict[str, byt
 
 
 def _model_json(entries: dict[str, bytes]) -> str:
-    return next(name for name in entries if name.endswith("models/model.json"))
+    """The serialized program: ``models/model.json`` (torch 2.6+), ``serialized_exported_program.json`` (2.5)."""
+    return next(name for name in entries if name.endswith(("models/model.json", "serialized_exported_program.json")))
 
 
 def edit_program(source: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
@@ -219,7 +220,8 @@ def _tensorrt_engine(good: Path, out: Path, traps: Traps) -> Path:
 
 
 def _sample_inputs(entries: dict[str, bytes]) -> str:
-    return next(name for name in entries if name.endswith("sample_inputs/model.pt"))
+    """The sample inputs, which torch.export.load unpickles: ``serialized_example_inputs.pt`` on torch 2.5."""
+    return next(name for name in entries if name.endswith(("sample_inputs/model.pt", "serialized_example_inputs.pt")))
 
 
 def _legacy_stream(good: Path, out: Path, traps: Traps) -> Path:

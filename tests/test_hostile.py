@@ -1,9 +1,10 @@
 """Files crafted against verify itself (tests/hostile.py): no code runs, no file is read or written, no crash.
 
 Every case must end in exit 2 with one stderr line, no control character on
-stderr, the marker file absent, the victim file untouched and the secret
-nowhere in the output. The CLI runs in this process (its child process is the
-real one); one case also runs the CLI as a process of its own.
+stderr, the marker file absent, the victim file untouched, nothing new in the
+temp root or the repository, and the secret nowhere in the output. The CLI
+runs in this process (its child process is the real one); one case also runs
+the CLI as a process of its own.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,19 @@ from trt_inline import cli
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+def _outside(tmp_path: Path) -> set[str]:
+    """What lies where a payload could write besides the test's own folder: the temp root and the repository."""
+    temp = Path(tempfile.gettempdir())
+    return {str(p) for p in temp.iterdir() if not p.name.startswith("pytest-of-")} | {str(p) for p in REPO.iterdir()}
+
+
 def _run(case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     traps = Traps(tmp_path)
     path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
+    before = _outside(tmp_path)
     code = cli.main([case.command, str(path), *case.args])
     out, err = capsys.readouterr()
+    assert _outside(tmp_path) == before, (case.name, _outside(tmp_path) ^ before)
     assert traps.sprung() == [], (case.name, err)
     assert SECRET not in out + err, case.name
     assert not _CONTROL.search(err) and not _CONTROL.search(out), (case.name, err)

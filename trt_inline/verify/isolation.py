@@ -12,7 +12,7 @@ TensorRT plan), allocate without bound, or compute for hours. So ``verify`` and
   plus the memory limit. Where CUDA is available the driver reserves far more
   address space than it uses, so there the parent watches the child's resident
   memory instead and kills it past the limit;
-* no core dumps.
+* no core dumps, and its temporary files in a folder removed afterwards.
 
 The child writes its result as JSON; the parent turns a killed, crashed or
 exhausted child into one :class:`IsolationError` line that says which limit or
@@ -141,7 +141,9 @@ def run_isolated(
         ]
         # Each thread's malloc arena reserves 64 MiB of address space: few arenas, so that the
         # address-space limit measures memory rather than the machine's core count.
-        env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+        # Its temporary files (torch's own, a package's extracted library) stay in the folder removed afterwards.
+        (work / "tmp").mkdir()
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2", "TMPDIR": str(work / "tmp")}
         with open(work / "stderr.txt", "wb") as stderr:
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True, env=env
