@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import operator
@@ -19,6 +20,7 @@ from models import RELU, ConvBnRelu
 
 import trt_inline
 from trt_inline import reference
+from trt_inline.cli import main as cli_main
 from trt_inline.verify import (
     REFERENCE_IO_FILE,
     VerifyInputError,
@@ -57,10 +59,19 @@ def miswire(source: Path, target: Path) -> Path:
     return target
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The CLI in a process of its own; every ``verify`` of the suite runs under a 2 GiB memory limit."""
+def cli(*args: str, env: dict[str, str] | None = None, process: bool = False) -> subprocess.CompletedProcess[str]:
+    """The CLI: in this process (its own child process still loads the file), or, with ``env`` or
+    ``process=True``, as a process of its own. Every ``verify`` runs under a 2 GiB memory limit."""
     if args[:1] == ("verify",) and "--memory-limit" not in args:
         args = (*args, "--memory-limit", "2GiB")
+    if env is None and not process:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli_main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                code = int(exc.code or 0)
+        return subprocess.CompletedProcess(["trt-inline", *args], code, out.getvalue(), err.getvalue())
     run_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "trt_inline.cli", *args], capture_output=True, text=True, env=run_env, timeout=300
@@ -76,7 +87,7 @@ def assert_unusable(proc: subprocess.CompletedProcess[str], fragment: str) -> No
 
 
 def test_good_file_verifies_with_only_its_path(saved: dict[str, Path]) -> None:
-    proc = cli("verify", str(saved["good"]))
+    proc = cli("verify", str(saved["good"]), process=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith(f"PASS {saved['good']} (reference: embedded)")
     assert proc.stdout.count("max abs diff 0 ") == 2
@@ -156,7 +167,7 @@ def test_bad_inputs_exit_2_with_one_line_across_a_process(saved: dict[str, Path]
         ([str(_tampered(saved["good"], tmp_path / "tampered.pt2", marker))], "embedded reference I/O refused"),
     ]
     for args, fragment in cases:
-        assert_unusable(cli("verify", *args), fragment)
+        assert_unusable(cli("verify", *args, process=True), fragment)
     assert not marker.exists(), "the tampered payload was unpickled"
 
 
