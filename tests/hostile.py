@@ -282,6 +282,14 @@ def _bytes_between_entries(good: Path, out: Path, traps: Traps) -> Path:
     return out
 
 
+def _program_in_utf16(good: Path, out: Path, traps: Traps) -> Path:
+    """A program this check and torch's reader would decode differently: refused, not left to torch."""
+    entries = read_entries(good)
+    name = _model_json(entries)
+    entries[name] = entries[name].decode().encode("utf-16")
+    return write_entries(out, entries)
+
+
 def _sparse_crash(good: Path, out: Path, traps: Traps) -> Path:
     """An unchecked sparse tensor with an index far out of range, densified: native code reads out of bounds."""
 
@@ -369,6 +377,7 @@ CASES: tuple[Case, ...] = (
     Case("two entries with the same name", "one view", _duplicate_names, "two entries are named"),
     Case("two archives, two central directories", "one view", _two_central_directories, "different files"),
     Case("bytes hidden before the central directory", "one view", _bytes_between_entries, "belong to no entry"),
+    Case("program JSON in UTF-16", "one view", _program_in_utf16, "not a readable program"),
     Case("unchecked sparse tensor (refused)", "crashes", _sparse_crash, "builds tensors unchecked"),
     Case(
         "unchecked sparse tensor, allowed by the user",

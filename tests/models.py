@@ -181,3 +181,15 @@ class RowsAndValues(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         h = torch.relu(x) * 2.0
         return h + 1.0, h.shape[0] - 1
+
+
+class ExpandedIds(nn.Module):
+    """An engine whose output is an expanded view (strides 0), read by a falling-back embedding (BERT-like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        expanded = (ids[:1] * 1).expand(ids.shape[0], ids.shape[1])
+        return self.emb(expanded) * 2.0

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import as_list, load_in_fresh_process, max_abs_diff
-from models import RELU, ConvBnRelu, MultiOutputBothSides, RowsAndValues, TinyResNet, scalar_cases
+from models import RELU, ConvBnRelu, ExpandedIds, MultiOutputBothSides, RowsAndValues, TinyResNet, scalar_cases
 from test_scalars import scalar_crossings
 from test_untrusted import _Plant, _rewrite, _torch_saved
 from test_verify import assert_unusable, cli
@@ -96,13 +96,22 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Package]:
             dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=9)},),
             checks=[(torch.randn(2, 3),), (torch.randn(9, 3),)],
         ),
+        _package(
+            root,
+            "expanded_view",
+            ExpandedIds(),
+            (torch.randint(0, 50, (4, 6)),),
+            torch_executed_ops=["aten.embedding.default"],
+            dynamic_shapes=({0: batch, 1: torch.export.Dim("seq", min=2, max=16)},),
+            checks=[(torch.randint(0, 50, (1, 2)),), (torch.randint(0, 50, (8, 16)),), (torch.randint(0, 50, (3, 5)),)],
+        ),
     ]
     for package in built:
         package.extra["size"] = package.path.stat().st_size
     return {p.name: p for p in built}
 
 
-NAMES = ["seed", "residual", "multi_output", "dynamic_batch", "scalar_crossing", "scalar_output"]
+NAMES = ["seed", "residual", "multi_output", "dynamic_batch", "scalar_crossing", "scalar_output", "expanded_view"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -128,6 +137,16 @@ def test_structures_are_really_there(packages: dict[str, Package]) -> None:
     with torch.no_grad():
         _, rows = packages["scalar_output"].compiled(torch.randn(6, 3))
     assert isinstance(rows, int) and rows == 5, "the compiled module returns a Python int"
+    engine_outputs: list[torch.Tensor] = []
+    expanded = packages["expanded_view"].compiled
+    for module in expanded.modules():
+        if isinstance(module, reference.ReferenceEngine):
+            module.register_forward_hook(lambda _m, _i, out: engine_outputs.extend(as_list(out)))
+    with torch.no_grad():
+        expanded(torch.randint(0, 50, (3, 5)))
+    ids = [t for t in engine_outputs if t.dtype == torch.int64 and t.dim() == 2]
+    assert ids and (ids[0] == ids[0][:1]).all(), "an engine computes the expand the embedding reads"
+    assert all(t.is_contiguous() for t in engine_outputs), "engines return contiguous outputs, as TensorRT's do"
 
 
 def test_raw_aoti_loader_returns_the_scalar_as_a_tensor(packages: dict[str, Package]) -> None:

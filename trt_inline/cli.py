@@ -189,10 +189,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from trt_inline.verify.archive import classify_file
     from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits, default_memory_limit, parse_size, run_isolated
 
-    classify_file(args.path)
     limits = Limits(
         DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
         default_memory_limit(args.path) if args.memory_limit is None else parse_size(args.memory_limit),

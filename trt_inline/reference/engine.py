@@ -67,13 +67,15 @@ def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: s
     """Run a reference engine: ``program`` over ``inputs`` with weights from ``engine``."""
     outputs = load_program(program).run(inputs, engine)
     # A custom op's outputs may not alias its inputs or each other: a block that
-    # returns an input, a weight, or a view of one gets a copy.
+    # returns an input, a weight, or a view of one gets a copy. Like TensorRT's,
+    # every output is contiguous: compiled callers (AOTInductor) index outputs with
+    # the strides the fake kernel gave, never with those of a view (an expand's 0).
     seen = {t.untyped_storage().data_ptr() for t in (*inputs, engine) if t.numel()}
     result = []
     for out in outputs:
         ptr = out.untyped_storage().data_ptr()
-        if out.numel() and ptr in seen:
-            out = out.clone()
+        if not out.is_contiguous() or (out.numel() and ptr in seen):
+            out = out.clone(memory_format=torch.contiguous_format)
             ptr = out.untyped_storage().data_ptr()
         seen.add(ptr)
         result.append(out)
@@ -91,13 +93,18 @@ def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, progr
     """
     decoded = load_program(program)
     if not any(decoded.is_scalar_input(i) for i in range(decoded.num_inputs)):
-        return [out.clone() for out in decoded.run(inputs, engine)]
+        return [_contiguous_copy(out) for out in decoded.run(inputs, engine)]
     known = _free_symbols(inputs)
     with compat.discarding_fresh_unbacked_symbols(inputs):
         outputs = decoded.run(inputs, engine)
     if _free_symbols(outputs) - known:
         outputs = decoded.run(inputs, engine)
-    return [out.clone() for out in outputs]
+    return [_contiguous_copy(out) for out in outputs]
+
+
+def _contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous tensor like ``tensor``: what the op returns for each output (see ``_execute_engine``)."""
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def _free_symbols(tensors: Sequence[torch.Tensor]) -> set[Any]:

@@ -5,6 +5,10 @@ module                      concern
 ==========================  =================================================================
 ``archive``                 opening files (programs, AOTInductor packages): unusable ones told
                             apart, unsafe ones refused unread, never native code loaded
+``zip_layout``              one view of a zip archive: layouts two readers could read
+                            differently are refused
+``isolation``               the child process, with time and memory limits, that loads and
+                            runs a file
 ``structure``               structural checks on the graph, one function each
 ``compare``                 running on reference inputs and comparing outputs
 ``report``                  ``VerifyReport`` and its text / JSON forms

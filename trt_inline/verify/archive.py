@@ -311,9 +311,12 @@ def check_serialized_programs(archive: zipfile.ZipFile, file: Path | str) -> Non
         if not name.endswith(".json") or not ("/models/" in f"/{name}" or name.endswith(_PROGRAM_MARKERS[1])):
             continue
         try:
-            document = json.loads(archive.read(info))
-        except (ValueError, UnicodeDecodeError):
-            continue  # torch.export.load refuses it before evaluating anything
+            document = json.loads(archive.read(info).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            # What this check cannot read it cannot vouch for: refused, not left to torch's reader.
+            raise UnsafeArchiveError(
+                f"{file}: {printable(name)}: refused: not a readable program ({first_line(exc)})"
+            ) from None
         problem = _program_problem(document)
         if problem:
             raise RefusedOperatorError(f"{file}: {printable(name)}: {problem}")

@@ -56,6 +56,8 @@ __all__ = [
 DEFAULT_TIMEOUT = 3600.0
 _BASE_MEMORY = 2 << 30
 _POLL_SECONDS = 0.02
+# What the parent reads back of the child's report: a report is a few lines per output and problem.
+_MAX_RESULT_BYTES = 64 << 20
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MIB": 1 << 20}
 _UNITS |= {"G": 1 << 30, "GB": 1000**3, "GIB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TIB": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
@@ -155,7 +157,7 @@ def run_isolated(
                 process.wait()
                 raise
         if debug:
-            sys.stderr.write((work / "stderr.txt").read_text(errors="replace"))
+            sys.stderr.write(_tail(work / "stderr.txt"))
         return _outcome(work, status, peak, stopped, limits, where)
 
 
@@ -179,6 +181,13 @@ def _supervise(process: subprocess.Popen[bytes], limits: Limits, work: Path) -> 
             if stopped:
                 _kill_group(process.pid)
         time.sleep(_POLL_SECONDS)
+
+
+def _tail(path: Path, limit: int = 1 << 20) -> str:
+    """The last ``limit`` bytes of a file the child wrote, as text."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - limit))
+        return handle.read().decode(errors="replace")
 
 
 def _resident(pid: int) -> int:
@@ -220,6 +229,8 @@ def _outcome(work: Path, status: int, peak: int, stopped: str | None, limits: Li
     if not result_file.exists():
         code = os.waitstatus_to_exitcode(status)
         raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result")
+    if result_file.stat().st_size > _MAX_RESULT_BYTES:
+        raise IsolationError(f"{where}: the child process's report is larger than {format_size(_MAX_RESULT_BYTES)}")
     result = json.loads(result_file.read_text())
     if "error" in result:
         kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError)
