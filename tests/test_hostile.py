@@ -1,8 +1,9 @@
 """Files crafted against verify itself (tests/hostile.py): no code runs, no file is read or written, no crash.
 
 Every case must end in exit 2 with one stderr line, no control character on
-stderr, the marker file absent, the victim file untouched, nothing new in the
-temp root or the repository, and the secret nowhere in the output. The CLI
+stderr, the marker file absent, the victim file untouched, nothing left in the
+temp root the call was given, the repository unchanged, and the secret nowhere
+in the output. The CLI
 runs in this process (its child process is the real one); one case also runs
 the CLI as a process of its own.
 """
@@ -24,19 +25,24 @@ from trt_inline import cli
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _outside(tmp_path: Path) -> set[str]:
-    """What lies where a payload could write besides the test's own folder: the temp root and the repository."""
-    temp = Path(tempfile.gettempdir())
-    return {str(p) for p in temp.iterdir() if not p.name.startswith("pytest-of-")} | {str(p) for p in REPO.iterdir()}
-
-
-def _run(case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+def _run(
+    case: Case,
+    saved_seed: SavedSeed,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[int, str, str]:
+    """Run one case with a temp root of its own: afterwards it must be empty, and the repository unchanged."""
     traps = Traps(tmp_path)
     path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
-    before = _outside(tmp_path)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the child's folder, and its TMPDIR, go here
+    repository = sorted(REPO.iterdir())
     code = cli.main([case.command, str(path), *case.args])
     out, err = capsys.readouterr()
-    assert _outside(tmp_path) == before, (case.name, _outside(tmp_path) ^ before)
+    assert list(temp.iterdir()) == [], (case.name, list(temp.iterdir()))
+    assert sorted(REPO.iterdir()) == repository, case.name
     assert traps.sprung() == [], (case.name, err)
     assert SECRET not in out + err, case.name
     assert not _CONTROL.search(err) and not _CONTROL.search(out), (case.name, err)
@@ -45,9 +51,13 @@ def _run(case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.Captu
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_crafted_file_is_refused(
-    case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: Case,
+    saved_seed: SavedSeed,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    code, out, err = _run(case, saved_seed, tmp_path, capsys)
+    code, out, err = _run(case, saved_seed, tmp_path, capsys, monkeypatch)
     lines = err.strip().splitlines()
     assert code == 2, (case.name, out, err)
     assert len(lines) == 1, err
@@ -57,9 +67,13 @@ def test_crafted_file_is_refused(
 
 @pytest.mark.parametrize("case", INSPECTED, ids=[case.name for case in INSPECTED])
 def test_strings_from_a_file_are_escaped(
-    case: Case, saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: Case,
+    saved_seed: SavedSeed,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    code, out, err = _run(case, saved_seed, tmp_path, capsys)
+    code, out, err = _run(case, saved_seed, tmp_path, capsys, monkeypatch)
     assert code == 0, err
     escaped = ESCAPE.encode("unicode_escape").decode()
     assert f"outputs: tensor{escaped}" in out
