@@ -189,12 +189,9 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits, default_memory_limit, parse_size, run_isolated
+    from trt_inline.verify.isolation import Limits, run_isolated
 
-    limits = Limits(
-        DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
-        default_memory_limit(args.path) if args.memory_limit is None else parse_size(args.memory_limit),
-    )
+    limits = Limits.for_file(args.path, args.timeout, args.memory_limit)
     arguments = {
         "path": args.path,
         "allow_pickle": args.allow_pickle,

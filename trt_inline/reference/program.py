@@ -69,17 +69,19 @@ SCALAR_TARGETS: frozenset[Callable[..., Any]] = frozenset(
     }
 )
 _ENGINE_CALLABLES: tuple[Callable[..., Any], ...] = (operator.getitem, *SCALAR_TARGETS)
-_PY_TARGETS: dict[str, Callable[..., Any]] = {
-    f"{fn.__module__.replace('_operator', 'operator')}.{fn.__name__}": fn for fn in _ENGINE_CALLABLES
-}
-_PY_TARGET_NAMES = {fn: name for name, fn in _PY_TARGETS.items()}
 
 
 def encodable_target(target: Any) -> str | None:
-    """Name under which a node target is stored in a program, or None if it can't be."""
+    """Name under which a node target is stored in a program, or None if it can't be.
+
+    Operators by qualified name (``aten::relu.default``); the Python functions an
+    engine may hold by the allow-list's name, written ``operator.add`` in this format.
+    """
     if isinstance(target, compat.OpOverload):
-        return f"{compat.op_schema_name(target)}.{compat.op_overload_name(target)}"
-    return _PY_TARGET_NAMES.get(target)
+        return allowed_ops.qualified_name(target)
+    if target not in _ENGINE_CALLABLES:
+        return None
+    return allowed_ops.qualified_name(target).removeprefix("_")
 
 
 # ---------------------------------------------------------------------------

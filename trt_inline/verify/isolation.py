@@ -98,6 +98,14 @@ class Limits:
     timeout: float
     memory: int
 
+    @classmethod
+    def for_file(cls, path: str | os.PathLike[str], timeout: float | None, memory_limit: int | str | None) -> Limits:
+        """The limits asked for; :data:`DEFAULT_TIMEOUT` and :func:`default_memory_limit` for those not."""
+        return cls(
+            DEFAULT_TIMEOUT if timeout is None else float(timeout),
+            default_memory_limit(path) if memory_limit is None else parse_size(memory_limit),
+        )
+
     def describe(self) -> str:
         return f"{self.timeout:g} s, {format_size(self.memory)}"
 

@@ -15,14 +15,7 @@ from trt_inline.errors import VerifyInputError
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.compare import compare_output, run_on
-from trt_inline.verify.isolation import (
-    DEFAULT_TIMEOUT,
-    Limits,
-    default_memory_limit,
-    format_size,
-    parse_size,
-    run_isolated,
-)
+from trt_inline.verify.isolation import Limits, format_size, run_isolated
 from trt_inline.verify.reference_io import ReferenceIO, tensors_only
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
@@ -105,10 +98,7 @@ def verify(
         with torch.no_grad():
             expected = tensors_only(reference(*arg_inputs, **(kwarg_inputs or {})), "reference outputs")
         label = "module"
-    limits = Limits(
-        DEFAULT_TIMEOUT if timeout is None else float(timeout),
-        default_memory_limit(path) if memory_limit is None else parse_size(memory_limit),
-    )
+    limits = Limits.for_file(path, timeout, memory_limit)
     arguments = {
         "path": path,
         "reference_from": None if reference_from is None else os.fspath(reference_from),
