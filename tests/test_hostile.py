@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,39 +26,37 @@ from trt_inline import cli
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def _run(
-    case: Case,
-    saved_seed: SavedSeed,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> tuple[int, str, str]:
-    """Run one case with a temp root of its own: afterwards it must be empty, and the repository unchanged."""
-    traps = Traps(tmp_path)
-    path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the child's folder, and its TMPDIR, go here
-    repository = sorted(REPO.iterdir())
-    code = cli.main([case.command, str(path), *case.args])
-    out, err = capsys.readouterr()
-    assert list(temp.iterdir()) == [], (case.name, list(temp.iterdir()))
-    assert sorted(REPO.iterdir()) == repository, case.name
-    assert traps.sprung() == [], (case.name, err)
-    assert SECRET not in out + err, case.name
-    assert not _CONTROL.search(err) and not _CONTROL.search(out), (case.name, err)
-    return code, out, err
+RunCase = Callable[[Case], tuple[int, str, str]]
+
+
+@pytest.fixture
+def run_case(
+    saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> RunCase:
+    """Runs one case with a temp root of its own: afterwards it must be empty, and the repository unchanged."""
+
+    def run(case: Case) -> tuple[int, str, str]:
+        traps = Traps(tmp_path)
+        path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
+        temp = tmp_path / "temp"
+        temp.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the child's folder, and its TMPDIR, go here
+        repository = sorted(REPO.iterdir())
+        code = cli.main([case.command, str(path), *case.args])
+        out, err = capsys.readouterr()
+        assert list(temp.iterdir()) == [], (case.name, list(temp.iterdir()))
+        assert sorted(REPO.iterdir()) == repository, case.name
+        assert traps.sprung() == [], (case.name, err)
+        assert SECRET not in out + err, case.name
+        assert not _CONTROL.search(err) and not _CONTROL.search(out), (case.name, err)
+        return code, out, err
+
+    return run
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_crafted_file_is_refused(
-    case: Case,
-    saved_seed: SavedSeed,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    code, out, err = _run(case, saved_seed, tmp_path, capsys, monkeypatch)
+def test_crafted_file_is_refused(case: Case, run_case: RunCase) -> None:
+    code, out, err = run_case(case)
     lines = err.strip().splitlines()
     assert code == 2, (case.name, out, err)
     assert len(lines) == 1, err
@@ -66,14 +65,8 @@ def test_crafted_file_is_refused(
 
 
 @pytest.mark.parametrize("case", INSPECTED, ids=[case.name for case in INSPECTED])
-def test_strings_from_a_file_are_escaped(
-    case: Case,
-    saved_seed: SavedSeed,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    code, out, err = _run(case, saved_seed, tmp_path, capsys, monkeypatch)
+def test_strings_from_a_file_are_escaped(case: Case, run_case: RunCase) -> None:
+    code, out, err = run_case(case)
     assert code == 0, err
     escaped = ESCAPE.encode("unicode_escape").decode()
     assert f"outputs: tensor{escaped}" in out
