@@ -5,6 +5,8 @@ module                      concern
 ==========================  =================================================================
 ``archive``                 opening files (programs, AOTInductor packages): unusable ones told
                             apart, unsafe ones refused unread, never native code loaded
+``program_checks``          what a serialized program would make torch evaluate, and what
+                            the loaded graph and its reference engines call
 ``zip_layout``              one view of a zip archive: layouts two readers could read
                             differently are refused
 ``isolation``               the child process, with time and memory limits, that loads and
