@@ -20,8 +20,25 @@ COMPILE = "torch_tensorrt._compile"
 DISABLE_ENV = "TRT_INLINE_DISABLE"
 
 
+_FALSE = ("0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def env_flag(name: str, *, default: bool) -> bool:
+    """A boolean environment switch: 1/true/yes/on or 0/false/no/off (any case); unset, empty or other: ``default``.
+
+    The one parser of trt-inline's switches (``TRT_INLINE_DISABLE``, ``TRT_INLINE_REFERENCE_IO``).
+    """
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return default
+
+
 def disabled_by_env() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    return env_flag(DISABLE_ENV, default=False)
 
 
 def _on_exporter_import(exporter: ModuleType) -> None:

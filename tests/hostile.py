@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trt_inline.package import PACKAGE_INFO_FILE
+from trt_inline.formats import PACKAGE_INFO_FILE
 
 SECRET = "s3cr3t-token-0f-the-user"
 ESCAPE = "\x1b]0;owned\x07\x1b[2J"

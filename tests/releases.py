@@ -13,50 +13,44 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib.util
 import os
-import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-# Torch-TensorRT release -> the newest torch patch release its Requires-Dist admits.
-# Each minor's newest patch; 2.6.0 and 2.12.0 have the same _exporter.py and _compile.py as 2.6.1 and 2.12.1.
-PAIRS: dict[str, str] = {
-    "2.5.0": "2.5.1",
-    "2.6.1": "2.6.0",
-    "2.7.0": "2.7.1",
-    "2.8.0": "2.8.0",
-    "2.9.0": "2.9.1",
-    "2.10.0": "2.10.0",
-    "2.11.0": "2.11.0",
-    "2.12.1": "2.12.1",
-    "2.13.0": "2.13.0",
-    "2.14.0": "2.14.1",
-}
-# A torch with no Torch-TensorRT release yet: import, passes and end-to-end only.
-FUTURE_TORCH = "2.15.0"
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # .ci/matrix imports this file from a Python that has not installed the project
+    sys.path.insert(0, str(REPO))
+
+# Loaded by path, not through the package: trt_inline/__init__ imports torch.
+_spec = importlib.util.spec_from_file_location("_trt_inline_releases", REPO / "trt_inline" / "releases.py")
+assert _spec is not None and _spec.loader is not None
+_records = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _records  # dataclasses look their module up while the class is built
+_spec.loader.exec_module(_records)
+RELEASES, FUTURE_TORCH, Release, for_torch, minor = (
+    _records.RELEASES,
+    _records.FUTURE_TORCH,
+    _records.Release,
+    _records.for_torch,
+    _records.minor,
+)
+
+# Torch-TensorRT release -> the torch it requires, from trt_inline's release records.
+PAIRS: dict[str, str] = {release.version: release.torch for release in RELEASES}
 
 CACHE = Path(os.environ.get("TRT_INLINE_TEST_CACHE", Path.home() / ".cache" / "trt-inline-tests"))
 
 
-def minor(version: str) -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None:
-        raise ValueError(f"not a version: {version!r}")
-    return int(match.group(1)), int(match.group(2))
-
-
-def release_for_torch(torch_version: str | None = None) -> str | None:
-    """The Torch-TensorRT release that requires this torch's (default: the installed one's) minor version."""
+def release_for_torch(torch_version: str | None = None) -> Release | None:
+    """The record of the release that requires this torch's (default: the installed one's) minor version."""
     if torch_version is None:
         import torch  # not at import time: .ci/matrix reads PAIRS with a Python that has no torch
 
         torch_version = torch.__version__
-    for release in PAIRS:
-        if minor(release) == minor(torch_version):
-            return release
-    return None
+    return for_torch(torch_version)
 
 
 class Unavailable(Exception):

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 import trt_inline
 from trt_inline import reference
-from trt_inline.passes import is_scalar, produced_value
+from trt_inline.passes import produced_value
+from trt_inline.scalars import is_scalar
 
 aten = torch.ops.aten
 BATCH = 4

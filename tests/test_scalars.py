@@ -22,7 +22,8 @@ from test_verify import cli
 
 import trt_inline
 from trt_inline import engines, reference
-from trt_inline.passes import is_scalar, produced_value
+from trt_inline.passes import produced_value
+from trt_inline.scalars import is_scalar
 
 aten = torch.ops.aten
 CASES = scalar_cases()

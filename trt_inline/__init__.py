@@ -22,7 +22,8 @@ from trt_inline.errors import (
     UnsafeArchiveError,
     VerifyInputError,
 )
-from trt_inline.export import exported_program_from_graph, save, to_exported_program
+from trt_inline.export import save, to_exported_program
+from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall
 from trt_inline.verify import VerifyReport, verify

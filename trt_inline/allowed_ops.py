@@ -126,7 +126,7 @@ def allowing(names: Iterable[str], *, native_code: bool = False) -> Iterator[Non
     """
     extra = set(names)
     if native_code:
-        extra |= {op.name for op in engines.ENGINE_OPS if op.backend != "reference"}
+        extra |= {op.name for op in engines.ENGINE_OPS if op.native_code}
     token = _extra_allowed.set(_extra_allowed.get() | frozenset(extra))
     try:
         yield
@@ -151,7 +151,7 @@ def qualified_name(target: Any) -> str:
 def is_native_engine_op(name: str) -> bool:
     """Whether a qualified op name (with or without overload) is a TensorRT engine op."""
     base = name.partition(".")[0]
-    return any(op.name == base and op.backend != "reference" for op in engines.ENGINE_OPS)
+    return any(op.name == base and op.native_code for op in engines.ENGINE_OPS)
 
 
 def check_target(target: Any) -> None:

@@ -103,7 +103,7 @@ def doctor() -> list[Finding]:
     except Exception as exc:
         findings.append(Finding("exporter patch", f"UNSUPPORTED: {exc}", ok=False))
         return findings
-    label = f"exporter patch ({'.'.join(map(str, version)) if version else 'unknown version'})"
+    label = f"exporter patch ({version or 'unknown version'})"
     if plugin.is_active():
         findings.append(Finding(label, "active: " + ", ".join(plugin.replaced_functions())))
     elif autoload != "on":

@@ -18,6 +18,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -32,13 +33,14 @@ __all__ = [
     "aoti_compile_and_package",
     "aoti_packages",
     "aoti_load_package",
+    "assert_scalar_op",
     "backed_size_oblivious",
+    "buffer_persistent",
     "define_op",
     "detect_fake_mode",
     "discarding_fresh_unbacked_symbols",
     "export_nonstrict",
     "exported_program",
-    "fake_mode_free",
     "fake_tensor_mode",
     "graph_codegen",
     "guard_call_types",
@@ -52,11 +54,14 @@ __all__ = [
     "op_is_mutable",
     "op_schema_name",
     "pytree_specs",
+    "restore_attribute_kinds",
     "scalar_argument",
+    "script_object_class",
     "set_codegen",
     "set_example_inputs",
     "splitter_base",
     "splitter_settings",
+    "tensorrt_engine_info",
     "value_range",
     "weights_only_globals",
 ]
@@ -86,13 +91,49 @@ def is_fake(value: Any) -> bool:
     return isinstance(value, FakeTensor)
 
 
-@contextlib.contextmanager
-def fake_mode_free() -> Iterator[None]:
-    """Run real tensor code while a FakeTensorMode is active (torch 2.5+: ``unset_fake_temporarily``)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+def buffer_persistent(module: torch.nn.Module, name: str) -> bool | None:
+    """Whether ``module``'s buffer ``name`` is saved with its state; None where ``name`` is no buffer of it."""
+    if name not in module._buffers:
+        return None
+    return name not in module._non_persistent_buffers_set
 
-    with unset_fake_temporarily():
-        yield
+
+def restore_attribute_kinds(original: torch.nn.Module, copied: torch.nn.Module) -> None:
+    """Undo what a GraphModule's deepcopy does to ``copied``'s tensors: every one a persistent buffer.
+
+    Non-persistent buffers are marked so again, and plain tensor attributes
+    (constants) stop being buffers, submodule by submodule.
+    """
+    copies = dict(copied.named_modules())
+    for name, module in original.named_modules():
+        copy = copies.get(name)
+        if copy is None:
+            continue
+        for attr in list(copy._buffers):
+            if attr in module._non_persistent_buffers_set:
+                copy._non_persistent_buffers_set.add(attr)
+            elif attr not in module._buffers and isinstance(module.__dict__.get(attr), torch.Tensor):
+                copy.__dict__[attr] = copy._buffers.pop(attr)
+
+
+def script_object_class(value: Any) -> str:
+    """The qualified class name of a TorchBind object (``__torch__.torch.classes.tensorrt.Engine``)."""
+    return str(value._type().qualified_name())
+
+
+def assert_scalar_op() -> Any:
+    """``aten._assert_scalar.default``: a runtime check an ExportedProgram may hold, and tracers learn from."""
+    return torch.ops.aten._assert_scalar.default
+
+
+def tensorrt_engine_info(module: torch.nn.Module) -> list[Any]:
+    """A ``TorchTensorRTModule``'s engine info as its cross-compile placeholder op takes it (engine base64)."""
+    import base64
+
+    runtime = sys.modules["torch_tensorrt.dynamo.runtime._TorchTensorRTModule"]
+    info = list(module._pack_engine_info())  # type: ignore[operator]
+    info[runtime.ENGINE_IDX] = base64.b64encode(info[runtime.ENGINE_IDX]).decode("utf-8")
+    return info
 
 
 @contextlib.contextmanager

@@ -17,9 +17,15 @@ the same, cross-compiled        ``tensorrt.no_op_placeholder_for_execute_engine(
 
 The Torch-TensorRT forms are the ones its own exporter emits (2.5 ... 2.14), so
 the rest of Torch-TensorRT (``replace_execute_engine_no_op_node``, the runtime,
-the AOTInductor and ExecuTorch paths) accepts the graph. Module types are
-recognised by qualified name, so that asking never imports ``torch_tensorrt``
-(which needs ``libnvinfer``) or the reference backend.
+the AOTInductor and ExecuTorch paths) accepts the graph.
+
+Each kind of engine module is an :class:`EngineBackend` registered here: it
+names its module types (by qualified name, so that asking never imports
+``torch_tensorrt``, which needs ``libnvinfer``), emits its engine op, and says
+what it knows of its outputs and of a call's signature. The TensorRT backend is
+registered by this module; the reference backend registers itself when
+:mod:`trt_inline.reference.engine` is imported (which registering its op needs
+anyway), so the passes never import it.
 
 Every engine op takes its inputs as one ``Tensor[]`` argument (position 0) and
 returns ``Tensor[]``: a scalar crossing the boundary travels as a 0-d tensor.
@@ -27,12 +33,10 @@ returns ``Tensor[]``: a scalar crossing the boundary travels as a 0-d tensor.
 
 from __future__ import annotations
 
-import base64
 import importlib
 import operator
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +44,7 @@ import torch
 import torch.fx
 from torch.export.graph_signature import CustomObjArgument
 
-from trt_inline import compat
+from trt_inline import compat, releases
 from trt_inline.errors import InlineError
 
 __all__ = [
@@ -49,11 +53,13 @@ __all__ = [
     "ENGINE_PICKLE_GLOBALS",
     "ENGINE_SCRIPT_CLASSES",
     "FALLBACK_PREFIX",
+    "EngineBackend",
     "EngineOp",
     "EngineSignature",
     "ValueSpec",
+    "backend_of",
     "emit_engine_call",
-    "engine_backend",
+    "fake_constant",
     "engine_inputs",
     "engine_op",
     "engine_output_users",
@@ -64,6 +70,7 @@ __all__ = [
     "is_fallback_call",
     "output_count",
     "output_specs",
+    "register_backend",
     "unique_attr_name",
 ]
 
@@ -96,30 +103,84 @@ class EngineOp:
     """An op that runs an engine.
 
     ``engine_arg`` is the position of the engine object (``None`` where the
-    engine travels inside the call's own arguments); ``describe`` names, as
-    ``"module:function"``, a function returning the :class:`EngineSignature` of a
-    call, for engines whose calls carry enough to say (imported on first use).
+    engine travels inside the call's own arguments). ``native_code``: running it
+    runs native code carried by the file (a TensorRT plan). ``backend_module``
+    is imported before the op's backend is asked anything (it registers it).
     """
 
     name: str
     backend: str
     engine_arg: int | None
-    describe: str | None = None
+    native_code: bool
+    backend_module: str = __name__
 
 
 REFERENCE_OP = EngineOp(
-    "trt_inline::execute_engine", "reference", engine_arg=1, describe="trt_inline.reference.engine:describe_call"
+    "trt_inline::execute_engine", "reference", engine_arg=1, native_code=False,
+    backend_module="trt_inline.reference.engine",
+)  # fmt: skip
+TENSORRT_OP = EngineOp("tensorrt::execute_engine", "tensorrt", engine_arg=1, native_code=True)
+CROSS_COMPILE_OP = EngineOp(
+    "tensorrt::no_op_placeholder_for_execute_engine", "tensorrt", engine_arg=None, native_code=True
 )
-TENSORRT_OP = EngineOp("tensorrt::execute_engine", "tensorrt", engine_arg=1)
-CROSS_COMPILE_OP = EngineOp("tensorrt::no_op_placeholder_for_execute_engine", "tensorrt", engine_arg=None)
 ENGINE_OPS: tuple[EngineOp, ...] = (REFERENCE_OP, TENSORRT_OP, CROSS_COMPILE_OP)
 _OPS_BY_NAME = {op.name: op for op in ENGINE_OPS}
 
-# Accelerated module classes, by qualified name (module path + class name).
-_MODULE_BACKENDS = {
-    "trt_inline.reference.engine.ReferenceEngine": "reference",
-    "torch_tensorrt.dynamo.runtime._TorchTensorRTModule.TorchTensorRTModule": "tensorrt",
-}
+
+class EngineBackend:
+    """One kind of engine module: how its calls are inlined, and what it says about its values.
+
+    Subclasses set ``name`` (an :attr:`EngineOp.backend`) and ``module_types``
+    (qualified class names) and implement :meth:`emit`.
+    """
+
+    name: str = ""
+    module_types: tuple[str, ...] = ()
+
+    def emit(
+        self,
+        gm: torch.fx.GraphModule,
+        call_node: torch.fx.Node,
+        module: torch.nn.Module,
+        inputs: list[Any],
+        *,
+        cross_compile_module: bool,
+    ) -> torch.fx.Node:
+        """Insert (the caller has set the insertion point) the engine op node replacing ``call_node``."""
+        raise NotImplementedError
+
+    def output_specs(self, module: torch.nn.Module) -> list[tuple[torch.dtype, torch.device]] | None:
+        """(dtype, device) of each output, as the engine module records them; None where it does not."""
+        return None
+
+    def describe(self, call_node: torch.fx.Node) -> EngineSignature | None:
+        """The signature of an engine op call, where the call carries enough to say."""
+        return None
+
+
+_BACKENDS: dict[str, EngineBackend] = {}
+
+
+def register_backend(backend: EngineBackend) -> None:
+    """Make a kind of engine module known (registering again replaces it)."""
+    _BACKENDS[backend.name] = backend
+
+
+def backend_of(module: torch.nn.Module) -> EngineBackend | None:
+    """The backend of an engine module, or None for a module that is no engine."""
+    for cls in type(module).__mro__:
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        for backend in _BACKENDS.values():
+            if qualified in backend.module_types:
+                return backend
+    return None
+
+
+def _backend_of_op(op: EngineOp) -> EngineBackend | None:
+    if op.backend not in _BACKENDS:
+        importlib.import_module(op.backend_module)
+    return _BACKENDS.get(op.backend)
+
 
 # How a saved archive stores an engine object, and so what the archive safety
 # checks let through without --allow-pickle:
@@ -129,9 +190,7 @@ _MODULE_BACKENDS = {
 ENGINE_SCRIPT_CLASSES: tuple[str, ...] = ("__torch__.torch.classes.tensorrt.Engine",)
 # - Python reconstructors (Torch-TensorRT 2.13+ saves engines as opaque objects
 #   whose pickle calls this function of the installed torch_tensorrt with strings).
-ENGINE_PICKLE_GLOBALS: tuple[tuple[str, str], ...] = (
-    ("torch_tensorrt.dynamo.runtime._TRTEngine", "_reconstruct_trt_engine"),
-)
+ENGINE_PICKLE_GLOBALS: tuple[tuple[str, str], ...] = releases.engine_pickle_globals()
 
 
 # ---------------------------------------------------------------------------
@@ -159,13 +218,8 @@ def engine_inputs(node: torch.fx.Node) -> list[Any]:
 def engine_signature(node: torch.fx.Node) -> EngineSignature | None:
     """What the engine of a call declares about its inputs and outputs, where its call carries that."""
     op = engine_op(node)
-    if op is None or op.describe is None:
-        return None
-    module_name, _, function = op.describe.partition(":")
-    describe: Callable[[torch.fx.Node], EngineSignature | None] = getattr(
-        importlib.import_module(module_name), function
-    )
-    return describe(node)
+    backend = _backend_of_op(op) if op is not None else None
+    return backend.describe(node) if backend is not None else None
 
 
 def output_count(node: torch.fx.Node) -> int | None:
@@ -195,20 +249,11 @@ def engine_output_users(node: torch.fx.Node) -> tuple[dict[int, list[torch.fx.No
 # ---------------------------------------------------------------------------
 
 
-def engine_backend(module: torch.nn.Module) -> str | None:
-    """``"reference"``, ``"tensorrt"``, or None for a module that is no engine."""
-    for cls in type(module).__mro__:
-        backend = _MODULE_BACKENDS.get(f"{cls.__module__}.{cls.__qualname__}")
-        if backend is not None:
-            return backend
-    return None
-
-
 def is_accelerated_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """A ``call_module`` of an engine, or of a submodule the partitioner named ``_run_on_acc_N``."""
     if node.op != "call_module":
         return False
-    return str(node.target).startswith(ACC_PREFIX) or engine_backend(gm.get_submodule(str(node.target))) is not None
+    return str(node.target).startswith(ACC_PREFIX) or backend_of(gm.get_submodule(str(node.target))) is not None
 
 
 def is_fallback_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
@@ -217,18 +262,9 @@ def is_fallback_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 
 def output_specs(module: torch.nn.Module) -> list[tuple[torch.dtype, torch.device]] | None:
-    """(dtype, device) of each output as the engine module itself records them; None where it does not.
-
-    Reference engines record their outputs in their program. A Torch-TensorRT
-    module records no output dtypes it would tell without running.
-    """
-    if engine_backend(module) != "reference":
-        return None
-    payload: torch.Tensor = getattr(module, "engine")  # noqa: B009 - attribute of a module typed nn.Module
-    specs: Sequence[ValueSpec | None] = getattr(module, "output_specs")()  # noqa: B009
-    if any(spec is None for spec in specs):
-        return None
-    return [(spec.dtype, payload.device) for spec in specs if spec is not None]
+    """(dtype, device) of each output as the engine module itself records them; None where it does not."""
+    backend = backend_of(module)
+    return backend.output_specs(module) if backend is not None else None
 
 
 def is_engine_attribute(target: str) -> bool:
@@ -246,7 +282,7 @@ def unique_attr_name(gm: torch.nn.Module, base: str) -> str:
     return name
 
 
-def _fake_like(tensor: torch.Tensor, call_node: torch.fx.Node) -> Any:
+def fake_constant(tensor: torch.Tensor, call_node: torch.fx.Node) -> Any:
     """A fake value for a tensor attribute, in the graph's fake mode when it has one."""
     fake_mode = compat.detect_fake_mode(list(call_node.meta.get("val", [])))
     if fake_mode is not None:
@@ -268,34 +304,42 @@ def emit_engine_call(
     scalars already turned into 0-d tensors): position is the only thing that
     ties an engine input to its producer.
     """
-    name = str(call_node.target)
-    backend = engine_backend(module)
-    wired = list(inputs)
+    backend = backend_of(module)
+    if backend is None:
+        known = " or ".join(sorted(t for b in _BACKENDS.values() for t in b.module_types))
+        raise InlineError(
+            f"{call_node.target}: accelerated submodule of type {type(module).__module__}."
+            f"{type(module).__qualname__} is not an engine trt_inline knows (expected {known})"
+        )
     with gm.graph.inserting_before(call_node):
-        if backend == "reference":
-            payload: torch.Tensor = getattr(module, "engine")  # noqa: B009
-            program: str = getattr(module, "program")  # noqa: B009
-            attr = unique_attr_name(gm, f"{name}_engine")
-            # A non-persistent buffer: export lifts it as a constant, not a user weight.
-            gm.register_buffer(attr, payload, persistent=False)
-            engine_node = gm.graph.get_attr(attr)
-            engine_node.meta["val"] = _fake_like(payload, call_node)
-            return gm.graph.call_function(torch.ops.trt_inline.execute_engine.default, (wired, engine_node, program))
-        if backend == "tensorrt":
-            if cross_compile_module:
-                runtime = sys.modules["torch_tensorrt.dynamo.runtime._TorchTensorRTModule"]
-                engine_info = list(module._pack_engine_info())  # type: ignore[operator]
-                engine_info[runtime.ENGINE_IDX] = base64.b64encode(engine_info[runtime.ENGINE_IDX]).decode("utf-8")
-                return gm.graph.call_function(
-                    torch.ops.tensorrt.no_op_placeholder_for_execute_engine.default, (wired, *engine_info)
-                )
-            attr = unique_attr_name(gm, f"{name}_engine")
-            setattr(gm, attr, getattr(module, "engine"))  # noqa: B009
-            engine_node = gm.graph.get_attr(attr)
-            engine_node.meta["val"] = CustomObjArgument(name=engine_node.name, class_fqn="")
-            return gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (wired, engine_node))
-    raise InlineError(
-        f"{name}: accelerated submodule of type {type(module).__module__}.{type(module).__qualname__} "
-        "is not an engine trt_inline knows (expected torch_tensorrt's TorchTensorRTModule "
-        "or trt_inline.reference.ReferenceEngine)"
-    )
+        return backend.emit(gm, call_node, module, list(inputs), cross_compile_module=cross_compile_module)
+
+
+class TensorRTBackend(EngineBackend):
+    """Torch-TensorRT's ``TorchTensorRTModule``: the engine object as a custom-object attribute, or base64."""
+
+    name = "tensorrt"
+    module_types = ("torch_tensorrt.dynamo.runtime._TorchTensorRTModule.TorchTensorRTModule",)
+
+    def emit(
+        self,
+        gm: torch.fx.GraphModule,
+        call_node: torch.fx.Node,
+        module: torch.nn.Module,
+        inputs: list[Any],
+        *,
+        cross_compile_module: bool,
+    ) -> torch.fx.Node:
+        if cross_compile_module:
+            engine_info = compat.tensorrt_engine_info(module)
+            return gm.graph.call_function(
+                torch.ops.tensorrt.no_op_placeholder_for_execute_engine.default, (inputs, *engine_info)
+            )
+        attr = unique_attr_name(gm, f"{call_node.target}_engine")
+        setattr(gm, attr, getattr(module, "engine"))  # noqa: B009
+        engine_node = gm.graph.get_attr(attr)
+        engine_node.meta["val"] = CustomObjArgument(name=engine_node.name, class_fqn="")
+        return gm.graph.call_function(torch.ops.tensorrt.execute_engine.default, (inputs, engine_node))
+
+
+register_backend(TensorRTBackend())

@@ -15,6 +15,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from trt_inline import formats
 from trt_inline.engines import engine_inputs, is_engine_call
 from trt_inline.errors import printable
 from trt_inline.verify import AOTI_PACKAGE, LoadedFile, describe_value
@@ -31,8 +32,9 @@ def describe_file(loaded: LoadedFile) -> str:
     if loaded.kind != AOTI_PACKAGE and loaded.program is not None:
         return describe_program(loaded.program)
     # Entry names come from the file: escaped before they reach a terminal.
-    native = [(printable(name), size) for name, size in loaded.entries if "/data/aotinductor/" in f"/{name}"]
-    models = sorted({name.split("/data/aotinductor/", 1)[1].split("/", 1)[0] for name, _ in native})
+    marker = f"/{formats.AOTI_FOLDER}"
+    native = [(printable(name), size) for name, size in loaded.entries if marker in f"/{name}"]
+    models = sorted({f"/{name}".split(marker, 1)[1].split("/", 1)[0] for name, _ in native})
     libraries = [f"{name.rsplit('/', 1)[1]} ({size} bytes)" for name, size in native if name.endswith(".so")]
     lines = [
         f"AOTInductor package: model {', '.join(models)}; {len(native)} AOTInductor files, shared library "

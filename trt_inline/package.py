@@ -36,32 +36,14 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from trt_inline import compat
+from trt_inline import compat, formats, scalars
 from trt_inline.errors import SaveError
+from trt_inline.formats import EXTRA_FOLDER, PACKAGE_INFO_FILE
 
-__all__ = ["PACKAGE_INFO_FILE", "compile_package", "extend_package", "load_package", "output_kinds", "package_root"]
+__all__ = ["compile_package", "extend_package", "load_package", "package_root"]
 
-PACKAGE_INFO_FILE = "trt_inline_package.json"
-_AOTI_FOLDER = "data/aotinductor/"
-_EXTRA_FOLDER = "extra/"
 # Written once per archive; a program's copies of them are not added next to the package's.
 _ARCHIVE_RECORDS = ("archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id")
-
-
-def output_kinds(values: Sequence[Any]) -> list[str]:
-    """``"tensor"``, ``"int"``, ``"float"`` or ``"bool"`` for each output value (or signature argument)."""
-    kinds = []
-    for value in values:
-        name = type(value).__name__
-        if isinstance(value, (bool, torch.SymBool)) or name == "SymBoolArgument":
-            kinds.append("bool")
-        elif isinstance(value, (int, torch.SymInt)) or name == "SymIntArgument":
-            kinds.append("int")
-        elif isinstance(value, (float, torch.SymFloat)) or name == "SymFloatArgument":
-            kinds.append("float")
-        else:
-            kinds.append("tensor")
-    return kinds
 
 
 def package_info(kinds: Sequence[str]) -> str:
@@ -81,7 +63,7 @@ def compile_package(program: ExportedProgram, target: Path, extra_files: dict[st
         started = time.monotonic()
         compat.aoti_compile_and_package(program, str(compiled))
         seconds = time.monotonic() - started
-        kinds = output_kinds([spec.arg for spec in program.graph_signature.output_specs])
+        kinds = scalars.kinds_of([spec.arg for spec in program.graph_signature.output_specs])
         extend_package(
             compiled, target, program=program, extra_files={**extra_files, PACKAGE_INFO_FILE: package_info(kinds)}
         )
@@ -104,18 +86,11 @@ def extend_package(source: Path, target: Path, *, program: ExportedProgram | Non
     if program is not None:
         entries.update(_program_entries(program, root, existing=entries))
     for name, text in extra_files.items():
-        entries[f"{root}/{_EXTRA_FOLDER}{name}"] = text.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".pt2", dir=target.parent)
-    os.close(fd)
-    try:
-        # Stored, not deflated: as torch writes archives, and so that no entry looks like a zip bomb.
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as archive:
-            for name, data in entries.items():
-                archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        entries[f"{root}/{EXTRA_FOLDER}{name}"] = text.encode("utf-8")
+    # Stored, not deflated: as torch writes archives, and so that no entry looks like a zip bomb.
+    with formats.atomic_write(target) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in entries.items():
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
 
 
 def _program_entries(program: ExportedProgram, root: str, existing: dict[str, bytes]) -> dict[str, bytes]:
@@ -151,7 +126,9 @@ def load_package(path: str | os.PathLike[str]) -> Callable[..., Any]:
         outputs = model(*args, **kwargs)
         leaves, spec = pytree.tree_flatten(outputs)
         restored = [
-            leaf.item() if kind != "tensor" and isinstance(leaf, torch.Tensor) and leaf.numel() == 1 else leaf
+            scalars.to_scalar(leaf)
+            if kind != "tensor" and isinstance(leaf, torch.Tensor) and leaf.numel() == 1
+            else leaf
             for leaf, kind in zip(leaves, kinds, strict=False)
         ]
         return pytree.tree_unflatten(restored, spec)
@@ -159,10 +136,14 @@ def load_package(path: str | os.PathLike[str]) -> Callable[..., Any]:
     return run
 
 
+def _is_one_element(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() == 1
+
+
 def _recorded_kinds(path: Path) -> list[str]:
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
-        name = f"{package_root(names)}/{_EXTRA_FOLDER}{PACKAGE_INFO_FILE}"
+        name = f"{package_root(names)}/{EXTRA_FOLDER}{PACKAGE_INFO_FILE}"
         if name not in names:
             return []
         try:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import compat, symbolic
+from trt_inline import compat, engines, scalars, symbolic
 from trt_inline.attributes import resolve_attribute
 from trt_inline.engines import emit_engine_call, is_accelerated_call, is_fallback_call, unique_attr_name
 from trt_inline.errors import InlineError
@@ -156,23 +156,6 @@ def inline_engines(
     return gm
 
 
-_SCALARS = (torch.SymBool, torch.SymInt, torch.SymFloat, bool, int, float)
-
-
-def is_scalar(value: Any) -> bool:
-    """A Python or symbolic scalar (what ``meta["val"]`` holds for a SymInt, SymFloat or SymBool node)."""
-    return isinstance(value, _SCALARS)
-
-
-def scalar_dtype(value: Any) -> torch.dtype:
-    """The dtype a scalar travels in across an engine boundary: bool, int64 or float64."""
-    if isinstance(value, (torch.SymBool, bool)):  # bool first: it is an int subclass
-        return torch.bool
-    if isinstance(value, (torch.SymInt, int)):
-        return torch.int64
-    return torch.float64
-
-
 @dataclass(frozen=True)
 class _Boundary:
     """Where an engine's boundary values live: the device of its first tensor input, and the fake mode."""
@@ -188,12 +171,12 @@ class _Boundary:
 
     def engine_value(self, value: Any) -> Any:
         """What the engine op itself produces for a value: a scalar becomes a 0-d tensor."""
-        if not is_scalar(value):
+        if not scalars.is_scalar(value):
             return value
         if self.fake_mode is None:
-            return torch.empty((), dtype=scalar_dtype(value), device="meta")
+            return torch.empty((), dtype=scalars.dtype_of(value), device="meta")
         with self.fake_mode:
-            return torch.empty((), dtype=scalar_dtype(value), device=self.device)
+            return torch.empty((), dtype=scalars.dtype_of(value), device=self.device)
 
 
 def produced_value(gm: torch.fx.GraphModule, arg: Any) -> Any:
@@ -225,9 +208,9 @@ def _as_engine_input(
     gm: torch.fx.GraphModule, call_node: torch.fx.Node, arg: Any, value: Any, boundary: _Boundary
 ) -> Any:
     """``arg`` as the engine op takes it: a tensor as it is, a scalar as a new 0-d tensor in front of the call."""
-    if not is_scalar(value):
+    if not scalars.is_scalar(value):
         return arg
-    kwargs: dict[str, Any] = {"dtype": scalar_dtype(value), "device": boundary.device}
+    kwargs: dict[str, Any] = {"dtype": scalars.dtype_of(value), "device": boundary.device}
     with gm.graph.inserting_before(call_node):
         tensor = gm.graph.call_function(aten.scalar_tensor.default, (arg,), kwargs)
     tensor.meta["val"] = boundary.engine_value(value)
@@ -253,7 +236,7 @@ def _restore_scalar(
     code elimination (Torch-TensorRT's own ``transform`` runs one), an
     ExportedProgram may hold it, and tracing learns from it all the same.
     """
-    if not is_scalar(value):
+    if not scalars.is_scalar(value):
         return
     with gm.graph.inserting_after(output):
         item = gm.graph.call_function(aten.item.default, (output,))
@@ -267,7 +250,7 @@ def _restore_scalar(
         equal = gm.graph.call_function(operator.eq, (item, rebuilt))
         equal.meta["val"] = value == symbolic.evaluate(expr, sizes.values)
         message = f"trt_inline: {label} equals {value}, as when it was compiled"
-        gm.graph.call_function(aten._assert_scalar.default, (equal, message)).meta["val"] = None
+        gm.graph.call_function(compat.assert_scalar_op(), (equal, message)).meta["val"] = None
 
 
 @dataclass
@@ -328,8 +311,8 @@ def _move_attribute(
         gm.register_parameter(name, value)
     elif isinstance(value, torch.nn.Module):
         gm.add_module(name, value)
-    elif leaf in owner._buffers:
-        gm.register_buffer(name, value, persistent=leaf not in owner._non_persistent_buffers_set)
+    elif compat.buffer_persistent(owner, leaf) is not None:
+        gm.register_buffer(name, value, persistent=bool(compat.buffer_persistent(owner, leaf)))
     else:
         setattr(gm, name, value)
     moved[id(value)] = name
@@ -436,22 +419,34 @@ def flatten(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> tor
 
 
 def copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``copy.deepcopy`` that keeps every tensor attribute of the kind it was.
+    """A copy of ``gm``'s modules and graphs that shares every tensor and engine with ``gm``.
 
-    A GraphModule's deepcopy re-registers every tensor as a persistent buffer,
-    which would turn scratch buffers into saved state and plain constants into
-    buffers. Restore both.
+    The passes rewire graphs and register attributes on the copy; they never
+    write a tensor or an engine. Sharing those keeps the caller's module
+    untouched without a second copy of its weights, and never re-creates an
+    engine (which a release's ``TorchTensorRTModule`` without ``__deepcopy__``
+    would, by deserializing it again). Every tensor keeps its kind: a
+    GraphModule's deepcopy re-registers tensors as persistent buffers, which
+    :func:`compat.restore_attribute_kinds` undoes.
     """
-    result = copy.deepcopy(gm)
-    copies = dict(result.named_modules())
-    for name, module in gm.named_modules():
-        copied = copies.get(name)
-        if copied is None:
-            continue
-        for attr in list(copied._buffers):
-            if attr in module._non_persistent_buffers_set:
-                copied._non_persistent_buffers_set.add(attr)
-            elif attr not in module._buffers and isinstance(module.__dict__.get(attr), torch.Tensor):
-                value = copied._buffers.pop(attr)
-                copied.__dict__[attr] = value
+    result = copy.deepcopy(gm, _shared_values(gm))
+    compat.restore_attribute_kinds(gm, result)
     return result
+
+
+def _shared_values(gm: torch.nn.Module) -> dict[int, Any]:
+    """A ``deepcopy`` memo mapping every tensor, script object and engine module of ``gm`` to itself."""
+    memo: dict[int, Any] = {}
+    for module in gm.modules():
+        if engines.backend_of(module) is not None:
+            memo[id(module)] = module
+            continue
+        values = [
+            *(p for _, p in module.named_parameters(recurse=False)),
+            *(b for _, b in module.named_buffers(recurse=False)),
+            *vars(module).values(),
+        ]
+        for value in values:
+            if isinstance(value, (torch.Tensor, torch.ScriptObject)):
+                memo[id(value)] = value
+    return memo

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from trt_inline import releases
 from trt_inline.errors import PatchError
 from trt_inline.plugin.adapters import preflight, replacements_for, torch_tensorrt_version
 from trt_inline.plugin.save import REFERENCE_IO_ENV, save_with_reference_io
@@ -51,8 +52,8 @@ __all__ = [
     "uninstall",
 ]
 
-EXPORTER = "torch_tensorrt.dynamo._exporter"
-COMPILE = "torch_tensorrt._compile"
+EXPORTER = releases.EXPORTER_MODULE
+COMPILE = releases.COMPILE_MODULE
 TARGETS = (EXPORTER, COMPILE)
 
 log = logging.getLogger(__name__)

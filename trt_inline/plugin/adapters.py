@@ -1,35 +1,26 @@
-"""Per-release replacements for ``torch_tensorrt.dynamo._exporter``'s functions.
+"""The replacements for ``torch_tensorrt.dynamo._exporter``'s functions, built per release.
 
-The release is recognised by the signature of its stock ``inline_trt_modules``
-(with the installed version as a tie-breaker for ``lift``), not by version
-strings alone:
+Which functions a release gets replaced, and why, is its record in
+:mod:`trt_inline.releases`; the release is recognised by the parameters of its
+stock ``inline_trt_modules`` (the installed version picks among releases that
+share them). This module builds each replacement:
 
-================  =========================================  ===============================
-Torch-TensorRT    ``inline_trt_modules`` signature            replaced
-================  =========================================  ===============================
-2.5               ``(gm, outputs_map)``                      both passes (engine outputs typed
-                                                             from the engine), ``lift``,
-                                                             ``transform`` (no shape analysis)
-2.6               ``(gm, cross_compile_flag)``               both passes, ``lift``
-2.7 ... 2.13      ``(gm, cross_compile_module)``             both passes, ``lift``
-2.14              ``(gm, cross_compile_module,               both passes (KV-cache mutations still
-                  expose_aliased_mutations)``                exposed by the stock helper); ``lift``
-                                                             first drops ``_guards_fn`` calls
-================  =========================================  ===============================
-
-On every release ``create_trt_exp_program`` (the legacy ``retrace=False``
-exporter) is wrapped to record a range for every symbol of the graph and the
-save's sample inputs (:func:`completing_program`).
+* ``inline_torch_modules``: :func:`trt_inline.passes.inline_torch_modules`.
+* ``inline_trt_modules``: :func:`trt_inline.passes.inline_trt_modules`; 2.5's
+  ``(gm, outputs_map)`` form types engine outputs from the engine
+  (:func:`inline_trt_modules_with_outputs_map`); 2.14's keeps the stock
+  KV-cache mutation exposure (:func:`exposing_inline_trt_modules`).
+* ``transform`` (2.5): :func:`transform_recording_engine_outputs`, no shape analysis.
+* ``lift``: :func:`lift` before 2.14; the stock one, after removing what its
+  serializer cannot take, from 2.14 (:func:`lift_serializable`).
+* ``create_trt_exp_program``: :func:`completing_program` (ranges of every symbol, sample inputs).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import inspect
 import logging
-import re
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -40,30 +31,19 @@ import torch.fx
 from torch.export import ExportGraphSignature
 from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 
-from trt_inline import compat, engines, passes
+from trt_inline import compat, engines, passes, releases
 from trt_inline.errors import PatchError, SaveError
-from trt_inline.export import (
-    add_missing_ranges,
-    drop_unserializable,
-    lift_attributes,
-    refuse_call_modules,
-)
+from trt_inline.flat_program import add_missing_ranges, drop_unserializable, lift_into
 from trt_inline.plugin.save import sample_inputs_of_this_save
 
-__all__ = ["lift", "preflight", "record_engine_outputs", "replacements_for", "torch_tensorrt_version"]
+__all__ = ["lift", "preflight", "record_engine_outputs", "release_of", "replacements_for", "torch_tensorrt_version"]
 
 log = logging.getLogger(__name__)
 
 
-def torch_tensorrt_version() -> tuple[int, int] | None:
-    """(major, minor) of the installed or imported Torch-TensorRT, None when unknown."""
-    text = None
-    try:
-        text = importlib.metadata.version("torch_tensorrt")
-    except importlib.metadata.PackageNotFoundError:
-        text = getattr(sys.modules.get("torch_tensorrt"), "__version__", None)
-    match = re.match(r"(\d+)\.(\d+)", str(text or ""))
-    return (int(match.group(1)), int(match.group(2))) if match else None
+def torch_tensorrt_version() -> str | None:
+    """The installed or imported Torch-TensorRT's version (:func:`trt_inline.releases.installed_version`)."""
+    return releases.installed_version()
 
 
 def inline_trt_modules_with_outputs_map(gm: torch.fx.GraphModule, outputs_map: dict[Any, Any]) -> torch.fx.GraphModule:
@@ -181,26 +161,13 @@ def lift(
 ) -> tuple[torch.fx.GraphModule, ExportGraphSignature, dict[str, Any], dict[str, Any]]:
     """Drop-in for Torch-TensorRT's ``_exporter.lift`` (the legacy ``retrace=False`` exporter).
 
-    Same contract: lift ``get_attr`` nodes into placeholders, add their specs
-    before the user inputs of ``graph_signature``, return the graph, the
-    signature, the state dict and the constants. Unlike the stock function before
-    2.14, buffer specs carry ``persistent`` (torch >= 2.3 refuses them without
-    it), non-persistent buffers are not saved as state, and ``_guards_fn`` calls
-    left by ``ExportedProgram.module()`` are dropped instead of reaching the
-    serializer.
+    Same contract (:func:`trt_inline.flat_program.lift_into`). Unlike the stock
+    function before 2.14, buffer specs carry ``persistent`` (torch >= 2.3 refuses
+    them without it), non-persistent buffers are not saved as state, and
+    ``_guards_fn`` calls left by ``ExportedProgram.module()`` are dropped instead
+    of reaching the serializer.
     """
-    drop_unserializable(gm)
-    refuse_call_modules(gm)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in placeholders])
-    specs, state_dict, constants, renamed = lift_attributes(gm, fake_mode)
-    graph_signature.input_specs[0:0] = specs
-    for spec in graph_signature.output_specs:
-        if isinstance(spec.arg, TensorArgument) and spec.arg.name in renamed:
-            spec.arg = TensorArgument(name=renamed[spec.arg.name])
-    gm.graph.eliminate_dead_code()
-    gm.graph.lint()
-    return gm, graph_signature, state_dict, constants
+    return lift_into(gm, graph_signature)
 
 
 def lift_serializable(stock_lift: Callable[..., Any]) -> Callable[..., Any]:
@@ -249,34 +216,50 @@ def completing_program(stock_create: Callable[..., Any]) -> Callable[..., Any]:
     return create_trt_exp_program
 
 
-def replacements_for(exporter: ModuleType) -> dict[str, Any]:
-    """The functions of ``exporter`` to replace, and their replacements, for its version."""
+def release_of(exporter: ModuleType) -> releases.Release:
+    """The record of the release ``exporter`` belongs to, recognised by its stock ``inline_trt_modules``."""
     stock = getattr(exporter, "inline_trt_modules", None)
     if not callable(stock) or not callable(getattr(exporter, "inline_torch_modules", None)):
         raise PatchError(f"{exporter.__name__} has no inline_trt_modules / inline_torch_modules")
-    params = list(inspect.signature(stock).parameters)
-    result: dict[str, Any] = {"inline_torch_modules": passes.inline_torch_modules}
-    if params == ["gm", "outputs_map"]:
-        result["inline_trt_modules"] = inline_trt_modules_with_outputs_map
-        if callable(getattr(exporter, "transform", None)):
-            result["transform"] = transform_recording_engine_outputs
-    elif len(params) == 2 and params[0] == "gm" and params[1] in ("cross_compile_flag", "cross_compile_module"):
-        result["inline_trt_modules"] = passes.inline_trt_modules
-    elif params == ["gm", "cross_compile_module", "expose_aliased_mutations"]:
+    params = tuple(inspect.signature(stock).parameters)
+    release = releases.for_signature(params, torch_tensorrt_version())
+    if release is None:
+        raise PatchError(f"{exporter.__name__}.inline_trt_modules has an unknown signature ({', '.join(params)})")
+    return release
+
+
+def replacements_for(exporter: ModuleType) -> dict[str, Any]:
+    """The functions of ``exporter`` to replace, and their replacements, as its release's record lists them.
+
+    A function the record lists but the exporter lacks is left out.
+    """
+    release = release_of(exporter)
+    result: dict[str, Any] = {}
+    for name in release.replaced:
+        stock = getattr(exporter, name, None)
+        if callable(stock):
+            result[name] = _REPLACEMENTS[name](exporter, release, stock)
+    return result
+
+
+def _inline_trt_replacement(exporter: ModuleType, release: releases.Release, stock: Any) -> Any:
+    params = release.inline_trt_params
+    if params[1:] == ("outputs_map",):
+        return inline_trt_modules_with_outputs_map
+    if "expose_aliased_mutations" in params:
         if not callable(getattr(exporter, "_expose_aliased_buffer_mutations", None)):
             raise PatchError(f"{exporter.__name__}: 2.14-style signature without _expose_aliased_buffer_mutations")
-        result["inline_trt_modules"] = exposing_inline_trt_modules(exporter)
-    else:
-        raise PatchError(f"{exporter.__name__}.inline_trt_modules has an unknown signature ({', '.join(params)})")
-    stock_lift = getattr(exporter, "lift", None)
-    if callable(stock_lift):
-        version = torch_tensorrt_version()
-        stock_lift_lacks_persistent = version < (2, 14) if version else len(params) == 2
-        result["lift"] = lift if stock_lift_lacks_persistent else lift_serializable(stock_lift)
-    stock_create = getattr(exporter, "create_trt_exp_program", None)
-    if callable(stock_create):
-        result["create_trt_exp_program"] = completing_program(stock_create)
-    return result
+        return exposing_inline_trt_modules(exporter)
+    return passes.inline_trt_modules
+
+
+_REPLACEMENTS: dict[str, Callable[[ModuleType, releases.Release, Any], Any]] = {
+    "inline_torch_modules": lambda exporter, release, stock: passes.inline_torch_modules,
+    "inline_trt_modules": _inline_trt_replacement,
+    "transform": lambda exporter, release, stock: transform_recording_engine_outputs,
+    "lift": lambda exporter, release, stock: lift_serializable(stock) if release.lift_persistent else lift,
+    "create_trt_exp_program": lambda exporter, release, stock: completing_program(stock),
+}
 
 
 # ---------------------------------------------------------------------------

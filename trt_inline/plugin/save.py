@@ -1,8 +1,9 @@
 """``torch_tensorrt.save`` that also embeds reference I/O, so ``trt-inline verify`` can check the file.
 
 For ``output_format="exported_program"`` the reference I/O goes in as an extra
-file (through ``extra_files`` from 2.11, by rewriting the archive before); for
-``"aot_inductor"`` (2.8+) the package is extended with it and with its output
+file (through ``extra_files`` where the release's save takes them, by rewriting
+the archive otherwise: :attr:`trt_inline.releases.Release.save_extra_files`);
+for ``"aot_inductor"`` the package is extended with it and with its output
 kinds (:mod:`trt_inline.package`).
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,12 +19,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import export, package
+from trt_inline import embedding, export, formats, package, releases
+from trt_inline.formats import REFERENCE_IO_ENV
 
 __all__ = ["REFERENCE_IO_ENV", "sample_inputs_of_this_save", "save_with_reference_io"]
 
-# TRT_INLINE_REFERENCE_IO=0: the patched torch_tensorrt.save embeds no reference I/O.
-REFERENCE_IO_ENV = "TRT_INLINE_REFERENCE_IO"
 
 # The tensor inputs of the torch_tensorrt.save call in progress, for the exporter it calls
 # (2.8 ... 2.10 hand theirs none; an AOTInductor package cannot be compiled without them).
@@ -41,15 +40,20 @@ def sample_inputs_of_this_save() -> tuple[tuple[Any, ...], dict[str, Any]] | Non
 def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]:
     """``stock_save`` that also embeds reference I/O when given tensor inputs.
 
-    From 2.12 the stock function takes ``extra_files``; before, the written
-    archive is rewritten once with the extra file added.
+    Where the stock function takes ``extra_files`` (its release's record says so;
+    its signature where the release is unknown), they go through it; otherwise
+    the written archive is rewritten once with the extra file added.
     """
-    accepts_extra_files = "extra_files" in inspect.signature(stock_save).parameters
+    release = releases.for_version(releases.installed_version() or "0.0")
+    if release is not None:
+        accepts_extra_files = release.save_extra_files
+    else:
+        accepts_extra_files = "extra_files" in inspect.signature(stock_save).parameters
 
     @functools.wraps(stock_save)
     def save(module: Any, file_path: str = "", **kwargs: Any) -> Any:
         extra = _reference_io_for_save(module, file_path, kwargs)
-        packaged = kwargs.get("output_format") == "aot_inductor"
+        packaged = kwargs.get("output_format") == formats.AOT_INDUCTOR
         if extra and accepts_extra_files and not packaged:
             kwargs["extra_files"] = {**(kwargs.get("extra_files") or {}), **extra}
         token = _SAMPLE_INPUTS.set(_tensor_inputs(kwargs))
@@ -78,19 +82,19 @@ def _tensor_inputs(kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, A
 
 def _reference_io_for_save(module: Any, file_path: str, kwargs: dict[str, Any]) -> dict[str, str]:
     """The reference-I/O extra file for a ``torch_tensorrt.save`` call, or {} where it does not apply."""
-    if os.environ.get(REFERENCE_IO_ENV, "1").strip() in ("0", "false", "no"):
+    if not formats.plugin_embeds_reference_io():
         return {}
-    output_format = kwargs.get("output_format", "exported_program")
-    if output_format not in ("exported_program", "aot_inductor"):
+    output_format = kwargs.get("output_format", formats.EXPORTED_PROGRAM)
+    if output_format not in formats.OUTPUT_FORMATS:
         return {}
     inputs = _tensor_inputs(kwargs)
     if not isinstance(module, torch.fx.GraphModule) or not file_path or inputs is None:
         return {}
-    return export.reference_extra_files(
+    return embedding.reference_extra_files(
         module,
         list(inputs[0]),
         inputs[1],
         Path(file_path),
-        export.DEFAULT_REFERENCE_LIMIT_BYTES,
-        with_output_kinds=output_format == "aot_inductor",
+        embedding.DEFAULT_REFERENCE_LIMIT_BYTES,
+        with_output_kinds=output_format == formats.AOT_INDUCTOR,
     )

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import compat
+from trt_inline import compat, engines, scalars
 from trt_inline.attributes import resolve_attribute
-from trt_inline.engines import EngineSignature, ValueSpec
+from trt_inline.engines import EngineSignature
 from trt_inline.errors import EngineFormatError
 from trt_inline.reference.program import (
     ALIGN,
@@ -46,16 +46,47 @@ from trt_inline.reference.program import (
     load_program,
 )
 
-__all__ = ["ReferenceEngine", "build_engine", "describe_call"]
+__all__ = ["ReferenceBackend", "ReferenceEngine", "build_engine"]
 
 
-def describe_call(node: torch.fx.Node) -> EngineSignature | None:
-    """The :class:`EngineSignature` of a ``trt_inline.execute_engine`` call, read from its program."""
-    program = node.args[2] if len(node.args) > 2 else None
-    if not isinstance(program, str):
-        return None
-    decoded = load_program(program)
-    return EngineSignature(decoded.input_specs, decoded.output_specs)
+class ReferenceBackend(engines.EngineBackend):
+    """:class:`ReferenceEngine`: its payload as a constant, its program as the op's string argument."""
+
+    name = engines.REFERENCE_OP.backend
+    module_types = (f"{__name__}.ReferenceEngine",)
+
+    def emit(
+        self,
+        gm: torch.fx.GraphModule,
+        call_node: torch.fx.Node,
+        module: torch.nn.Module,
+        inputs: list[Any],
+        *,
+        cross_compile_module: bool,
+    ) -> torch.fx.Node:
+        payload: torch.Tensor = getattr(module, "engine")  # noqa: B009 - an attribute of a module typed nn.Module
+        program: str = getattr(module, "program")  # noqa: B009
+        attr = engines.unique_attr_name(gm, f"{call_node.target}_engine")
+        # A non-persistent buffer: export lifts it as a constant, not a user weight.
+        gm.register_buffer(attr, payload, persistent=False)
+        engine_node = gm.graph.get_attr(attr)
+        engine_node.meta["val"] = engines.fake_constant(payload, call_node)
+        return gm.graph.call_function(torch.ops.trt_inline.execute_engine.default, (inputs, engine_node, program))
+
+    def output_specs(self, module: torch.nn.Module) -> list[tuple[torch.dtype, torch.device]] | None:
+        payload: torch.Tensor = getattr(module, "engine")  # noqa: B009
+        specs = load_program(getattr(module, "program")).output_specs  # noqa: B009
+        if any(spec is None for spec in specs):
+            return None
+        return [(spec.dtype, payload.device) for spec in specs if spec is not None]
+
+    def describe(self, call_node: torch.fx.Node) -> EngineSignature | None:
+        """The :class:`EngineSignature` of a ``trt_inline.execute_engine`` call, read from its program."""
+        program = call_node.args[2] if len(call_node.args) > 2 else None
+        if not isinstance(program, str):
+            return None
+        decoded = load_program(program)
+        return EngineSignature(decoded.input_specs, decoded.output_specs)
 
 
 # ---------------------------------------------------------------------------
@@ -244,10 +275,6 @@ class ReferenceEngine(torch.nn.Module):
         # Non-persistent: the engine follows .to(device) but is not a user weight.
         self.register_buffer("engine", payload, persistent=False)
 
-    def output_specs(self) -> tuple[ValueSpec | None, ...]:
-        """dtype (and dims, or scalar-ness) of each output as the program records them; None where it does not."""
-        return load_program(self.program).output_specs
-
     def forward(self, *inputs: Any) -> Any:
         tensors = [value for value in inputs if isinstance(value, torch.Tensor)]
         device = tensors[0].device if tensors else self.engine.device
@@ -258,7 +285,7 @@ class ReferenceEngine(torch.nn.Module):
         ]
         outputs = torch.ops.trt_inline.execute_engine.default(wired, self.engine, self.program)
         values = [
-            out.item() if spec is not None and spec.scalar else out
+            scalars.to_scalar(out) if spec is not None and spec.scalar else out
             for out, spec in zip(outputs, program.output_specs, strict=True)
         ]
         if self.num_outputs == 1:
@@ -267,3 +294,6 @@ class ReferenceEngine(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, outputs={self.num_outputs}, payload_bytes={self.engine.numel()}"
+
+
+engines.register_backend(ReferenceBackend())

@@ -19,7 +19,7 @@ import torch
 import torch.fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from trt_inline import compat
+from trt_inline import compat, scalars
 from trt_inline.engines import FALLBACK_PREFIX
 from trt_inline.reference.program import SCALAR_TARGETS, can_encode_args, encodable_target
 
@@ -64,7 +64,6 @@ def _op_from_string(name: str) -> Any:
     return obj
 
 
-_SCALAR_TYPES = (torch.SymBool, torch.SymInt, torch.SymFloat, bool, int, float)
 # Scalar-producing ATen ops Torch-TensorRT converts (2.5 ... 2.14 have a converter for sym_size.int).
 _SCALAR_OPS = frozenset({torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default})
 
@@ -75,10 +74,6 @@ def _is_tensor_value(value: Any) -> bool:
 
 def _is_tensor_sequence(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, torch.Tensor) for v in value)
-
-
-def _is_scalar_value(value: Any) -> bool:
-    return isinstance(value, _SCALAR_TYPES)
 
 
 class ReferenceOperatorSupport(OperatorSupportBase):  # type: ignore[misc]
@@ -111,7 +106,7 @@ class ReferenceOperatorSupport(OperatorSupportBase):  # type: ignore[misc]
             if target in self._overloads or target.overloadpacket in self._packets:
                 return False
         value = node.meta.get("val")
-        if _is_scalar_value(value):
+        if scalars.is_scalar(value):
             if not (self._scalar_boundaries and (target in _SCALAR_OPS or target in SCALAR_TARGETS)):
                 return False
         elif target in SCALAR_TARGETS or not (_is_tensor_value(value) or _is_tensor_sequence(value)):
@@ -120,7 +115,7 @@ class ReferenceOperatorSupport(OperatorSupportBase):  # type: ignore[misc]
             arg_value = arg.meta.get("val")
             if arg.op == "get_attr" or _is_tensor_value(arg_value):
                 continue
-            if _is_scalar_value(arg_value) and self._scalar_boundaries:
+            if scalars.is_scalar(arg_value) and self._scalar_boundaries:
                 continue
             # getitem unpacks a multi-output op; it follows its producer.
             if not (_is_tensor_sequence(arg_value) and self.is_node_supported(submodules, arg)):

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import allowed_ops, compat, symbolic
+from trt_inline import allowed_ops, compat, scalars, symbolic
 from trt_inline.engines import ValueSpec
 from trt_inline.errors import EngineFormatError, RefusedOperatorError, printable
 
@@ -251,7 +251,7 @@ class EngineProgram:
         tensor = inputs[index]
         expr = self.scalar_exprs[index] if index < len(self.scalar_exprs) else None
         if expr is None or not compat.is_fake(tensor):
-            return tensor.item()
+            return scalars.to_scalar(tensor)
         sizes: dict[str, Any] = {}
         for symbols, value in zip(self.input_symbols, inputs, strict=False):
             for name, dim in zip(symbols, value.shape if value.dim() == len(symbols) else (), strict=False):
@@ -260,7 +260,7 @@ class EngineProgram:
         try:
             return symbolic.evaluate(expr, sizes)
         except KeyError:  # a symbol no input of this call carries
-            return tensor.item()
+            return scalars.to_scalar(tensor)
 
     def run(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor) -> list[torch.Tensor]:
         """Run the steps; scalar inputs arrive and scalar outputs leave as 0-d tensors.
@@ -283,19 +283,8 @@ class EngineProgram:
 
 
 def as_tensor(value: Any, spec: ValueSpec | None, device: torch.device) -> torch.Tensor:
-    """An engine output as the engine returns it: a scalar becomes a 0-d tensor of its recorded dtype."""
-    if isinstance(value, torch.Tensor):
-        return value
-    dtype = spec.dtype if spec is not None else _scalar_dtype(value)
-    return torch.scalar_tensor(value, dtype=dtype, device=device)
-
-
-def _scalar_dtype(value: Any) -> torch.dtype:
-    if isinstance(value, (torch.SymBool, bool)):
-        return torch.bool
-    if isinstance(value, (torch.SymInt, int)):
-        return torch.int64
-    return torch.float64
+    """An engine value as the engine op passes it: a scalar becomes a 0-d tensor of its recorded dtype."""
+    return scalars.to_tensor(value, device, spec.dtype if spec is not None else None)
 
 
 _device_copies: weakref.WeakKeyDictionary[torch.Tensor, dict[torch.device, torch.Tensor]] = weakref.WeakKeyDictionary()
@@ -393,8 +382,8 @@ def encode_spec(value: Any) -> dict[str, Any] | None:
         if any(symbols):
             spec["symbols"] = symbols
         return spec
-    if isinstance(value, (torch.SymBool, torch.SymInt, torch.SymFloat, bool, int, float)):
-        spec = {"scalar": str(_scalar_dtype(value)).removeprefix("torch.")}
+    if scalars.is_scalar(value):
+        spec = {"scalar": str(scalars.dtype_of(value)).removeprefix("torch.")}
         expr = symbolic.encode(value.node.expr) if isinstance(value, torch.SymInt) else None
         if expr is not None:
             spec["expr"] = expr

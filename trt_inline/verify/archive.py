@@ -33,14 +33,14 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, compat, engines
+from trt_inline import allowed_ops, compat, engines, formats
 from trt_inline.errors import (
     UnsafeArchiveError,
     VerifyInputError,
     first_line,
     printable,
 )
-from trt_inline.package import PACKAGE_INFO_FILE
+from trt_inline.formats import PACKAGE_INFO_FILE
 from trt_inline.verify.program_checks import check_loaded_program, check_serialized_programs
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
 from trt_inline.verify.zip_layout import ZipEntry, check_layout
@@ -57,8 +57,8 @@ __all__ = [
     "open_file",
 ]
 
-EXPORTED_PROGRAM = "exported_program"
-AOTI_PACKAGE = "aot_inductor"
+EXPORTED_PROGRAM = formats.EXPORTED_PROGRAM
+AOTI_PACKAGE = formats.AOT_INDUCTOR
 
 # A compressed entry that claims to expand more than this (and past 64 MiB) is refused unread.
 MAX_COMPRESSION_RATIO = 200
@@ -69,7 +69,7 @@ MAX_INFLATED_BYTES = 1 << 30
 _MAX_PICKLE_BYTES = 1 << 30
 
 _PROGRAM_MARKERS = ("/models/model.json", "serialized_exported_program.json")
-_AOTI_MARKER = "/data/aotinductor/"
+_AOTI_MARKER = f"/{formats.AOTI_FOLDER}"
 
 
 def classify_file(path: str | os.PathLike[str]) -> tuple[Path, str]:

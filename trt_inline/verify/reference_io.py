@@ -23,7 +23,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from trt_inline.errors import VerifyInputError
-from trt_inline.package import output_kinds
+from trt_inline.formats import REFERENCE_IO_FILE
+from trt_inline.scalars import kinds_of
 
 __all__ = [
     "REFERENCE_IO_FILE",
@@ -34,7 +35,6 @@ __all__ = [
     "tensors_only",
 ]
 
-REFERENCE_IO_FILE = "trt_inline_reference_io.b64"
 _VERSION = 1
 
 
@@ -77,7 +77,7 @@ def capture_reference_io(
         {k: v.detach().cpu() for k, v in kwargs.items()},
         tensors_only(outputs, "outputs"),
         device=str(flat[0].device) if flat else "cpu",
-        output_kinds=output_kinds(pytree.tree_leaves(outputs)),
+        output_kinds=kinds_of(pytree.tree_leaves(outputs)),
     )
 
 

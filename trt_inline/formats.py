@@ -1,0 +1,69 @@
+"""Names and formats of what trt-inline writes and reads: output formats, archive entries, environment switches.
+
+One place for each: the save paths, the package writer, the archive checks, the
+``inspect`` table and the plugin read them from here. Also the one atomic write
+every writer uses, and the one parser of each environment variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+# The switch the import hook reads is parsed where the hook (which runs before trt_inline can be imported) is.
+from trt_inline_autoload import DISABLE_ENV, env_flag
+
+__all__ = [
+    "AOTI_FOLDER",
+    "AOT_INDUCTOR",
+    "DISABLE_ENV",
+    "EXPORTED_PROGRAM",
+    "EXTRA_FOLDER",
+    "OUTPUT_FORMATS",
+    "PACKAGE_INFO_FILE",
+    "REFERENCE_IO_ENV",
+    "REFERENCE_IO_FILE",
+    "atomic_write",
+    "env_flag",
+    "plugin_embeds_reference_io",
+]
+
+# output_format of trt_inline.save and torch_tensorrt.save; also the kind of a file verify opens.
+EXPORTED_PROGRAM = "exported_program"
+AOT_INDUCTOR = "aot_inductor"
+OUTPUT_FORMATS = (EXPORTED_PROGRAM, AOT_INDUCTOR)
+
+# Under an archive's root folder: AOTInductor's compiled model, and extra files (torch.export.save's extra_files).
+AOTI_FOLDER = "data/aotinductor/"
+EXTRA_FOLDER = "extra/"
+# Extra files trt-inline adds: reference I/O (trt_inline.verify.reference_io), a package's output kinds.
+REFERENCE_IO_FILE = "trt_inline_reference_io.b64"
+PACKAGE_INFO_FILE = "trt_inline_package.json"
+
+# TRT_INLINE_REFERENCE_IO=0 (or false, no, off): the patched torch_tensorrt.save embeds no reference I/O.
+REFERENCE_IO_ENV = "TRT_INLINE_REFERENCE_IO"
+
+
+def plugin_embeds_reference_io() -> bool:
+    """Whether the patched ``torch_tensorrt.save`` embeds reference I/O (:data:`REFERENCE_IO_ENV`, default on)."""
+    return env_flag(REFERENCE_IO_ENV, default=True)
+
+
+@contextlib.contextmanager
+def atomic_write(target: Path) -> Iterator[Path]:
+    """A temporary path beside ``target`` to write; renamed onto ``target`` when the block succeeds.
+
+    An interrupted or failed write never leaves a truncated file where a good
+    one was, and leaves no temporary file behind.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

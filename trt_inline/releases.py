@@ -1,0 +1,201 @@
+"""The Torch-TensorRT releases trt-inline supports: one record each, the one place that says what a release is.
+
+A record names the torch the release requires (the newest patch its
+``Requires-Dist`` admits, the one the compatibility matrix installs), the
+parameters of its exporter's stock ``inline_trt_modules`` (how the plugin
+recognises it), which exporter functions the plugin replaces and why, what its
+``torch_tensorrt.save`` takes, and how its archives store an engine object. The
+plugin's adapters, its ``save`` wrapper, the archive checks and the tests read
+these records; adding a release is adding a record (and running the matrix).
+
+Every fact here was read in the release's wheel (``dynamo/_exporter.py``,
+``_compile.py``, ``dynamo/runtime/``). This module imports nothing but the
+standard library (and the autoload module): ``.ci/matrix`` reads it with a
+Python that has no torch.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+# The two Torch-TensorRT modules the plugin patches: named where the import hook (which runs at
+# `import torch`, before trt_inline can be imported) needs them.
+from trt_inline_autoload import COMPILE as COMPILE_MODULE
+from trt_inline_autoload import EXPORTER as EXPORTER_MODULE
+
+__all__ = [
+    "COMPILE_MODULE",
+    "EXPORTER_MODULE",
+    "FUTURE_TORCH",
+    "RELEASES",
+    "Release",
+    "engine_pickle_globals",
+    "for_signature",
+    "for_torch",
+    "for_version",
+    "installed_version",
+    "minor",
+]
+
+# A torch no Torch-TensorRT release requires yet: the matrix runs import, passes and end-to-end tests on it.
+FUTURE_TORCH = "2.15.0"
+
+# Why the plugin replaces each exporter function (the records say which ones, per release).
+_WHY = {
+    "inline_torch_modules": "wires fallback inputs by placeholder name (the seed bug), or by position without "
+    "scalar conversions",
+    "inline_trt_modules": "passes scalars into Tensor[] engine inputs unconverted and types multi-output getitems "
+    "by user order",
+    "inline_trt_modules (outputs_map)": "types every engine output float32 from shape analysis",
+    "transform": "runs shape analysis, which fails on any scalar crossing a boundary",
+    "lift": "writes buffer specs without `persistent`, which torch >= 2.3 refuses",
+    "lift (wrapped)": "passes `_guards_fn` calls and settled assertions to the serializer",
+    "create_trt_exp_program": "records ranges for input sizes only and no sample inputs",
+}
+
+# A pickled engine whose reconstructor is a Python function of the installed torch_tensorrt (2.13+).
+_RECONSTRUCT_ENGINE = ("torch_tensorrt.dynamo.runtime._TRTEngine", "_reconstruct_trt_engine")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Torch-TensorRT release, as trt-inline meets it."""
+
+    version: str
+    torch: str
+    # Parameters of the stock inline_trt_modules, in order.
+    inline_trt_params: tuple[str, ...]
+    # {exporter function: why the plugin replaces it}; `inline_torch_modules` is in every record.
+    replaced: Mapping[str, str]
+    # Whether the stock inline_torch_modules pairs placeholders by name (the seed bug).
+    wires_by_name: bool
+    # Whether torch_tensorrt.save(retrace=True, dynamic_shapes=...) goes through transform().
+    retrace_inlines: bool
+    # Whether torch_tensorrt.save takes extra_files.
+    save_extra_files: bool
+    # Whether torch_tensorrt.save has output_format="aot_inductor".
+    aot_inductor: bool
+    # Whether TorchTensorRTModule defines __deepcopy__ (shares the engine instead of re-creating it).
+    engine_deepcopy: bool
+    # Whether the legacy exporter's lift() writes `persistent` on buffer specs (else the plugin's lift replaces it).
+    lift_persistent: bool = False
+    # Python globals a pickled engine object may name in this release's archives (beyond TorchBind classes).
+    engine_pickle_globals: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def minor(self) -> tuple[int, int]:
+        return minor(self.version)
+
+
+def _replaced(*names: str) -> Mapping[str, str]:
+    return MappingProxyType({name.split(" ")[0]: _WHY[name] for name in ("inline_torch_modules", *names)})
+
+
+_CROSS_COMPILE_FLAG = ("gm", "cross_compile_flag")
+_CROSS_COMPILE = ("gm", "cross_compile_module")
+_BY_NAME = _replaced("inline_trt_modules", "lift", "create_trt_exp_program")
+
+RELEASES: tuple[Release, ...] = (
+    Release(
+        "2.5.0", "2.5.1", ("gm", "outputs_map"),
+        _replaced("inline_trt_modules (outputs_map)", "transform", "lift", "create_trt_exp_program"),
+        wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
+    ),
+    Release(
+        "2.6.1", "2.6.0", _CROSS_COMPILE_FLAG, _BY_NAME,
+        wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
+    ),
+    Release(
+        "2.7.0", "2.7.1", _CROSS_COMPILE, _BY_NAME,
+        wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
+    ),
+    Release(
+        "2.8.0", "2.8.0", _CROSS_COMPILE, _BY_NAME,
+        wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
+    ),
+    Release(
+        "2.9.0", "2.9.1", _CROSS_COMPILE, _BY_NAME,
+        wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
+    ),
+    Release(
+        "2.10.0", "2.10.0", _CROSS_COMPILE, _BY_NAME,
+        wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
+    ),
+    Release(
+        "2.11.0", "2.11.0", _CROSS_COMPILE, _BY_NAME,
+        wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=False,
+    ),
+    Release(
+        "2.12.1", "2.12.1", _CROSS_COMPILE, _BY_NAME,
+        wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
+    ),
+    Release(
+        "2.13.0", "2.13.0", _CROSS_COMPILE, _BY_NAME,
+        wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
+        engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
+    ),
+    Release(
+        "2.14.0", "2.14.1", ("gm", "cross_compile_module", "expose_aliased_mutations"),
+        _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program"),
+        wires_by_name=False, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
+        lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
+    ),
+)  # fmt: skip
+
+
+def minor(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def for_version(version: str) -> Release | None:
+    """The record of the release with this version's minor, or None."""
+    wanted = minor(version)
+    return next((release for release in RELEASES if release.minor == wanted), None)
+
+
+def for_torch(torch_version: str) -> Release | None:
+    """The record of the release that requires this torch's minor version, or None."""
+    wanted = minor(torch_version)
+    return next((release for release in RELEASES if minor(release.torch) == wanted), None)
+
+
+def for_signature(params: tuple[str, ...], version: str | None = None) -> Release | None:
+    """The record whose stock ``inline_trt_modules`` takes ``params``.
+
+    Several releases share a signature (2.7 ... 2.13); the installed version picks
+    among them, and where it is unknown or none of them, the newest record with
+    that signature stands in (the replacements of those releases are the same).
+    """
+    matching = [release for release in RELEASES if release.inline_trt_params == params]
+    if version is not None:
+        exact = [release for release in matching if release.minor == minor(version)]
+        if exact:
+            return exact[0]
+    return matching[-1] if matching else None
+
+
+def installed_version() -> str | None:
+    """The version of the installed (or already imported) Torch-TensorRT, None when unknown."""
+    text = None
+    try:
+        text = importlib.metadata.version("torch_tensorrt")
+    except importlib.metadata.PackageNotFoundError:
+        text = getattr(sys.modules.get("torch_tensorrt"), "__version__", None)
+    return str(text) if text and re.match(r"\d+\.\d+", str(text)) else None
+
+
+def engine_pickle_globals() -> tuple[tuple[str, str], ...]:
+    """Every Python global any supported release's archives name for an engine object."""
+    found: list[tuple[str, str]] = []
+    for release in RELEASES:
+        found += [name for name in release.engine_pickle_globals if name not in found]
+    return tuple(found)
