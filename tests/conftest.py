@@ -47,16 +47,17 @@ def pytest_configure(config: pytest.Config) -> None:
 REPO = Path(__file__).resolve().parent.parent
 
 # Loads each saved file in a process that has imported nothing but torch and the
-# named modules, runs it on the stored inputs and writes the outputs back. An
+# named modules, runs it on each stored input set and writes the outputs back. An
 # AOTInductor package is loaded with trt_inline.package.load_package.
 _LOADER = textwrap.dedent(
     """
     import importlib, sys, torch
     for name in sys.argv[3].split(","):
         importlib.import_module(name)
-    inputs = torch.load(sys.argv[1], weights_only=True)
+    input_sets_by_path = torch.load(sys.argv[1], weights_only=True)
     results = {}
     for path in sys.argv[4:]:
+        input_sets = input_sets_by_path[path]
         if path.endswith(".package.pt2"):
             from trt_inline.package import load_package
             run, calls = load_package(path), []
@@ -65,27 +66,34 @@ _LOADER = textwrap.dedent(
             program.graph_module.graph.lint()
             calls = [n.name for n in program.graph.nodes if n.op == "call_module"]
             run = program.module()
-        with torch.no_grad():
-            outputs = run(*inputs)
-        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
-        kinds = [type(o).__name__ for o in outputs]
-        outputs = [o if isinstance(o, torch.Tensor) else torch.tensor(o) for o in outputs]
-        results[path] = {"outputs": outputs, "call_modules": calls, "kinds": kinds}
+        results[path] = []
+        for inputs in input_sets:
+            with torch.no_grad():
+                outputs = run(*inputs)
+            outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+            kinds = [type(o).__name__ for o in outputs]
+            outputs = [o if isinstance(o, torch.Tensor) else torch.tensor(o) for o in outputs]
+            results[path].append({"outputs": outputs, "call_modules": calls, "kinds": kinds})
     torch.save(results, sys.argv[2])
     """
 )
 
 
-def load_in_fresh_process(
-    tmp_path: Path, paths: Sequence[Path], inputs: Sequence[torch.Tensor], imports: Sequence[str] = ("trt_inline",)
-) -> dict[str, Any]:
-    """Load and run each file in a new interpreter that imported only torch and ``imports``.
+def load_runs_in_fresh_process(
+    tmp_path: Path,
+    paths: Sequence[Path],
+    input_sets: Sequence[Sequence[torch.Tensor]] | dict[Path, Sequence[Sequence[torch.Tensor]]],
+    imports: Sequence[str] = ("trt_inline",),
+) -> dict[str, list[dict[str, Any]]]:
+    """Load each file once in a new interpreter that imported only torch and ``imports``; run it on every input set.
 
-    Returns {path: {"outputs", "call_modules"}}.
+    ``input_sets``: the same for every file, or ``{path: input sets}``. Returns
+    ``{path: [{"outputs", "call_modules", "kinds"} for each of its input sets]}``.
     """
     inputs_file = tmp_path / "inputs.pt"
     results_file = tmp_path / "results.pt"
-    torch.save(list(inputs), inputs_file)
+    by_path = input_sets if isinstance(input_sets, dict) else {path: input_sets for path in paths}
+    torch.save({str(path): [list(inputs) for inputs in by_path[path]] for path in paths}, inputs_file)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-c", _LOADER, str(inputs_file), str(results_file), ",".join(imports), *map(str, paths)],
@@ -95,8 +103,16 @@ def load_in_fresh_process(
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results: dict[str, Any] = torch.load(results_file, weights_only=True)
+    results: dict[str, list[dict[str, Any]]] = torch.load(results_file, weights_only=True)
     return results
+
+
+def load_in_fresh_process(
+    tmp_path: Path, paths: Sequence[Path], inputs: Sequence[torch.Tensor], imports: Sequence[str] = ("trt_inline",)
+) -> dict[str, Any]:
+    """:func:`load_runs_in_fresh_process` with one input set: ``{path: {"outputs", "call_modules", "kinds"}}``."""
+    runs = load_runs_in_fresh_process(tmp_path, paths, [inputs], imports)
+    return {path: found[0] for path, found in runs.items()}
 
 
 def as_list(outputs: Any) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import as_list, load_in_fresh_process, max_abs_diff
+from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
 from models import RELU, ConvBnRelu, EdgesFallBack, MultiOutputBothSides, TinyResNet
 
 import trt_inline
@@ -39,14 +39,15 @@ def _roundtrip(
         trt_inline.save(compiled, path, arg_inputs=inputs, dynamic_shapes=dynamic_shapes, retrace=retrace)
         paths.append(path)
 
-    for run_inputs in [inputs, *check_inputs]:
+    input_sets = [inputs, *check_inputs]
+    runs = load_runs_in_fresh_process(tmp_path, paths, input_sets)
+    for index, run_inputs in enumerate(input_sets):
         with torch.no_grad():
             expected = as_list(compiled(*run_inputs))
             eager = as_list(model(*run_inputs))
         assert max_abs_diff(expected, eager) <= EAGER_ATOL
-        results = load_in_fresh_process(tmp_path, paths, run_inputs)
         for path in paths:
-            loaded = results[str(path)]
+            loaded = runs[str(path)][index]
             assert loaded["call_modules"] == [], f"{path.name}: call_module survived"
             assert max_abs_diff(loaded["outputs"], expected) == 0.0, path.name
             assert max_abs_diff(loaded["outputs"], eager) <= EAGER_ATOL, path.name

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import as_list, load_in_fresh_process, max_abs_diff
+from conftest import as_list, load_in_fresh_process, load_runs_in_fresh_process, max_abs_diff
 from models import RELU, ConvBnRelu, ExpandedIds, MultiOutputBothSides, RowsAndValues, TinyResNet, scalar_cases
 from test_scalars import scalar_crossings
 from test_untrusted import _Plant, _rewrite, _torch_saved
@@ -117,10 +117,10 @@ NAMES = ["seed", "residual", "multi_output", "dynamic_batch", "scalar_crossing",
 @pytest.mark.parametrize("name", NAMES)
 def test_package_roundtrips_bitwise_in_a_fresh_process(packages: dict[str, Package], tmp_path: Path, name: str) -> None:
     package = packages[name]
-    for inputs in package.checks:
+    runs = load_runs_in_fresh_process(tmp_path, [package.path], package.checks)[str(package.path)]
+    for inputs, loaded in zip(package.checks, runs, strict=True):
         with torch.no_grad():
             expected = as_list(package.compiled(*inputs))
-        loaded = load_in_fresh_process(tmp_path, [package.path], inputs)[str(package.path)]
         assert loaded["kinds"] == [type(e).__name__ for e in expected], "outputs keep their kinds (int stays int)"
         assert max_abs_diff(loaded["outputs"], _tensors(expected)) == 0.0, (name, [t.shape for t in inputs])
     proc = cli("verify", str(package.path), NATIVE)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import releases
 import torch
-from conftest import as_list, load_in_fresh_process, max_abs_diff
+from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
 from models import ScalarCase, scalar_cases
 from test_verify import cli
 
@@ -97,14 +97,14 @@ def test_scalar_crossing_roundtrips_bitwise(tmp_path: Path, case: ScalarCase) ->
         paths.append(path)
 
     diffs: dict[str, list[float]] = {p.name: [] for p in paths}
-    for inputs in case.checks:
+    runs = load_runs_in_fresh_process(tmp_path, paths, case.checks)
+    for index, inputs in enumerate(case.checks):
         with torch.no_grad():
             expected = as_list(compiled(*inputs))
             eager = as_list(case.model(*inputs))
         assert max_abs_diff(expected, eager) <= 1e-5, "the compiled module itself must match eager PyTorch"
-        results = load_in_fresh_process(tmp_path, paths, inputs)
         for path in paths:
-            loaded: dict[str, Any] = results[str(path)]
+            loaded: dict[str, Any] = runs[str(path)][index]
             assert loaded["call_modules"] == []
             diffs[path.name].append(max_abs_diff(loaded["outputs"], expected))
     assert all(d == [0.0, 0.0, 0.0] for d in diffs.values()), diffs
@@ -150,8 +150,8 @@ def test_settled_assertions_are_dropped_where_torch_cannot_serialize_them(
     targets = [n.target for n in program.graph.nodes]
     assert aten._assert_scalar.default not in targets and operator.eq not in targets, program.graph_module.code
     assert _conversions(program)["output"] >= 1, "item() after the engine stays"
-    for inputs in case.checks:
+    runs = load_runs_in_fresh_process(tmp_path, [path], case.checks)[str(path)]
+    for inputs, loaded in zip(case.checks, runs, strict=True):
         with torch.no_grad():
             expected = as_list(compiled(*inputs))
-        loaded = load_in_fresh_process(tmp_path, [path], inputs)[str(path)]
         assert max_abs_diff(loaded["outputs"], expected) == 0.0, inputs[0].shape
