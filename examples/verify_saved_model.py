@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verify_saved_model: {exc}", file=sys.stderr)
         return 2
 
-    print(f"{'PASS' if report.ok else 'FAIL'} {args.path} (reference: {report.reference})")
+    print(f"{'PASS' if report.ok else 'FAIL'} {args.path} (expected outputs: {report.expected_source})")
     for output in report.outputs:
         print(
             f"  output {output.index}: max abs diff {output.max_abs_diff:.6g}, max rel diff {output.max_rel_diff:.6g}"

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from trt_inline.verify.isolation import reusing_interpreter
 
 # Hypothesis profiles for the random-graph suite (tests/test_fuzz.py): `ci` is
 # derandomized so that CI is reproducible (TRT_INLINE_FUZZ_EXAMPLES sets how many:
@@ -131,6 +133,23 @@ def max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _children_forked_from_one_interpreter(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``verify``/``inspect`` children forked from one clean interpreter per test module.
+
+    Each child is as isolated as a fresh interpreter (``reusing_interpreter``);
+    this saves starting one and importing torch per file. A module that sets
+    ``FRESH_INTERPRETERS = True`` (the hostile files) gets a fresh interpreter
+    per child, as the ``trt-inline`` command does, and so do the tests that run
+    the command as a process of its own.
+    """
+    if getattr(request.module, "FRESH_INTERPRETERS", False):
+        yield
+        return
+    with reusing_interpreter():
+        yield
 
 
 @dataclass

@@ -237,7 +237,7 @@ def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool, batches: tup
         for got, want in zip(actual, expected, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     # Verification never fires on a correct file: no structural problem (orphaned engine outputs included).
-    report = trt_inline.verify(loaded, reference=compiled, arg_inputs=(x,), atol=0.0, rtol=0.0)
+    report = trt_inline.verify(loaded, expected_module=compiled, arg_inputs=(x,), atol=0.0, rtol=0.0)
     assert report.ok, report.problems
     return crossings
 

@@ -22,6 +22,10 @@ from conftest import REPO, SavedSeed
 from hostile import CASES, ESCAPE, INSPECTED, SECRET, Case, Traps
 
 from trt_inline import cli
+from trt_inline.verify.isolation import reusing_interpreter
+
+# The limits, crashes and traps are checked on fresh interpreters, the path the trt-inline command takes.
+FRESH_INTERPRETERS = True
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -38,8 +42,7 @@ def run_case(
     def run(case: Case) -> tuple[int, str, str]:
         traps = Traps(tmp_path)
         path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
-        temp = tmp_path / "temp"
-        temp.mkdir()
+        temp = Path(tempfile.mkdtemp(prefix="temp", dir=tmp_path))
         monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the child's folder, and its TMPDIR, go here
         repository = sorted(REPO.iterdir())
         code = cli.main([case.command, str(path), *case.args])
@@ -94,3 +97,18 @@ def test_good_file_passes_under_a_2gib_limit(saved_seed: SavedSeed, capsys: pyte
     assert cli.main(["verify", str(saved_seed.good), "--memory-limit", "2GiB", "--timeout", "120"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PASS") and "limits 120 s, 2 GiB" in out
+
+
+_LIMITS = [c for c in CASES if c.kind in ("crashes", "exhaustion") and c.args]
+
+
+@pytest.mark.parametrize("case", _LIMITS, ids=[case.name for case in _LIMITS])
+def test_children_forked_from_one_interpreter_keep_every_limit(case: Case, run_case: RunCase) -> None:
+    """``reusing_interpreter``: the crash, the memory and the time limit stop a forked child just as a fresh one."""
+    with reusing_interpreter():
+        code, out, err = run_case(case)
+        again, _, second = run_case(case)  # the interpreter survives its child's end, and serves the next
+    assert code == again == 2, (case.name, out, err)
+    assert case.expect in err and case.expect in second, err
+    left = subprocess.run(["pgrep", "-f", "trt_inline.verify.isolation"], capture_output=True, text=True).stdout
+    assert left.split() == [], "the interpreter is stopped when the block ends"

@@ -742,7 +742,7 @@ _SAVE_THROUGH_TORCH_TENSORRT = """
     compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=["aten.relu.default"])
     torch_tensorrt.save(compiled, sys.argv[1], arg_inputs=[x], retrace=False)
     report = trt_inline.verify(sys.argv[1])
-    print(report.reference, report.ok, "save" in trt_inline.plugin.replaced_functions())
+    print(report.expected_source, report.ok, "save" in trt_inline.plugin.replaced_functions())
     trt_inline.uninstall()
     print(torch_tensorrt.save.__module__, getattr(torch_tensorrt.save, "__wrapped__", None) is None)
 """

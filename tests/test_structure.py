@@ -171,7 +171,7 @@ def test_verify_leaves_rng_flags_and_loggers_as_they_were(
         torch.rand(5)
         rng = torch.get_rng_state()
         report = verify(saved_seed.good)
-        assert report.ok and report.reference == "embedded"
+        assert report.ok and report.expected_source == "embedded"
         with pytest.raises(trt_inline.VerifyInputError, match="does not accept the reference inputs"):
             verify(saved_seed.good, arg_inputs=wrong_inputs, expected=[torch.zeros(1)])
         assert torch.equal(torch.get_rng_state(), rng), "verify reseeded the caller's RNG"

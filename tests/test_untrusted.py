@@ -305,28 +305,28 @@ def test_correct_files_have_no_orphans(saved_seed: SavedSeed) -> None:
 
 
 # ---------------------------------------------------------------------------
-# --reference-from: an old (stock-saved) file against a new trt-inline save of the same module
+# --expected-from: an old (stock-saved) file against a new trt-inline save of the same module
 # ---------------------------------------------------------------------------
 
 
-def test_reference_from_a_new_file(saved_seed: SavedSeed, tmp_path: Path) -> None:
+def test_expected_from_a_new_file(saved_seed: SavedSeed, tmp_path: Path) -> None:
     miswired_old = tmp_path / "old_miswired.pt2"
     program = torch.export.load(saved_seed.good)
     relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
     relus[1].replace_input_with(relus[1].args[0], relus[0].args[0])  # loadable, wrong; engine 3 kept alive below
     torch.export.save(program, miswired_old)  # no dead-code elimination: no orphan, only wrong numbers
 
-    proc = cli("verify", str(miswired_old), "--reference-from", str(saved_seed.good))
+    proc = cli("verify", str(miswired_old), "--expected-from", str(saved_seed.good))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"(reference: from {saved_seed.good})" in proc.stdout
+    assert f"(expected outputs: from {saved_seed.good})" in proc.stdout
     assert "problem: output 0 differs: max abs diff" in proc.stdout
 
-    proc = cli("verify", str(saved_seed.bare), "--reference-from", str(saved_seed.good))
+    proc = cli("verify", str(saved_seed.bare), "--expected-from", str(saved_seed.good))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("max abs diff 0 ") == 2
 
 
-def test_reference_from_a_file_of_another_signature(saved_seed: SavedSeed, tmp_path: Path) -> None:
+def test_expected_from_a_file_of_another_signature(saved_seed: SavedSeed, tmp_path: Path) -> None:
     v = torch.randn(4, 16)
     other = tmp_path / "other.pt2"
     compiled = trt_inline.reference.compile(
@@ -334,11 +334,11 @@ def test_reference_from_a_file_of_another_signature(saved_seed: SavedSeed, tmp_p
     )
     trt_inline.save(compiled, other, arg_inputs=(v,))
     assert_unusable(
-        cli("verify", str(saved_seed.bare), "--reference-from", str(other)),
+        cli("verify", str(saved_seed.bare), "--expected-from", str(other)),
         f"{saved_seed.bare} input 0 (x) is float32[2, 3, 8, 8], the reference in {other} gives float32[4, 16]",
     )
     assert_unusable(
-        cli("verify", str(saved_seed.bare), "--reference-from", str(saved_seed.bare)), "carries no reference I/O"
+        cli("verify", str(saved_seed.bare), "--expected-from", str(saved_seed.bare)), "carries no reference I/O"
     )
 
 

@@ -89,7 +89,7 @@ def assert_unusable(proc: subprocess.CompletedProcess[str], fragment: str) -> No
 def test_good_file_verifies_with_only_its_path(saved: dict[str, Path]) -> None:
     proc = cli("verify", str(saved["good"]), process=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith(f"PASS {saved['good']} (reference: embedded)")
+    assert proc.stdout.startswith(f"PASS {saved['good']} (expected outputs: embedded)")
     assert proc.stdout.count("max abs diff 0 ") == 2
 
 
@@ -97,7 +97,7 @@ def test_json_report(saved: dict[str, Path]) -> None:
     proc = cli("verify", str(saved["good"]), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["ok"] is True and report["reference"] == "embedded"
+    assert report["ok"] is True and report["expected_source"] == "embedded"
     assert [o["max_abs_diff"] for o in report["outputs"]] == [0.0, 0.0]
 
 
@@ -117,8 +117,8 @@ def test_reference_module_and_given_tensors(saved: dict[str, Path]) -> None:
     assert verify(saved["bare"], arg_inputs=x, expected=expected).ok
     assert not verify(saved["bare"], arg_inputs=x, expected=[e + 1 for e in expected]).ok
     program = load_exported_program(saved["good"]).program
-    assert verify(saved["miswired"], reference=program.module(), arg_inputs=x).ok is False
-    assert verify(saved["miswired"], reference=program.module(), isolate=False).ok is False
+    assert verify(saved["miswired"], expected_module=program.module(), arg_inputs=x).ok is False
+    assert verify(saved["miswired"], expected_module=program.module(), isolate=False).ok is False
 
 
 def test_file_without_reference_io(saved: dict[str, Path]) -> None:
@@ -130,7 +130,7 @@ def test_file_without_reference_io(saved: dict[str, Path]) -> None:
         "verify", str(saved["bare"]), "--inputs", str(root / "inputs.pt"), "--expected", str(root / "expected.pt")
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "reference: given" in proc.stdout
+    assert "expected outputs: given" in proc.stdout
 
 
 def _torchscript(path: Path) -> Path:
@@ -158,12 +158,18 @@ def _tampered(source: Path, path: Path, marker: Path) -> Path:
 
 
 def test_bad_inputs_exit_2_with_one_line_across_a_process(saved: dict[str, Path], tmp_path: Path) -> None:
-    """The full table is tests/test_bad_inputs.py (in-process); here the real process boundary."""
+    """The full table is in process (tests/test_bad_inputs.py, and the cases below); here the real process boundary.
+
+    One refusal in the CLI process itself and one in the child that opens the file.
+    """
     marker = tmp_path / "exploited"
-    cases = [
-        ([str(tmp_path / "missing.pt2")], "no such file"),
+    for args, fragment in [
         ([str(_truncated(saved["good"], tmp_path / "most.pt2", 0.98))], "not a zip archive"),
         ([str(_torchscript(tmp_path / "script.pt"))], "a TorchScript archive"),
+    ]:
+        assert_unusable(cli("verify", *args), fragment)
+    cases = [
+        ([str(tmp_path / "missing.pt2")], "no such file"),
         ([str(_tampered(saved["good"], tmp_path / "tampered.pt2", marker))], "embedded reference I/O refused"),
     ]
     for args, fragment in cases:
@@ -206,7 +212,7 @@ def test_save_size_cap_leaves_reference_out_with_a_warning(tmp_path: Path) -> No
     compiled = reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
     with pytest.warns(UserWarning, match=r"reference I/O not embedded .* over the limit of 0\.0 MiB"):
         trt_inline.save(compiled, tmp_path / "capped.pt2", arg_inputs=(x,), reference_limit_bytes=100)
-    assert verify(tmp_path / "capped.pt2").reference == "none"
+    assert verify(tmp_path / "capped.pt2").expected_source == "none"
 
 
 def test_inspect_shows_wiring_by_position(saved: dict[str, Path]) -> None:

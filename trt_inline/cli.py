@@ -154,8 +154,8 @@ def _run_verify(args: argparse.Namespace) -> int:
 
     if (args.inputs is None) != (args.expected is None):
         raise VerifyInputError("--inputs and --expected go together")
-    if args.inputs is not None and args.reference_from is not None:
-        raise VerifyInputError("--reference-from replaces --inputs/--expected; give one or the other")
+    if args.inputs is not None and args.expected_from is not None:
+        raise VerifyInputError("--expected-from replaces --inputs/--expected; give one or the other")
     arg_inputs = kwarg_inputs = expected = None
     if args.inputs is not None:
         arg_inputs, kwarg_inputs = _split_inputs(_load_tensors(args.inputs, "inputs"))
@@ -166,7 +166,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         arg_inputs=arg_inputs,
         kwarg_inputs=kwarg_inputs,
         expected=expected,
-        reference_from=args.reference_from,
+        expected_from=args.expected_from,
         atol=args.atol,
         rtol=args.rtol,
         device=args.device,
@@ -183,7 +183,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     if not report.compared:
         raise VerifyInputError(
             f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
-            "--inputs FILE --expected FILE or --reference-from NEW.pt2"
+            "--inputs FILE --expected FILE or --expected-from NEW.pt2"
         )
     return 0
 
@@ -265,9 +265,9 @@ def _parser() -> argparse.ArgumentParser:
     verify_parser.add_argument("--inputs", help="torch.save'd tensor, list of tensors, or {'args', 'kwargs'}")
     verify_parser.add_argument("--expected", help="torch.save'd tensor or list of tensors: the expected outputs")
     verify_parser.add_argument(
-        "--reference-from",
+        "--expected-from",
         metavar="NEW.pt2",
-        help="run PATH on the reference I/O embedded in another file (a newer trt-inline save of the same module)",
+        help="compare PATH with the reference I/O embedded in another file (a newer save of the same module)",
     )
     verify_parser.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
     verify_parser.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")

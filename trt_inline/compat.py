@@ -44,6 +44,7 @@ __all__ = [
     "fake_tensor_mode",
     "graph_codegen",
     "guard_call_types",
+    "import_loaders",
     "init_splitter",
     "is_core_aten",
     "is_fake",
@@ -89,6 +90,17 @@ def is_fake(value: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(value, FakeTensor)
+
+
+def import_loaders() -> None:
+    """Import what ``torch.export.load`` (and an AOTInductor package's loader) would import on first use.
+
+    An interpreter that forks one child per file imports them once, before any file is opened.
+    """
+    import torch._export.serde.serialize
+
+    if getattr(torch._inductor, "aoti_load_package", None) is not None:
+        import torch._inductor.package
 
 
 def buffer_persistent(module: torch.nn.Module, name: str) -> bool | None:

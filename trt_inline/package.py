@@ -40,7 +40,7 @@ from trt_inline import compat, formats, scalars
 from trt_inline.errors import SaveError
 from trt_inline.formats import EXTRA_FOLDER, PACKAGE_INFO_FILE
 
-__all__ = ["compile_package", "extend_package", "load_package", "package_root"]
+__all__ = ["compile_package", "output_kinds_of", "package_info", "extend_package", "load_package", "package_root"]
 
 # Written once per archive; a program's copies of them are not added next to the package's.
 _ARCHIVE_RECORDS = ("archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id")
@@ -49,6 +49,18 @@ _ARCHIVE_RECORDS = ("archive_format", "archive_version", ".data/version", "byteo
 def package_info(kinds: Sequence[str]) -> str:
     """The ``trt_inline_package.json`` text."""
     return json.dumps({"format": 1, "outputs": list(kinds)}, sort_keys=True)
+
+
+def output_kinds_of(info: str | bytes | None) -> list[str]:
+    """The output kinds a ``trt_inline_package.json`` text records; [] where it is missing or unreadable."""
+    if not info:
+        return []
+    try:
+        decoded = json.loads(info)
+    except ValueError:
+        return []
+    kinds = decoded.get("outputs") if isinstance(decoded, dict) else None
+    return [str(kind) for kind in kinds] if isinstance(kinds, list) else []
 
 
 def compile_package(program: ExportedProgram, target: Path, extra_files: dict[str, str]) -> float:
@@ -144,11 +156,4 @@ def _recorded_kinds(path: Path) -> list[str]:
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
         name = f"{package_root(names)}/{EXTRA_FOLDER}{PACKAGE_INFO_FILE}"
-        if name not in names:
-            return []
-        try:
-            info = json.loads(archive.read(name))
-        except ValueError:
-            return []
-    kinds = info.get("outputs") if isinstance(info, dict) else None
-    return [str(kind) for kind in kinds] if isinstance(kinds, list) else []
+        return output_kinds_of(archive.read(name)) if name in names else []

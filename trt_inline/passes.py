@@ -396,12 +396,12 @@ def _replace_fallback_uses(call_node: torch.fx.Node, output: Any, name: str) -> 
 def transform(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
     """Flatten a compiled module into one graph: a deep copy, both passes, cleanup, ``lint()``.
 
-    The argument is left untouched (:func:`copy_module`, then :func:`flatten`).
+    The argument is left untouched: :func:`copy_module`, then :func:`flatten_in_place` of the copy.
     """
-    return flatten(copy_module(gm), cross_compile_module)
+    return flatten_in_place(copy_module(gm), cross_compile_module)
 
 
-def flatten(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
+def flatten_in_place(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
     """Both passes in place, then cleanup and ``lint()``; returns ``gm``, recompiled.
 
     Submodules no node calls any more are deleted, dead code is eliminated, and

@@ -110,7 +110,7 @@ def roundtrip(
         assert max_abs_diff(loaded["outputs"], expected) <= TRT_ATOL
         assert max_abs_diff(loaded["outputs"], eager) <= EAGER_ATOL
     report = _keep_report(path, name)
-    assert report["ok"] and report["reference"] == "embedded"
+    assert report["ok"] and report["expected_source"] == "embedded"
     return compiled
 
 

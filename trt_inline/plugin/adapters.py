@@ -93,11 +93,11 @@ def transform_recording_engine_outputs(
 
         before:  acc = _run_on_acc_0(x)                    (no meta["val"])
         after:   acc = _run_on_acc_0(x)  meta["val"] = [FakeTensor(f32[4, 5]), 4]
-                 ... then passes.flatten
+                 ... then passes.flatten_in_place
     """
     flat = passes.copy_module(gm)
     record_engine_outputs(flat, tuple(inputs), dict(kwarg_inputs or {}))
-    return passes.flatten(flat)
+    return passes.flatten_in_place(flat)
 
 
 def record_engine_outputs(gm: torch.fx.GraphModule, inputs: tuple[Any, ...], kwarg_inputs: dict[str, Any]) -> None:

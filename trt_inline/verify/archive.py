@@ -41,6 +41,7 @@ from trt_inline.errors import (
     printable,
 )
 from trt_inline.formats import PACKAGE_INFO_FILE
+from trt_inline.package import output_kinds_of
 from trt_inline.verify.program_checks import check_loaded_program, check_serialized_programs
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
 from trt_inline.verify.zip_layout import ZipEntry, check_layout
@@ -502,11 +503,4 @@ def _extra_files(file: Path) -> dict[str, str]:
 
 
 def _kinds(text: str | None) -> list[str]:
-    if not text:
-        return []
-    try:
-        info = json.loads(text)
-    except ValueError:
-        return []
-    kinds = info.get("outputs") if isinstance(info, dict) else None
-    return [printable(str(kind)) for kind in kinds] if isinstance(kinds, list) else []
+    return [printable(kind) for kind in output_kinds_of(text)]

@@ -17,20 +17,29 @@ TensorRT plan), allocate without bound, or compute for hours. So ``verify`` and
 The child writes its result as JSON; the parent turns a killed, crashed or
 exhausted child into one :class:`IsolationError` line that says which limit or
 which signal, and never crashes itself.
+
+Starting an interpreter and importing torch takes a second or two. To check many
+files, ``with reusing_interpreter():`` starts one clean interpreter (the same
+``python -I``, torch and trt-inline imported, no file ever opened in it) and
+forks each child from it; every child is still a process of its own, in its own
+session, with the same limits. Outside such a block nothing is left running.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +59,7 @@ __all__ = [
     "default_memory_limit",
     "format_size",
     "parse_size",
+    "reusing_interpreter",
     "run_isolated",
 ]
 
@@ -139,56 +149,217 @@ def run_isolated(
         torch.save(tensors, work / "tensors.pt")
         request = {"job": job, "arguments": arguments, "memory": limits.memory, "debug": debug}
         (work / "request.json").write_text(json.dumps(request))
-        path = [entry for entry in sys.path if entry and os.path.isabs(entry)]
-        command = [
-            sys.executable,
-            "-I",
-            "-c",
-            "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-            "from trt_inline.verify.isolation import child_main; child_main(sys.argv[2])",
-            json.dumps(path),
-            str(work),
-        ]
-        # Each thread's malloc arena reserves 64 MiB of address space: few arenas, so that the
-        # address-space limit measures memory rather than the machine's core count.
         # Its temporary files (torch's own, a package's extracted library) stay in the folder removed afterwards.
         (work / "tmp").mkdir()
-        env = {**os.environ, "MALLOC_ARENA_MAX": "2", "TMPDIR": str(work / "tmp")}
-        with open(work / "stderr.txt", "wb") as stderr:
-            process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True, env=env
-            )
-            try:
-                status, peak, stopped = _supervise(process, limits, work)
-            except BaseException:  # interrupted: the child must not outlive the call
-                _kill_group(process.pid)
-                process.wait()
-                raise
+        zygote = _zygote_for_now()
+        if zygote is not None:
+            status, peak, stopped = zygote.run(work, limits)
+        else:
+            status, peak, stopped = _run_fresh(work, limits)
         if debug:
             sys.stderr.write(_tail(work / "stderr.txt"))
         return _outcome(work, status, peak, stopped, limits, where)
 
 
-def _supervise(process: subprocess.Popen[bytes], limits: Limits, work: Path) -> tuple[int, int, str | None]:
-    """Wait for the child: (wait status, peak RSS in bytes, which limit stopped it or None)."""
+def _interpreter_command(code: str, *arguments: str) -> list[str]:
+    """``python -I -c code`` with this process's import path (absolute entries only) as its ``sys.path``."""
+    path = [entry for entry in sys.path if entry and os.path.isabs(entry)]
+    prelude = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    return [sys.executable, "-I", "-c", prelude + code, json.dumps(path), *arguments]
+
+
+def _child_environment() -> dict[str, str]:
+    # Each thread's malloc arena reserves 64 MiB of address space: few arenas, so that the
+    # address-space limit measures memory rather than the machine's core count.
+    return {**os.environ, "MALLOC_ARENA_MAX": "2"}
+
+
+def _run_fresh(work: Path, limits: Limits) -> tuple[int, int, str | None]:
+    """The child as a new interpreter: (wait status, peak RSS in bytes, which limit stopped it or None)."""
+    command = _interpreter_command(
+        "from trt_inline.verify.isolation import child_main; child_main(sys.argv[2])", str(work)
+    )
+    env = {**_child_environment(), "TMPDIR": str(work / "tmp")}
+    with open(work / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True, env=env
+        )
+        try:
+            return _supervise(process.pid, limits, work, lambda: _reap(process))
+        except BaseException:  # interrupted: the child must not outlive the call
+            _kill_group(process.pid)
+            process.wait()
+            raise
+
+
+def _reap(process: subprocess.Popen[bytes]) -> tuple[int, int] | None:
+    """(wait status, peak RSS) once the child has ended; else None, after a short wait."""
+    pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+    if not pid:
+        time.sleep(_POLL_SECONDS)
+        return None
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return status, usage.ru_maxrss * 1024
+
+
+def _supervise(
+    pid: int, limits: Limits, work: Path, ended: Callable[[], tuple[int, int] | None]
+) -> tuple[int, int, str | None]:
+    """Wait for child ``pid`` until ``ended()`` gives (wait status, peak RSS); kill its group past a limit.
+
+    Returns (wait status, peak RSS in bytes, which limit stopped it or None).
+    """
     deadline = time.monotonic() + limits.timeout
     stopped: str | None = None
     rss_limit: int | None = None
     while True:
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if pid:
-            process.returncode = os.waitstatus_to_exitcode(status)
-            return status, usage.ru_maxrss * 1024, stopped
+        outcome = ended()
+        if outcome is not None:
+            return outcome[0], outcome[1], stopped
         if stopped is None:
             if rss_limit is None and (work / "rss_limit").exists():
                 rss_limit = int((work / "rss_limit").read_text() or 0) or None
             if time.monotonic() > deadline:
                 stopped = "time"
-            elif rss_limit is not None and _resident(process.pid) > rss_limit:
+            elif rss_limit is not None and _resident(pid) > rss_limit:
                 stopped = "memory"
             if stopped:
-                _kill_group(process.pid)
-        time.sleep(_POLL_SECONDS)
+                _kill_group(pid)
+
+
+# ---------------------------------------------------------------------------
+# One clean interpreter that forks the children (reusing_interpreter)
+# ---------------------------------------------------------------------------
+
+# The interpreter's loop: for each folder it reads, fork a child that becomes what a fresh
+# interpreter running child_main(folder) would be; report its pid, then its wait status and peak RSS.
+_ZYGOTE = """
+import os, tempfile
+import torch
+import trt_inline.reference, trt_inline.verify
+from trt_inline import compat
+from trt_inline.verify.isolation import child_main
+compat.import_loaders()
+for line in sys.stdin:
+    folder = line.rstrip("\\n")
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        output = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.environ["TMPDIR"] = os.path.join(folder, "tmp")
+        tempfile.tempdir = None
+        child_main(folder)
+    print("pid", pid, flush=True)
+    _, status, usage = os.wait4(pid, 0)
+    print("exit", status, usage.ru_maxrss, flush=True)
+"""
+
+
+class _Zygote:
+    """A clean interpreter (``python -I``, torch and trt-inline imported) that forks one child per job.
+
+    It never opens a file: each child, in a session of its own, opens one and
+    applies the limits itself, exactly as a fresh interpreter's ``child_main``.
+    """
+
+    def __init__(self) -> None:
+        self.key = _zygote_key()
+        self.process = subprocess.Popen(
+            _interpreter_command(_ZYGOTE),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=_child_environment(),
+        )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def _line(self, timeout: float | None) -> list[str] | None:
+        """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended."""
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.process.stdout.readline()
+        if not line:
+            raise EOFError("the interpreter that forks the children ended")
+        return line.decode().split()
+
+    def run(self, work: Path, limits: Limits) -> tuple[int, int, str | None]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{work}\n".encode())
+        self.process.stdin.flush()
+        started = self._line(None)
+        if not started or started[0] != "pid":
+            raise EOFError("the interpreter that forks the children gave no child")
+        pid = int(started[1])
+
+        def ended() -> tuple[int, int] | None:
+            line = self._line(_POLL_SECONDS)
+            if line is None:
+                return None
+            return int(line[1]), int(line[2]) * 1024
+
+        try:
+            return _supervise(pid, limits, work, ended)
+        except BaseException:  # interrupted: neither the child nor the interpreter may outlive the call
+            _kill_group(pid)
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.process.pid)
+            self.process.wait()
+
+
+def _zygote_key() -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """What a child inherits from the interpreter it is forked from: a change here needs a new one."""
+    return sys.executable, tuple(sys.path), tuple(sorted(os.environ.items()))
+
+
+# The reusable interpreter of the innermost reusing_interpreter() block, if any.
+_reusable: contextvars.ContextVar[list[_Zygote] | None] = contextvars.ContextVar("trt_inline_zygote", default=None)
+
+
+def _zygote_for_now() -> _Zygote | None:
+    """The block's interpreter, started (or restarted, after it ended or the environment changed) on first use."""
+    slot = _reusable.get()
+    if slot is None:
+        return None
+    if slot and (not slot[0].alive() or slot[0].key != _zygote_key()):
+        slot.pop().close()
+    if not slot:
+        slot.append(_Zygote())
+    return slot[0]
+
+
+@contextlib.contextmanager
+def reusing_interpreter() -> Iterator[None]:
+    """Within the block, ``verify`` and ``inspect`` fork their children from one clean interpreter.
+
+    Each child is as isolated as a fresh one (own session, same limits, private
+    temporary folder); the block only saves starting an interpreter and
+    importing torch per file. The interpreter is stopped when the block ends.
+    """
+    slot: list[_Zygote] = []
+    token = _reusable.set(slot)
+    try:
+        yield
+    finally:
+        _reusable.reset(token)
+        for zygote in slot:
+            zygote.close()
 
 
 def _tail(path: Path, limit: int = 1 << 20) -> str:

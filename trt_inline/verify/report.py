@@ -44,12 +44,13 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     outputs: list[OutputComparison] = field(default_factory=list)
-    reference: str = "none"
+    # Where the expected outputs came from: "embedded", "given", "module", "from NEW.pt2", or "none".
+    expected_source: str = "none"
     allow_pickle: bool = False
 
     @property
     def compared(self) -> bool:
-        return self.reference != "none"
+        return self.expected_source != "none"
 
     @property
     def ok(self) -> bool:
@@ -68,7 +69,7 @@ class VerifyReport:
             problems=[str(p) for p in data["problems"]],
             notes=[str(n) for n in data["notes"]],
             outputs=[OutputComparison(**output) for output in data["outputs"]],
-            reference=str(data["reference"]),
+            expected_source=str(data["expected_source"]),
             allow_pickle=bool(data["allow_pickle"]),
         )
 
@@ -77,7 +78,7 @@ class VerifyReport:
 
     def to_text(self) -> str:
         status = "PASS" if self.ok else ("FAIL" if self.problems else "UNVERIFIED")
-        lines = [f"{status} {self.source} (reference: {self.reference})"]
+        lines = [f"{status} {self.source} (expected outputs: {self.expected_source})"]
         for output in self.outputs:
             dims = ", ".join(map(str, output.shape))
             mark = "ok  " if output.ok else "DIFF"

@@ -26,11 +26,11 @@ __all__ = ["inspect_job", "verify", "verify_job"]
 def verify(
     path_or_program: str | os.PathLike[str] | ExportedProgram,
     *,
-    reference: Callable[..., Any] | None = None,
+    expected_module: Callable[..., Any] | None = None,
     arg_inputs: Sequence[torch.Tensor] | None = None,
     kwarg_inputs: dict[str, torch.Tensor] | None = None,
     expected: Sequence[torch.Tensor] | None = None,
-    reference_from: str | os.PathLike[str] | None = None,
+    expected_from: str | os.PathLike[str] | None = None,
     atol: float | None = None,
     rtol: float | None = None,
     device: str | None = None,
@@ -42,14 +42,14 @@ def verify(
     memory_limit: int | str | None = None,
     debug: bool = False,
 ) -> VerifyReport:
-    """Check a saved program's structure and compare its outputs with a reference.
+    """Check a saved program's structure and compare its outputs with the expected outputs.
 
-    The reference is, in order of preference: ``expected`` outputs for
-    ``arg_inputs``; a ``reference`` module run on ``arg_inputs`` (or on the
-    embedded inputs); the reference I/O embedded in the file ``reference_from``
+    The expected outputs are, in order of preference: ``expected`` for
+    ``arg_inputs``; what ``expected_module`` returns for ``arg_inputs`` (or for the
+    embedded inputs); the reference I/O embedded in the file ``expected_from``
     (a newer save of the same module, checked against this file); the reference
     I/O embedded in the file itself. Without any, only the structure is checked
-    and ``report.compared`` is false.
+    and ``report.compared`` is false; ``report.expected_source`` says which.
 
     Files are checked before loading (:mod:`trt_inline.verify.archive`): one
     whose pickles need more than plain tensors and Torch-TensorRT engines is
@@ -66,7 +66,7 @@ def verify(
     (bytes or ``"2GiB"``; default twice the file's size plus 2 GiB); a crash
     there is an error here, never a crash of the caller. ``isolate=False`` loads
     in this process (for a file from a trusted source); so does an
-    ExportedProgram given directly. With isolation, a ``reference`` module runs
+    ExportedProgram given directly. With isolation, ``expected_module`` runs
     here, on ``arg_inputs``, which it then needs.
 
     Raises :class:`VerifyInputError` for unusable input (not a loadable
@@ -77,11 +77,11 @@ def verify(
         with allowed_ops.allowing(allow_ops, native_code=allow_native_code):
             return _verify_here(
                 path_or_program,
-                reference=reference,
+                expected_module=expected_module,
                 arg_inputs=arg_inputs,
                 kwarg_inputs=kwarg_inputs,
                 expected=expected,
-                reference_from=reference_from,
+                expected_from=expected_from,
                 atol=atol,
                 rtol=rtol,
                 device=device,
@@ -90,18 +90,18 @@ def verify(
             )
     path = os.fspath(path_or_program)
     label = None
-    if reference is not None:
+    if expected_module is not None:
         if arg_inputs is None:
             raise VerifyInputError(
-                "a reference module runs in this process and the file in a child: give arg_inputs with it"
+                "expected_module runs in this process and the file in a child: give arg_inputs with it"
             )
         with torch.no_grad():
-            expected = tensors_only(reference(*arg_inputs, **(kwarg_inputs or {})), "reference outputs")
+            expected = tensors_only(expected_module(*arg_inputs, **(kwarg_inputs or {})), "expected outputs")
         label = "module"
     limits = Limits.for_file(path, timeout, memory_limit)
     arguments = {
         "path": path,
-        "reference_from": None if reference_from is None else os.fspath(reference_from),
+        "expected_from": None if expected_from is None else os.fspath(expected_from),
         "atol": atol,
         "rtol": rtol,
         "device": device,
@@ -129,11 +129,11 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
     with allowed_ops.allowing(arguments["allow_ops"], native_code=arguments["allow_native_code"]):
         report = _verify_here(
             arguments["path"],
-            reference=None,
+            expected_module=None,
             arg_inputs=tensors["args"],
             kwarg_inputs=tensors["kwargs"],
             expected=tensors["expected"],
-            reference_from=arguments["reference_from"],
+            expected_from=arguments["expected_from"],
             atol=arguments["atol"],
             rtol=arguments["rtol"],
             device=arguments["device"],
@@ -141,7 +141,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
             allow_native_code=arguments["allow_native_code"],
         )
     if arguments["label"]:
-        report.reference = arguments["label"]
+        report.expected_source = arguments["label"]
     return report.to_dict()
 
 
@@ -162,11 +162,11 @@ def inspect_job(arguments: dict[str, Any], tensors: Any) -> str:
 def _verify_here(
     path_or_program: str | os.PathLike[str] | ExportedProgram,
     *,
-    reference: Callable[..., Any] | None,
+    expected_module: Callable[..., Any] | None,
     arg_inputs: Sequence[torch.Tensor] | None,
     kwarg_inputs: dict[str, torch.Tensor] | None,
     expected: Sequence[torch.Tensor] | None,
-    reference_from: str | os.PathLike[str] | None,
+    expected_from: str | os.PathLike[str] | None,
     atol: float | None,
     rtol: float | None,
     device: str | None,
@@ -198,24 +198,24 @@ def _verify_here(
     if expected is not None:
         if arg_inputs is None and not kwargs:
             raise VerifyInputError("expected outputs were given without the inputs they belong to")
-        args, want, report.reference = list(arg_inputs or ()), tensors_only(expected, "expected outputs"), "given"
-    elif reference is not None:
+        args, want, report.expected_source = list(arg_inputs or ()), tensors_only(expected, "expected outputs"), "given"
+    elif expected_module is not None:
         if arg_inputs is None and embedded is None:
-            raise VerifyInputError("a reference module needs arg_inputs (the file embeds no inputs)")
+            raise VerifyInputError("expected_module needs arg_inputs (the file embeds no inputs)")
         args = list(arg_inputs) if arg_inputs is not None else embedded.args  # type: ignore[union-attr]
         kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
         with torch.no_grad():
-            want = tensors_only(reference(*args, **kwargs), "reference outputs")
-        report.reference = "module"
-    elif reference_from is not None:
-        newer = _reference_of(reference_from, allow_pickle, allow_native_code)
+            want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
+        report.expected_source = "module"
+    elif expected_from is not None:
+        newer = _reference_of(expected_from, allow_pickle, allow_native_code)
         if program is not None:
-            _check_signature(program, source, newer, os.fspath(reference_from))
+            _check_signature(program, source, newer, os.fspath(expected_from))
         args, kwargs, want = newer.args, newer.kwargs, newer.outputs
-        report.reference = f"from {os.fspath(reference_from)}"
+        report.expected_source = f"from {os.fspath(expected_from)}"
         device = device or _capture_device(newer)
     elif embedded is not None:
-        args, kwargs, want, report.reference = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
+        args, kwargs, want, report.expected_source = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
         device = device or _capture_device(embedded)
     else:
         report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
