@@ -241,9 +241,11 @@ from trt_inline import compat
 from trt_inline.verify.isolation import child_main
 compat.import_loaders()
 for line in sys.stdin:
-    folder = line.rstrip("\\n")
+    folder, environment = json.loads(line)
     pid = os.fork()
     if pid == 0:
+        os.environ.clear()
+        os.environ.update(environment)
         os.setsid()
         output = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -292,7 +294,8 @@ class _Zygote:
 
     def run(self, work: Path, limits: Limits) -> tuple[int, int, str | None]:
         assert self.process.stdin is not None
-        self.process.stdin.write(f"{work}\n".encode())
+        # The caller's environment as it is now (the fresh path passes it too); TMPDIR is set in the child.
+        self.process.stdin.write((json.dumps([str(work), _child_environment()]) + "\n").encode())
         self.process.stdin.flush()
         started = self._line(None)
         if not started or started[0] != "pid":
@@ -323,9 +326,16 @@ class _Zygote:
             self.process.wait()
 
 
+# Environment variables read when an interpreter starts or imports torch (allocator, threads, devices,
+# torch's own settings): a change in one of them needs a new interpreter. Every other variable is
+# handed to each child as it is when the child starts.
+_STARTUP_VARIABLES = re.compile(r"^(PYTHON|LD_|MALLOC_|OMP_|MKL_|KMP_|GOMP_|CUDA_|NVIDIA_|TORCH|TRT_INLINE_)")
+
+
 def _zygote_key() -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """What a child inherits from the interpreter it is forked from: a change here needs a new one."""
-    return sys.executable, tuple(sys.path), tuple(sorted(os.environ.items()))
+    startup = tuple(sorted((k, v) for k, v in os.environ.items() if _STARTUP_VARIABLES.match(k)))
+    return sys.executable, tuple(sys.path), startup
 
 
 # The reusable interpreter of the innermost reusing_interpreter() block, if any.
