@@ -87,7 +87,7 @@ def test_readme_builds_every_gpu_matrix_entry_and_covers_it_in_the_compatibility
 
 def test_gpu_script_runs_the_gpu_marker_and_verifies() -> None:
     script = (REPO / ".ci" / "gpu").read_text()
-    assert "pytest -m gpu tests/gpu" in script
+    assert "pytest -m gpu tests/gpu -n 0" in script  # one GPU: one worker
     assert "trt-inline verify" in script
     assert 'CMD ["bash", ".ci/gpu"]' in (REPO / "Dockerfile").read_text()
 
