@@ -33,6 +33,11 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 RunCase = Callable[[Case], tuple[int, str, str]]
 
 
+def _listing(folder: Path) -> list[Path]:
+    """The folder's entries, without bytecode caches (another test worker may write one meanwhile)."""
+    return sorted(entry for entry in folder.iterdir() if entry.name != "__pycache__")
+
+
 @pytest.fixture
 def run_case(
     saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -44,11 +49,11 @@ def run_case(
         path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
         temp = Path(tempfile.mkdtemp(prefix="temp", dir=tmp_path))
         monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the child's folder, and its TMPDIR, go here
-        repository = sorted(REPO.iterdir())
+        repository = _listing(REPO)
         code = cli.main([case.command, str(path), *case.args])
         out, err = capsys.readouterr()
         assert list(temp.iterdir()) == [], (case.name, list(temp.iterdir()))
-        assert sorted(REPO.iterdir()) == repository, case.name
+        assert _listing(REPO) == repository, case.name
         assert traps.sprung() == [], (case.name, err)
         assert SECRET not in out + err, case.name
         assert not _CONTROL.search(err) and not _CONTROL.search(out), (case.name, err)

@@ -614,7 +614,7 @@ def test_doctor_reports_an_active_patch(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert RELEASE is not None
     # What the release's record lists (2.5's transform too: its shape analysis cannot type scalar engine outputs).
-    expected = f"exporter patch ({RELEASE.version})  active: {', '.join(sorted([*RELEASE.replaced, 'save']))}"
+    expected = f"exporter patch ({RELEASE.version})  active: {', '.join([*sorted(RELEASE.replaced), 'save'])}"
     assert expected in proc.stdout
 
 
