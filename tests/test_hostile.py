@@ -10,6 +10,7 @@ the CLI as a process of its own.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -113,7 +114,13 @@ def test_children_forked_from_one_interpreter_keep_every_limit(case: Case, run_c
     with reusing_interpreter():
         code, out, err = run_case(case)
         again, _, second = run_case(case)  # the interpreter survives its child's end, and serves the next
+        assert _interpreters_of_this_process(), "the children were forked from the block's interpreter"
     assert code == again == 2, (case.name, out, err)
     assert case.expect in err and case.expect in second, err
-    left = subprocess.run(["pgrep", "-f", "trt_inline.verify.isolation"], capture_output=True, text=True).stdout
-    assert left.split() == [], "the interpreter is stopped when the block ends"
+    assert _interpreters_of_this_process() == [], "the interpreter is stopped when the block ends"
+
+
+def _interpreters_of_this_process() -> list[str]:
+    """Pids of this process's child interpreters (other test workers run interpreters of their own)."""
+    command = ["pgrep", "-P", str(os.getpid()), "-f", "trt_inline.verify.isolation"]
+    return subprocess.run(command, capture_output=True, text=True).stdout.split()
