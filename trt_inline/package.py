@@ -40,7 +40,7 @@ from trt_inline import compat, formats, scalars
 from trt_inline.errors import SaveError
 from trt_inline.formats import EXTRA_FOLDER, PACKAGE_INFO_FILE
 
-__all__ = ["compile_package", "output_kinds_of", "package_info", "extend_package", "load_package", "package_root"]
+__all__ = ["compile_package", "extend_package", "load_package", "output_kinds_of", "package_info", "package_root"]
 
 # Written once per archive; a program's copies of them are not added next to the package's.
 _ARCHIVE_RECORDS = ("archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id")
@@ -138,9 +138,7 @@ def load_package(path: str | os.PathLike[str]) -> Callable[..., Any]:
         outputs = model(*args, **kwargs)
         leaves, spec = pytree.tree_flatten(outputs)
         restored = [
-            scalars.to_scalar(leaf)
-            if kind != "tensor" and isinstance(leaf, torch.Tensor) and leaf.numel() == 1
-            else leaf
+            scalars.to_scalar(leaf) if kind != "tensor" and _is_one_element(leaf) else leaf
             for leaf, kind in zip(leaves, kinds, strict=False)
         ]
         return pytree.tree_unflatten(restored, spec)

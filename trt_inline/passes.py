@@ -307,12 +307,13 @@ def _move_attribute(
     if id(value) in moved:
         return moved[id(value)]
     name = unique_attr_name(gm, f"{fallback_name}_{target}")
+    persistent = compat.buffer_persistent(owner, leaf)
     if isinstance(value, torch.nn.Parameter):
         gm.register_parameter(name, value)
     elif isinstance(value, torch.nn.Module):
         gm.add_module(name, value)
-    elif compat.buffer_persistent(owner, leaf) is not None:
-        gm.register_buffer(name, value, persistent=bool(compat.buffer_persistent(owner, leaf)))
+    elif persistent is not None:
+        gm.register_buffer(name, value, persistent=persistent)
     else:
         setattr(gm, name, value)
     moved[id(value)] = name

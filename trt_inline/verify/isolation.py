@@ -269,6 +269,7 @@ class _Zygote:
 
     def __init__(self) -> None:
         self.key = _zygote_key()
+        self._pending = b""
         self.process = subprocess.Popen(
             _interpreter_command(_ZYGOTE),
             stdin=subprocess.PIPE,
@@ -282,14 +283,22 @@ class _Zygote:
         return self.process.poll() is None
 
     def _line(self, timeout: float | None) -> list[str] | None:
-        """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended."""
+        """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended.
+
+        Read from the pipe itself, with a buffer of our own: a buffered reader could
+        take two lines at once, and ``select`` would then wait for the second in vain.
+        """
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            return None
-        line = self.process.stdout.readline()
-        if not line:
-            raise EOFError("the interpreter that forks the children ended")
+        descriptor = self.process.stdout.fileno()
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([descriptor], [], [], timeout)
+            if not ready:
+                return None
+            chunk = os.read(descriptor, 4096)
+            if not chunk:
+                raise EOFError("the interpreter that forks the children ended")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
         return line.decode().split()
 
     def run(self, work: Path, limits: Limits) -> tuple[int, int, str | None]:
