@@ -82,7 +82,9 @@ def test_the_release_record_says_what_the_release_source_does() -> None:
     )
     assert ("persistent" in lift) == RELEASE.lift_persistent
     stock = {n.name for n in ast.parse(exporter).body if isinstance(n, ast.FunctionDef)}
-    assert set(RELEASE.replaced) <= stock, set(RELEASE.replaced) - stock
+    assert set(RELEASE.replaced) - {"copy"} <= stock, set(RELEASE.replaced) - stock
+    # The module global `copy` is replaced where transform deep-copies the compiled module with it.
+    assert ("import copy" in exporter and "gm = copy.deepcopy(gm)" in exporter) == ("copy" in RELEASE.replaced)
 
 
 def package_tree(root: Path, version: str, exporter_source: str) -> Path:
@@ -170,7 +172,13 @@ _SAVE_SEED = """
     with torch.no_grad():
         torch.save([list(compiled(x)), [x]], sys.argv[1] + "/expected.pt")
     names = ("inline_trt_modules", "inline_torch_modules", "lift")
-    print(json.dumps({"active": trt_inline.is_active(), "paths": paths,
+    # transform's copy of the compiled module shares its tensors (no second copy of the weights).
+    import inspect
+    inputs_first = "inputs" in inspect.signature(ex.transform).parameters  # 2.5: transform(gm, inputs)
+    flat = ex.transform(compiled, [x]) if inputs_first else ex.transform(compiled)
+    storages = lambda m: {t.untyped_storage().data_ptr() for t in (*m.parameters(), *m.buffers())}
+    shared = bool(storages(flat)) and storages(flat) <= storages(compiled) and flat is not compiled
+    print(json.dumps({"active": trt_inline.is_active(), "paths": paths, "shared": shared,
                       "modules": {n: getattr(ex, n).__module__ for n in names},
                       "reports": [trt_inline.verify(p).ok for p in paths]}))
 """
@@ -187,6 +195,7 @@ def test_released_save_runs_our_passes(tmp_path: Path) -> None:
     assert report["modules"]["inline_trt_modules"].startswith("trt_inline.")
     assert report["modules"]["lift"].startswith("trt_inline.")
     assert report["reports"] == [True, True], "trt_inline.verify on the embedded reference I/O"
+    assert report["shared"] is True, "transform's copy shares the compiled module's tensors"
 
     expected, inputs = torch.load(tmp_path / "expected.pt", weights_only=True)
     results = load_in_fresh_process(tmp_path, [Path(p) for p in report["paths"]], inputs)

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "script_object_class",
     "set_codegen",
     "set_example_inputs",
+    "streaming_tensor_writes",
     "splitter_base",
     "splitter_settings",
     "tensorrt_engine_info",
@@ -461,3 +463,69 @@ def aoti_load_package(path: str) -> Callable[..., Any]:
     with contextlib.suppress(ImportError):
         importlib.import_module("torch._inductor.codecache")
     return load(path)  # type: ignore[no-any-return]
+
+
+class _StorageRecord:
+    """A tensor's storage on its way into a PT2 archive, written from its memory rather than copied to ``bytes``."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def __len__(self) -> int:
+        return int(self.storage.nbytes())
+
+
+_streaming_lock = threading.Lock()
+_streaming_depth = 0
+_streaming_originals: tuple[Any, Any] | None = None
+
+
+@contextlib.contextmanager
+def streaming_tensor_writes() -> Iterator[None]:
+    """While active, ``torch.export.save`` writes CPU tensors from their storage, without a ``bytes`` copy.
+
+    torch >= 2.8 (the PT2 archive writer) turns each weight or constant into
+    ``bytes`` before writing it, and the writer copies that again: saving holds
+    twice the largest tensor (a whole TensorRT-sized engine payload) in memory.
+    The archive writer itself takes a storage (as ``torch.save`` uses it), so
+    the raw-bytes helper hands the storage through and ``write_bytes`` passes it
+    on; the file is byte for byte the same. On a torch without those functions
+    this does nothing. Re-entrant and thread-safe; everything is restored on exit.
+    """
+    global _streaming_depth, _streaming_originals
+    try:
+        package = importlib.import_module("torch.export.pt2_archive._package")
+    except ImportError:
+        package = None
+    raw_bytes = getattr(package, "_get_raw_tensor_bytes", None)
+    writer = getattr(package, "PT2ArchiveWriter", None)
+    if raw_bytes is None or writer is None or not callable(getattr(writer, "write_bytes", None)):
+        yield
+        return
+    with _streaming_lock:
+        if _streaming_depth == 0:
+            original_raw, original_write = raw_bytes, writer.write_bytes
+
+            def storage_bytes(value: torch.Tensor) -> Any:
+                if is_fake(value) or value.device.type != "cpu" or not value.data_ptr():
+                    return original_raw(value)
+                return _StorageRecord(value.untyped_storage())
+
+            def write_bytes(self: Any, name: str, data: Any) -> None:
+                if isinstance(data, _StorageRecord):
+                    self.archive_file.write_record(name, data.storage, len(data))
+                else:
+                    original_write(self, name, data)
+
+            _streaming_originals = (original_raw, original_write)
+            package._get_raw_tensor_bytes = storage_bytes  # type: ignore[union-attr]
+            writer.write_bytes = write_bytes
+        _streaming_depth += 1
+    try:
+        yield
+    finally:
+        with _streaming_lock:
+            _streaming_depth -= 1
+            if _streaming_depth == 0 and _streaming_originals is not None:
+                package._get_raw_tensor_bytes, writer.write_bytes = _streaming_originals  # type: ignore[union-attr]
+                _streaming_originals = None

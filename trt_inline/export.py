@@ -118,7 +118,10 @@ def save(
 
 
 def write_program(program: ExportedProgram, target: Path, extra_files: dict[str, str] | None = None) -> None:
-    """``torch.export.save`` to ``target`` atomically (:func:`trt_inline.formats.atomic_write`)."""
+    """``torch.export.save`` to ``target`` atomically (:func:`trt_inline.formats.atomic_write`).
+
+    Tensors are written from their own memory (:func:`trt_inline.compat.streaming_tensor_writes`).
+    """
     # Through a file object: the archive's root folder is then a fixed name, not the temporary one.
-    with formats.atomic_write(target) as tmp, open(tmp, "wb") as handle:
+    with formats.atomic_write(target) as tmp, open(tmp, "wb") as handle, compat.streaming_tensor_writes():
         torch.export.save(program, handle, extra_files=extra_files or None)

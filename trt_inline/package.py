@@ -8,9 +8,10 @@ entry (under the archive's root folder)      what it is
 ==========================================  =================================================
 ``data/aotinductor/model/...``              the AOTInductor model, as ``aoti_compile_and_package``
                                             writes it (generated C++, its shared library)
-``models/model.json``, ``data/...``          the ExportedProgram it was compiled from, so the
-                                            graph can be read and checked without loading
-                                            native code
+``models/model.json``, ``data/...``          the ExportedProgram it was compiled from, its
+                                            tensors on the meta device (:func:`graph_only`),
+                                            so the graph can be read and checked without
+                                            loading native code
 ``extra/trt_inline_reference_io.b64``        reference I/O (:mod:`trt_inline.verify.reference_io`)
 ``extra/trt_inline_package.json``            what kind of value each output is
 ==========================================  =================================================
@@ -22,9 +23,9 @@ scalar output back as the Python number the compiled module returns.
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import shutil
 import tempfile
 import time
 import zipfile
@@ -43,6 +44,7 @@ from trt_inline.formats import EXTRA_FOLDER, PACKAGE_INFO_FILE
 __all__ = ["compile_package", "extend_package", "load_package", "output_kinds_of", "package_info", "package_root"]
 
 # Written once per archive; a program's copies of them are not added next to the package's.
+_CHUNK_BYTES = 4 << 20
 _ARCHIVE_RECORDS = ("archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id")
 
 
@@ -90,37 +92,89 @@ def package_root(names: Sequence[str]) -> str:
 def extend_package(source: Path, target: Path, *, program: ExportedProgram | None, extra_files: dict[str, str]) -> None:
     """Write ``target``: the package ``source``, plus ``program``'s entries and ``extra_files`` (atomically).
 
-    ``source`` and ``target`` may be the same file.
+    ``program`` goes in without its tensor data (:func:`graph_only`): the
+    package's AOTInductor model holds the weights. Entries are copied in
+    chunks, never read whole, so a package of any size is extended in a few
+    MiB of memory. ``source`` and ``target`` may be the same file.
     """
-    with zipfile.ZipFile(source) as archive:
-        entries = {info.filename: archive.read(info) for info in archive.infolist()}
-    root = package_root(list(entries))
-    if program is not None:
-        entries.update(_program_entries(program, root, existing=entries))
-    for name, text in extra_files.items():
-        entries[f"{root}/{EXTRA_FOLDER}{name}"] = text.encode("utf-8")
-    # Stored, not deflated: as torch writes archives, and so that no entry looks like a zip bomb.
-    with formats.atomic_write(target) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as archive:
-        for name, data in entries.items():
-            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as workdir:
+        program_file = None
+        if program is not None:
+            program_file = Path(workdir) / "program.pt2"
+            with open(program_file, "wb") as handle, compat.streaming_tensor_writes():
+                torch.export.save(graph_only(program), handle)
+        with zipfile.ZipFile(source) as package:
+            infos = package.infolist()
+            root = package_root([info.filename for info in infos])
+            extras = {f"{root}/{EXTRA_FOLDER}{name}": text.encode("utf-8") for name, text in extra_files.items()}
+            # Stored, not deflated: as torch writes archives, and so that no entry looks like a zip bomb.
+            with formats.atomic_write(target) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as out:
+                written = set()
+                for info in infos:
+                    if info.filename in extras:
+                        _write(out, info.filename, extras.pop(info.filename))
+                    else:
+                        _copy_entry(package, info, out, info.filename)
+                    written.add(info.filename)
+                if program_file is not None:
+                    _copy_program(program_file, root, out, written)
+                for name, data in extras.items():
+                    _write(out, name, data)
 
 
-def _program_entries(program: ExportedProgram, root: str, existing: dict[str, bytes]) -> dict[str, bytes]:
-    """``program`` as ``torch.export.save`` writes it, moved under ``root`` (entries the package has kept)."""
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    buffer.seek(0)
-    moved: dict[str, bytes] = {}
-    with zipfile.ZipFile(buffer) as archive:
-        for info in archive.infolist():
+def graph_only(program: ExportedProgram) -> ExportedProgram:
+    """``program`` with every weight and tensor constant on the meta device: graph, signature and shapes, no data.
+
+    What a package carries of its program, to be read and checked without
+    loading native code; ``torch.export.load`` gives it back with meta tensors.
+    """
+
+    def meta(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value  # a script object (a TensorRT engine) is kept as it is
+        moved = value.detach().to("meta")
+        if isinstance(value, torch.nn.Parameter):
+            return torch.nn.Parameter(moved, requires_grad=value.requires_grad)
+        return moved
+
+    return compat.exported_program(
+        root=program.graph_module,
+        graph=program.graph,
+        graph_signature=program.graph_signature,
+        state_dict={name: meta(value) for name, value in program.state_dict.items()},
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        constants={name: meta(value) for name, value in program.constants.items()},
+        example_inputs=program.example_inputs,
+    )
+
+
+def _copy_program(program_file: Path, root: str, out: zipfile.ZipFile, written: set[str]) -> None:
+    """The entries of a saved program, moved under ``root``; none where they would collide with the package's."""
+    with zipfile.ZipFile(program_file) as program:
+        moved = []
+        for info in program.infolist():
             relative = info.filename.split("/", 1)[1] if "/" in info.filename else info.filename
             name = f"{root}/{relative}"
-            if relative in _ARCHIVE_RECORDS and name in existing:
+            if relative in _ARCHIVE_RECORDS and name in written:
                 continue
-            moved[name] = archive.read(info)
-    if set(moved) & set(existing) or not any(name.endswith("/models/model.json") for name in moved):
-        return {}  # a torch whose package or program layout would collide: the package goes without the program
-    return moved
+            moved.append((info, name))
+        names = {name for _, name in moved}
+        if names & written or not any(name.endswith("/models/model.json") for name in names):
+            return  # a torch whose package or program layout would collide: the package goes without the program
+        for info, name in moved:
+            _copy_entry(program, info, out, name)
+
+
+def _copy_entry(source: zipfile.ZipFile, info: zipfile.ZipInfo, out: zipfile.ZipFile, name: str) -> None:
+    entry = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    entry.file_size = info.file_size  # known in advance: the writer picks ZIP64 for entries past 4 GiB
+    with source.open(info) as reader, out.open(entry, "w") as writer:
+        shutil.copyfileobj(reader, writer, _CHUNK_BYTES)
+
+
+def _write(out: zipfile.ZipFile, name: str, data: bytes) -> None:
+    out.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
 
 
 def load_package(path: str | os.PathLike[str]) -> Callable[..., Any]:

@@ -56,6 +56,8 @@ _WHY = {
     "lift": "writes buffer specs without `persistent`, which torch >= 2.3 refuses",
     "lift (wrapped)": "passes `_guards_fn` calls and settled assertions to the serializer",
     "create_trt_exp_program": "records ranges for input sizes only and no sample inputs",
+    "copy": "transform deep-copies every weight and engine (a second copy of the model in memory; an engine "
+    "module without __deepcopy__ is deserialized again)",
 }
 
 # A pickled engine whose reconstructor is a Python function of the installed torch_tensorrt (2.13+).
@@ -93,7 +95,7 @@ class Release:
 
 
 def _replaced(*names: str) -> Mapping[str, str]:
-    return MappingProxyType({name.split(" ")[0]: _WHY[name] for name in ("inline_torch_modules", *names)})
+    return MappingProxyType({name.split(" ")[0]: _WHY[name] for name in ("inline_torch_modules", *names, "copy")})
 
 
 _CROSS_COMPILE_FLAG = ("gm", "cross_compile_flag")

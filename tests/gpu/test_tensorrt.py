@@ -269,3 +269,45 @@ def test_stock_exporter_fails_on_the_seed_scenario(tmp_path: Path) -> None:
         assert float(outcome.split()[1]) > TRT_ATOL, "the stock exporter saved the seed scenario correctly"
     else:
         assert outcome.startswith("SAVE_FAILED"), outcome
+
+
+def test_save_keeps_one_copy_of_every_engine(tmp_path: Path) -> None:
+    """transform()'s copy shares engines and weights: device memory does not grow by the engines' size.
+
+    A chain of eight ``Linear(4096, 4096)`` (512 MiB of fp32 weights, eight
+    engines) with ``relu`` falling back. Releases whose ``TorchTensorRTModule``
+    has no ``__deepcopy__`` would deserialize every engine again in that copy.
+    """
+    import importlib
+    import inspect
+
+    from memory_steps import build_chain
+
+    torch_tensorrt = _torch_tensorrt()
+    model, inputs = build_chain(8, 4096)
+    model, inputs = model.cuda(), tuple(t.cuda() for t in inputs)
+    compiled = torch_tensorrt.dynamo.compile(
+        torch.export.export(model, inputs), inputs, min_block_size=1, torch_executed_ops={torch.ops.aten.relu.default}
+    )
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model
+    torch.cuda.synchronize()
+    exporter = importlib.import_module("torch_tensorrt.dynamo._exporter")
+    free_before = torch.cuda.mem_get_info()[0]
+    inputs_first = "inputs" in inspect.signature(exporter.transform).parameters
+    flat = exporter.transform(compiled, list(inputs)) if inputs_first else exporter.transform(compiled)
+    torch.cuda.synchronize()
+    grown = free_before - torch.cuda.mem_get_info()[0]
+    assert flat is not compiled
+    assert grown <= 0.25 * weight_bytes, f"transform() took {grown / 2**20:.0f} MiB of device memory"
+    del flat
+    torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated()
+    path = tmp_path / "chain.pt2"
+    torch_tensorrt.save(compiled, str(path), output_format="exported_program", arg_inputs=list(inputs))
+    peak = torch.cuda.max_memory_allocated() - baseline
+    assert peak <= 0.25 * weight_bytes, f"save allocated {peak / 2**20:.0f} MiB of device memory at its peak"
+    results = load_in_fresh_process(tmp_path, [path], inputs, imports=("torch_tensorrt",))
+    with torch.no_grad():
+        expected = as_list(compiled(*inputs))
+    assert max_abs_diff(results[str(path)]["outputs"], expected) <= TRT_ATOL

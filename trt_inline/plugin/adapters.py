@@ -14,10 +14,12 @@ share them). This module builds each replacement:
 * ``lift``: :func:`lift` before 2.14; the stock one, after removing what its
   serializer cannot take, from 2.14 (:func:`lift_serializable`).
 * ``create_trt_exp_program``: :func:`completing_program` (ranges of every symbol, sample inputs).
+* ``copy`` (the module ``transform`` deep-copies with): :func:`sharing_copy_module`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
@@ -237,7 +239,7 @@ def replacements_for(exporter: ModuleType) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for name in release.replaced:
         stock = getattr(exporter, name, None)
-        if callable(stock):
+        if callable(stock) or (name == "copy" and stock is copy):
             result[name] = _REPLACEMENTS[name](exporter, release, stock)
     return result
 
@@ -259,7 +261,31 @@ _REPLACEMENTS: dict[str, Callable[[ModuleType, releases.Release, Any], Any]] = {
     "transform": lambda exporter, release, stock: transform_recording_engine_outputs,
     "lift": lambda exporter, release, stock: lift_serializable(stock) if release.lift_persistent else lift,
     "create_trt_exp_program": lambda exporter, release, stock: completing_program(stock),
+    "copy": lambda exporter, release, stock: sharing_copy_module(),
 }
+
+
+def sharing_copy_module() -> ModuleType:
+    """The ``copy`` module as the exporter sees it: ``deepcopy`` of a GraphModule shares tensors and engines.
+
+    Every release's ``transform`` starts with ``gm = copy.deepcopy(gm)`` (the
+    exporter's module global ``copy``). That copies every weight, buffer and
+    constant, and re-creates each engine (deserializing it again where
+    ``TorchTensorRTModule`` has no ``__deepcopy__``, 2.5 to 2.11); the passes
+    after it only rewire graphs. With this module bound there instead,
+    ``deepcopy(gm)`` is :func:`trt_inline.passes.copy_module`; anything else is
+    the standard library's ``copy``.
+    """
+    shared = ModuleType("trt_inline.plugin.copy", copy.__doc__)
+    shared.__dict__.update({k: v for k, v in vars(copy).items() if not k.startswith("__")})
+
+    def deepcopy(value: Any, memo: dict[int, Any] | None = None, _nil: Any = None) -> Any:
+        if memo is None and isinstance(value, torch.fx.GraphModule):
+            return passes.copy_module(value)
+        return copy.deepcopy(value, memo)
+
+    shared.__dict__["deepcopy"] = deepcopy
+    return shared
 
 
 # ---------------------------------------------------------------------------
@@ -278,6 +304,8 @@ def preflight(replacements: dict[str, Any]) -> dict[str, str]:
     refused: dict[str, str] = {}
     probe, example = _probe()
     steps: list[tuple[str, Callable[[], Any]]] = []
+    if "copy" in replacements:
+        steps.append(("copy", lambda: _copy_shares(replacements["copy"], _probe()[0])))
     if "inline_trt_modules" in replacements:
         inline_trt = replacements["inline_trt_modules"]
         outputs_map = {_PROBE_ENGINE: [example.shape]}
@@ -332,6 +360,17 @@ def _probe() -> tuple[torch.fx.GraphModule, torch.Tensor]:
     graph.output((gpu,))
     x.meta["val"], acc.meta["val"], gpu.meta["val"] = fake, [fake], fake
     return torch.fx.GraphModule(root, graph), example
+
+
+def _copy_shares(shared_copy: ModuleType, probe: torch.fx.GraphModule) -> None:
+    """Raise unless ``shared_copy.deepcopy(probe)`` is a separate module sharing every tensor of ``probe``."""
+    copied = shared_copy.deepcopy(probe)
+    if copied is probe or copied.graph is probe.graph:
+        raise PatchError("the copy is the module itself")
+    originals = {t.untyped_storage().data_ptr() for t in (*probe.parameters(), *probe.buffers())}
+    copies = {t.untyped_storage().data_ptr() for t in (*copied.parameters(), *copied.buffers())}
+    if originals != copies:
+        raise PatchError("the copy does not share the module's tensors")
 
 
 def _cleaned(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -166,9 +166,73 @@ class ReferencePartitioner(_SplitterBase):  # type: ignore[misc,valid-type]
         return result
 
     def partition(self) -> torch.fx.GraphModule:
-        subgraphs = self.remove_small_acc_subgraphs(self.put_nodes_into_subgraphs())
+        subgraphs = self.remove_small_acc_subgraphs(defer_weight_nodes(self.put_nodes_into_subgraphs()))
         self.tag(subgraphs)
         return self.split(remove_tag=True)  # type: ignore[no-any-return]
+
+
+def defer_weight_nodes(subgraphs: list[Any]) -> list[Any]:
+    """Move nodes computed from weights alone into the accelerated block that uses them.
+
+    The splitter places a node as soon as its inputs are ready, so every
+    ``permute`` of a weight lands in the first accelerated block, which then
+    returns the permuted weights for the later blocks: each call would copy
+    every weight across an engine boundary. Torch-TensorRT folds such nodes
+    into constants before partitioning; moving them to their users' block gives
+    the same boundaries without a second copy of the weights::
+
+        before: acc_1(x, w1, w2) -> (addmm(x, t(w1)), t(w2)) ; gpu_2 ; acc_3(h, t2) -> addmm(h, t2)
+        after:  acc_1(x, w1) -> addmm(x, t(w1))              ; gpu_2 ; acc_3(h, w2) -> addmm(h, t(w2))
+
+    A node moves when every input is a ``get_attr`` or a node that moves, and
+    every user sits in one other accelerated block. Blocks left empty are dropped,
+    and fallback blocks that then meet are merged.
+    """
+    block_of = {node: index for index, subgraph in enumerate(subgraphs) for node in subgraph.nodes}
+    moved: dict[torch.fx.Node, int] = {}
+    for index in reversed(range(len(subgraphs))):
+        if not subgraphs[index].is_acc:
+            continue
+        for node in reversed(subgraphs[index].nodes):
+            if not _from_weights(node):
+                continue
+            users = {moved.get(user, block_of.get(user)) for user in node.users}
+            if len(users) != 1:
+                continue
+            (target,) = users
+            if target is None or target == index or not subgraphs[target].is_acc:
+                continue
+            moved[node] = target
+            block_of[node] = target
+    if not moved:
+        return subgraphs
+    for subgraph in subgraphs:
+        subgraph.nodes = [node for node in subgraph.nodes if node not in moved]
+    for node, target in moved.items():
+        subgraphs[target].nodes.append(node)
+    result: list[Any] = []
+    for subgraph in subgraphs:
+        if not subgraph.nodes:
+            continue
+        if result and result[-1].is_acc == subgraph.is_acc and not subgraph.is_acc:
+            result[-1].nodes.extend(subgraph.nodes)
+        else:
+            result.append(subgraph)
+    return result
+
+
+def _from_weights(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is computed from ``get_attr`` nodes alone."""
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if current in seen or current.op == "get_attr":
+            continue
+        seen.add(current)
+        if current.op != "call_function":
+            return False
+        pending.extend(current.all_input_nodes)
+    return True
 
 
 def partition(

@@ -124,6 +124,7 @@ class Limits:
 class ChildResult:
     value: Any
     peak_rss: int  # bytes, the child's maximum resident set
+    base_rss: int  # bytes, the child's resident set once its imports were done, before the job
 
 
 # The jobs a child can run, by name: (module, function). The function takes the request's
@@ -436,7 +437,7 @@ def _outcome(work: Path, status: int, peak: int, stopped: str | None, limits: Li
         message = str(result["message"])
         # The child's own errors name the file; a limit it hit or an unexpected error may not.
         raise kind(message if message.startswith(where) else f"{where}: {message}")
-    return ChildResult(result["value"], peak)
+    return ChildResult(result["value"], peak, int(result.get("base_rss", 0)))
 
 
 # ---------------------------------------------------------------------------
@@ -450,7 +451,7 @@ def child_main(folder: str) -> None:
     request = json.loads((work / "request.json").read_text())
     code = 0
     try:
-        result = {"value": _child_job(work, request)}
+        result = {"value": _child_job(work, request), "base_rss": request["base_rss"]}
     except MemoryError:
         result = _memory_error(request)
     except RecursionError:
@@ -480,6 +481,7 @@ def _child_job(work: Path, request: dict[str, Any]) -> Any:
     import trt_inline.verify  # noqa: F401
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    request["base_rss"] = _own_resident()
     memory = int(request["memory"])
     if torch.cuda.is_available():
         # The CUDA driver reserves address space far beyond what it uses: the parent watches RSS instead.

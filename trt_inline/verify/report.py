@@ -47,6 +47,9 @@ class VerifyReport:
     # Where the expected outputs came from: "embedded", "given", "module", "from NEW.pt2", or "none".
     expected_source: str = "none"
     allow_pickle: bool = False
+    # Where the file was loaded in a child process: that child's peak resident memory above
+    # its resident memory once its imports were done (what loading and running the file cost).
+    child_peak_extra_bytes: int | None = None
 
     @property
     def compared(self) -> bool:
@@ -71,6 +74,7 @@ class VerifyReport:
             outputs=[OutputComparison(**output) for output in data["outputs"]],
             expected_source=str(data["expected_source"]),
             allow_pickle=bool(data["allow_pickle"]),
+            child_peak_extra_bytes=data.get("child_peak_extra_bytes"),
         )
 
     def to_json(self) -> str:

@@ -117,9 +117,10 @@ def verify(
     }
     result = run_isolated("verify", arguments, tensors, limits, where=path, debug=debug)
     report = VerifyReport.from_dict(result.value)
+    report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.notes.append(
         f"loaded and run in a child process (limits {limits.describe()}; its peak resident memory "
-        f"{format_size(result.peak_rss)})"
+        f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports)"
     )
     return report
 
