@@ -21,6 +21,7 @@ Steps (the file each writes or reads is ``FOLDER/<name>``):
 * ``package``: ``trt_inline.save(output_format="aot_inductor")`` (``model.package.pt2``).
 * ``package-floor``: AOTInductor's own compile of the plain model (``plain.package.pt2``).
 * ``load``: ``torch.export.load`` of ``model.pt2`` and one call of its module.
+* ``load-floor``: the same for ``plain.pt2`` (what torch's own loader costs).
 * ``verify``: ``trt_inline.verify`` of ``model.pt2`` against its embedded reference I/O.
 
 The benchmark (``benchmarks/bench_memory.py``) and the memory test both run it.
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-STEPS = ("floor", "save", "save-no-retrace", "package", "package-floor", "load", "verify")
+STEPS = ("floor", "save", "save-no-retrace", "package", "package-floor", "load", "load-floor", "verify")
 
 
 def resident() -> int:
@@ -111,10 +112,10 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
     warnings.filterwarnings("ignore")
     result: dict[str, Any] = {"step": step, "layers": layers, "width": width}
     action: Callable[[], Any]
-    if step in ("load", "verify"):
-        path = folder / "model.pt2"
+    if step in ("load", "load-floor", "verify"):
+        path = folder / ("plain.pt2" if step == "load-floor" else "model.pt2")
         result["file_bytes"] = path.stat().st_size
-        if step == "load":
+        if step != "verify":
 
             def action() -> Any:
                 program = torch.export.load(path)
@@ -130,9 +131,9 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
                 return report
 
         _measure(action, result)
-        if step == "load":
+        if step in ("load", "load-floor"):
             program, outputs = result.pop("value")
-            expected = torch.load(folder / "expected.pt", weights_only=True)
+            expected = torch.load(folder / f"{path.stem}.expected.pt", weights_only=True)
             result["max_abs_diff"] = float((outputs - expected).abs().max())
             result["engine_calls"] = sum(1 for n in program.graph.nodes if "execute_engine" in str(n.target))
             result["call_modules"] = sum(1 for n in program.graph.nodes if n.op == "call_module")
@@ -150,7 +151,7 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
             action = lambda: torch._inductor.aoti_compile_and_package(program, package_path=str(target))  # noqa: E731
     else:
         compiled = trt_inline.reference.compile(model, inputs, torch_executed_ops={"torch.ops.aten.relu.default"})
-        del model
+        model = None
         gc.collect()
         result["tensor_bytes"] = tensor_bytes(compiled)
         if step == "package":
@@ -163,9 +164,10 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
     _measure(action, result)
     result.pop("value", None)
     result["file_bytes"] = target.stat().st_size
-    if step.startswith("save"):
+    if step != "package-floor":
         with torch.no_grad():
-            torch.save(compiled(*inputs), folder / "expected.pt")
+            reference = model if step == "floor" else compiled
+            torch.save(reference(*inputs), folder / f"{target.name.split('.')[0]}.expected.pt")
     return result
 
 

@@ -193,3 +193,40 @@ class ExpandedIds(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         expanded = (ids[:1] * 1).expand(ids.shape[0], ids.shape[1])
         return self.emb(expanded) * 2.0
+
+
+class HalfSlice(nn.Module):
+    """An engine computes ``h.shape[1] // 2`` of a derived size (``2 * half``); a falling-back slice reads it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2.0
+        return torch.relu(h[:, 0 : h.shape[1] // 2])
+
+
+def derived_dim_case() -> ScalarCase:
+    """:class:`HalfSlice` with ``x.shape[1] = 2 * half``, half in 2 ... 16, slice falling back."""
+    half = torch.export.Dim("half", min=2, max=16)
+    return ScalarCase(
+        "derived_dim",
+        HalfSlice(),
+        (torch.randn(3, 8),),
+        ({1: 2 * half},),
+        ["aten.slice.Tensor"],
+        [(torch.randn(3, 2 * n),) for n in (2, 7, 16)],
+        "output",
+    )
+
+
+class SharedDimInputs(nn.Module):
+    """Two inputs sharing a ``Dim`` (ids and mask, as every Hugging Face model has), the mask product falling back."""
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.relu(ids * 2.0) * mask
+
+
+class FlattenRows(nn.Module):
+    """``h.view(h.shape[0], -1)`` with ``view`` falling back: the batch size crosses an engine boundary."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 2.0
+        return torch.relu(h.view(h.shape[0], -1))

@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
-from models import RELU, ConvBnRelu, ExpandedIds, MultiOutputBothSides, RowsAndValues, TinyResNet, scalar_cases
+from models import (
+    RELU,
+    ConvBnRelu,
+    ExpandedIds,
+    MultiOutputBothSides,
+    RowsAndValues,
+    TinyResNet,
+    derived_dim_case,
+    scalar_cases,
+)
 from test_scalars import scalar_crossings
 from test_untrusted import _Plant, _rewrite, _torch_saved
 from test_verify import assert_unusable, cli
@@ -63,6 +72,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Package]:
     torch.manual_seed(0)
     batch = torch.export.Dim("batch", min=1, max=8)
     scalar = scalar_cases()[0]
+    derived = derived_dim_case()  # a scalar of a derived Dim (2 * half) read by a falling-back slice
     built = [
         _package(root, "seed", ConvBnRelu(), (torch.randn(2, 3, 8, 8),), torch_executed_ops=[RELU]),
         _package(root, "residual", TinyResNet(), (torch.randn(2, 3, 8, 8),), torch_executed_ops=["aten.add.Tensor"]),
@@ -103,6 +113,15 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Package]:
             dynamic_shapes=({0: batch, 1: torch.export.Dim("seq", min=2, max=16)},),
             checks=[(torch.randint(0, 50, (1, 2)),), (torch.randint(0, 50, (8, 16)),), (torch.randint(0, 50, (3, 5)),)],
         ),
+        _package(
+            root,
+            "derived_dim",
+            derived.model,
+            derived.inputs,
+            torch_executed_ops=derived.torch_executed_ops,
+            dynamic_shapes=derived.dynamic_shapes,
+            checks=derived.checks,
+        ),
     ]
     for package in built:
         package.extra["size"] = package.path.stat().st_size
@@ -113,7 +132,16 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Package]:
     return {p.name: p for p in built}
 
 
-NAMES = ["seed", "residual", "multi_output", "dynamic_batch", "scalar_crossing", "scalar_output", "expanded_view"]
+NAMES = [
+    "seed",
+    "residual",
+    "multi_output",
+    "dynamic_batch",
+    "scalar_crossing",
+    "scalar_output",
+    "expanded_view",
+    "derived_dim",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -135,6 +163,7 @@ def test_structures_are_really_there(packages: dict[str, Package]) -> None:
     assert any(len(n.meta.get("val", [])) > 1 for n in multi.graph.nodes if n.op == "call_module"), "multi-output"
     assert [c for c in scalar_crossings(packages["scalar_crossing"].compiled) if c[0] == "output"]
     assert [c for c in scalar_crossings(packages["scalar_output"].compiled) if c[0] == "output"]
+    assert [c for c in scalar_crossings(packages["derived_dim"].compiled) if c[0] == "output"], "derived Dim scalar"
     with torch.no_grad():
         _, rows = packages["scalar_output"].compiled(torch.randn(6, 3))
     assert isinstance(rows, int) and rows == 5, "the compiled module returns a Python int"

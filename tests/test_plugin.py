@@ -25,7 +25,7 @@ from types import ModuleType
 import pytest
 import releases
 import torch
-from conftest import REPO, load_in_fresh_process, load_runs_in_fresh_process, max_abs_diff
+from conftest import REPO, as_list, load_in_fresh_process, load_runs_in_fresh_process, max_abs_diff
 
 import trt_inline
 import trt_inline_autoload
@@ -233,6 +233,55 @@ def test_released_dynamic_retrace_goes_through_our_passes(tmp_path: Path) -> Non
     runs = load_runs_in_fresh_process(tmp_path, [path], [[inputs] for inputs in checks])[str(path)]
     for want, inputs, loaded in zip(expected, checks, runs, strict=True):
         assert max_abs_diff(loaded["outputs"], want) == 0.0, inputs.shape
+
+
+_SAVE_DYNAMIC_KINDS = """
+    import sys, torch
+    import torch_tensorrt, trt_inline
+    from models import FlattenRows, SharedDimInputs
+
+    seq, batch = torch.export.Dim("seq", min=2, max=16), torch.export.Dim("batch", min=1, max=8)
+    cases = [  # (name, model, inputs, dynamic_shapes, fallback, retrace, checks at min, middle, max)
+        ("shared_dim", SharedDimInputs(), (torch.randn(2, 6), torch.randn(2, 6)), ({1: seq}, {1: seq}),
+         "aten.mul.Tensor", False, [(torch.randn(2, n), torch.randn(2, n)) for n in (2, 9, 16)]),
+    ]
+    if sys.argv[2] == "retrace":
+        cases.append(("batch_one", FlattenRows(), (torch.randn(4, 3, 2),), ({0: batch},), "aten.view.default",
+                      True, [(torch.randn(n, 3, 2),) for n in (1, 5, 8)]))
+    expected = {}
+    for name, model, inputs, dynamic_shapes, fallback, retrace, checks in cases:
+        compiled = trt_inline.reference.compile(
+            model, inputs, torch_executed_ops=[fallback], dynamic_shapes=dynamic_shapes
+        )
+        path = f"{sys.argv[1]}/{name}.pt2"
+        extra = {"dynamic_shapes": dynamic_shapes} if retrace else {}
+        torch_tensorrt.save(compiled, path, arg_inputs=list(inputs), retrace=retrace, **extra)
+        with torch.no_grad():
+            expected[path] = (checks, [compiled(*c) for c in checks])
+    torch.save(expected, sys.argv[1] + "/expected.pt")
+"""
+
+
+def test_released_save_with_shared_dims_and_batch_one(tmp_path: Path) -> None:
+    """Two inputs sharing a Dim through the legacy exporter; a batch Dim(min=1) through export() with a scalar.
+
+    Stock 2.14 writes the first so that every call raises ``NameError: name 'L' is
+    not defined`` (guards naming inputs its ``forward(*args)`` does not have), and
+    the second so that it rejects batch 1 (``u0 >= 2``). Each is loaded in a fresh
+    process and run at the minimum, a middle and the maximum of its range.
+    """
+    tree = release_tree(tmp_path)
+    retrace = RELEASE is not None and RELEASE.retrace_inlines  # before 2.11 retrace=True ignores the passes
+    proc = run_python(_SAVE_DYNAMIC_KINDS, tree, str(tmp_path), "retrace" if retrace else "legacy")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    expected = torch.load(tmp_path / "expected.pt", weights_only=True)
+    assert len(expected) == (2 if retrace else 1)
+    paths = [Path(p) for p in expected]
+    runs = load_runs_in_fresh_process(tmp_path, paths, {Path(p): checks for p, (checks, _) in expected.items()})
+    for path, (checks, outputs) in expected.items():
+        for inputs, want, loaded in zip(checks, outputs, runs[path], strict=True):
+            assert loaded["call_modules"] == []
+            assert max_abs_diff(loaded["outputs"], as_list(want)) == 0.0, (path, [t.shape for t in inputs])
 
 
 def test_stock_save_fails_on_the_seed_graph_when_disabled(tmp_path: Path) -> None:

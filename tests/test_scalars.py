@@ -17,7 +17,7 @@ import pytest
 import releases
 import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
-from models import ScalarCase, scalar_cases
+from models import ScalarCase, derived_dim_case, scalar_cases
 from test_verify import cli
 
 import trt_inline
@@ -72,7 +72,7 @@ def _conversions(program: torch.export.ExportedProgram) -> dict[str, int]:
     return {"input": into, "output": out_of}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", [*CASES, derived_dim_case()], ids=[*(c.name for c in CASES), "derived_dim"])
 def test_scalar_crossing_roundtrips_bitwise(tmp_path: Path, case: ScalarCase) -> None:
     compiled = compile_case(case)
     crossings = scalar_crossings(compiled)

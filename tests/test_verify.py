@@ -235,3 +235,20 @@ def test_verify_saved_model_example(saved: dict[str, Path]) -> None:
     assert good.returncode == 0 and "PASS" in good.stdout, good.stderr
     bad = subprocess.run([sys.executable, str(script), str(saved["miswired"])], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and "output 0 differs" in bad.stdout, bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("guard", "refused"),
+    [
+        ("L['x'].size()[1] != max(1, L['x'].size()[1] // 2)", None),  # a derived Dim's guard, as torch prints it
+        ("min(L['x'].size()[0], 8) >= abs(-2)", None),
+        ("__import__('os').system('true')", "reading .system"),
+        ("max.__self__", "reading .__self__"),
+        ("open('/etc/passwd') and max(1, 2)", "naming 'open'"),
+    ],
+)
+def test_guards_may_call_max_min_abs_and_nothing_else(guard: str, refused: str | None) -> None:
+    from trt_inline.verify.program_checks import check_guard
+
+    problem = check_guard(guard)
+    assert (problem is None) if refused is None else (problem is not None and refused in problem), problem

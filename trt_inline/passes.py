@@ -255,22 +255,30 @@ def _restore_scalar(
 
 @dataclass
 class _InputSizes:
-    """Which input size each size symbol names: ``{"s0": (x, 0)}``, read from the placeholders' fake values."""
+    """Where each size symbol can be read: ``{"s0": (x, 0, 1, 0)}``, from the placeholders' fake values.
 
-    where: dict[str, tuple[torch.fx.Node, int]]
+    An entry ``(placeholder, dim, scale, offset)`` says the size is ``scale * s + offset``
+    (a derived ``Dim`` such as ``2 * half``); a plain size is scale 1, offset 0 and is preferred.
+    """
+
+    where: dict[str, tuple[torch.fx.Node, int, int, int]]
     values: dict[str, Any]
 
     @staticmethod
     def of(gm: torch.fx.GraphModule) -> _InputSizes:
-        where: dict[str, tuple[torch.fx.Node, int]] = {}
+        where: dict[str, tuple[torch.fx.Node, int, int, int]] = {}
         values: dict[str, Any] = {}
         for node in gm.graph.nodes:
             if node.op != "placeholder":
                 continue
             value = node.meta.get("val")
-            for dim, name in enumerate(symbolic.size_symbols(value)):
-                if name is not None and name not in where:
-                    where[name], values[name] = (node, dim), value.shape[dim]
+            for dim, term in enumerate(symbolic.size_terms(value)):
+                if term is None:
+                    continue
+                name, scale, offset = term
+                if name not in where or (scale, offset) == (1, 0) != where[name][2:]:
+                    where[name] = (node, dim, scale, offset)
+                    values[name] = (value.shape[dim] - offset) // scale
         return _InputSizes(where, values)
 
     def cover(self, expr: Any) -> bool:
@@ -281,9 +289,15 @@ class _InputSizes:
         return True
 
     def node(self, graph: torch.fx.Graph, name: str) -> torch.fx.Node:
-        placeholder, dim = self.where[name]
+        placeholder, dim, scale, offset = self.where[name]
         size = graph.call_function(aten.sym_size.int, (placeholder, dim))
-        size.meta["val"] = self.values[name]
+        size.meta["val"] = placeholder.meta["val"].shape[dim]
+        if offset:
+            size = graph.call_function(operator.sub, (size, offset))
+            size.meta["val"] = size.args[0].meta["val"] - offset  # type: ignore[union-attr]
+        if scale != 1:
+            size = graph.call_function(operator.floordiv, (size, scale))
+            size.meta["val"] = size.args[0].meta["val"] // scale  # type: ignore[union-attr]
         return size
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["build", "checked", "encode", "evaluate", "fold", "is_settled", "size_symbols"]
+__all__ = ["build", "checked", "encode", "evaluate", "fold", "is_settled", "size_symbols", "size_terms"]
 
 # The sympy functions an expression may be made of, by name, with the binary Python operation each folds with.
 _OPERATIONS: dict[str, Callable[[Any, Any], Any]] = {
@@ -104,6 +104,31 @@ def size_symbols(value: Any) -> list[str | None]:
     if not isinstance(value, torch.Tensor):
         return []
     return [str(d.node.expr) if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol else None for d in value.shape]
+
+
+def size_terms(value: Any) -> list[tuple[str, int, int] | None]:
+    """Per size of a tensor value, ``(symbol, scale, offset)`` where the size is ``scale * symbol + offset``.
+
+    A plain symbol gives ``(s, 1, 0)``; a derived ``Dim`` (``2 * half``,
+    ``seq + 1``) gives its symbol and both integers, so the symbol can be read
+    back from the size as ``(size - offset) // scale``. None where the size is
+    static or any other expression.
+    """
+    if not isinstance(value, torch.Tensor):
+        return []
+    terms: list[tuple[str, int, int] | None] = []
+    for dim in value.shape:
+        expr = dim.node.expr if isinstance(dim, torch.SymInt) else None
+        if expr is None or len(expr.free_symbols) != 1:
+            terms.append(None)
+            continue
+        (symbol,) = expr.free_symbols
+        scale, offset = expr.coeff(symbol), expr.subs(symbol, 0)
+        if not (scale.is_Integer and offset.is_Integer and int(scale) >= 1) or (expr - scale * symbol - offset) != 0:
+            terms.append(None)
+            continue
+        terms.append((str(symbol), int(scale), int(offset)))
+    return terms
 
 
 def is_settled(condition: Any) -> bool:

@@ -197,6 +197,11 @@ def completing_program(stock_create: Callable[..., Any]) -> Callable[..., Any]:
     * The sample inputs, where the save has them: without them AOTInductor
       refuses to compile the program (``output_format="aot_inductor"`` with
       ``retrace=False``).
+    * The names of the inputs (``forward_arg_names``), where the stock program
+      has none: with sample inputs, torch compiles input guards that name the
+      inputs (``L['ids'].size()[1] == L['mask'].size()[1]`` for two inputs
+      sharing a ``Dim``), and a loaded module whose ``forward`` takes ``*args``
+      cannot resolve them (``NameError: name 'L' is not defined`` on every call).
 
     This only ever adds what is known; if that fails, the stock result stands.
     """
@@ -210,12 +215,29 @@ def completing_program(stock_create: Callable[..., Any]) -> Callable[..., Any]:
             given = kwargs.get("arg_inputs")
             inputs = sample_inputs_of_this_save() if given is None else (tuple(given), kwargs.get("kwarg_inputs") or {})
             if program.example_inputs is None and inputs is not None and inputs[0]:
+                name_user_inputs(program)
                 compat.set_example_inputs(program, tuple(inputs[0]), dict(inputs[1]))
         except Exception as exc:  # never worse than stock
             log.warning("could not complete the saved program (range constraints, sample inputs): %s", exc)
         return program
 
     return create_trt_exp_program
+
+
+def name_user_inputs(program: Any) -> None:
+    """Name the root call signature's inputs after their placeholders, where it has none and takes them positionally."""
+    entry = next((e for e in program.module_call_graph if e.fqn == ""), None)
+    signature = getattr(entry, "signature", None)
+    if signature is None or not hasattr(signature, "forward_arg_names") or signature.forward_arg_names:
+        return
+    names = list(program.graph_signature.user_inputs)
+    in_spec = signature.in_spec
+    if in_spec is None or in_spec.num_children != 2:
+        return
+    args_spec, kwargs_spec = in_spec.children_specs
+    if args_spec.num_children != len(names) or kwargs_spec.num_children:
+        return  # nested or keyword inputs: their names are not the placeholders'
+    signature.forward_arg_names = names
 
 
 def release_of(exporter: ModuleType) -> releases.Release:

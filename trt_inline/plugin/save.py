@@ -9,6 +9,7 @@ kinds (:mod:`trt_inline.package`).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import embedding, export, formats, package, releases
+from trt_inline import compat, embedding, export, formats, package, releases
 from trt_inline.formats import REFERENCE_IO_ENV
 
 __all__ = ["REFERENCE_IO_ENV", "sample_inputs_of_this_save", "save_with_reference_io"]
@@ -45,6 +46,8 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
     the written archive is rewritten once with the extra file added.
     """
     release = releases.for_version(releases.installed_version() or "0.0")
+    # Where retrace=True exports the inlined graph (2.11+), it is traced as trt_inline.save traces it.
+    inlines_on_retrace = release is not None and release.retrace_inlines
     if release is not None:
         accepts_extra_files = release.save_extra_files
     else:
@@ -57,8 +60,13 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
         if extra and accepts_extra_files and not packaged:
             kwargs["extra_files"] = {**(kwargs.get("extra_files") or {}), **extra}
         token = _SAMPLE_INPUTS.set(_tensor_inputs(kwargs))
+        # (dynamic shapes may also come from the module's own symbolic sizes; static ones are unaffected)
+        oblivious = inlines_on_retrace and kwargs.get("retrace", True)
         try:
-            result = stock_save(module, file_path, **kwargs)
+            # Size-oblivious tracing, as trt_inline.save does (see trt_inline.export.to_exported_program):
+            # otherwise a scalar an engine returns, equated with an input size, narrows Dim(min=1) to 2.
+            with compat.backed_size_oblivious() if oblivious else contextlib.nullcontext():
+                result = stock_save(module, file_path, **kwargs)
         finally:
             _SAMPLE_INPUTS.reset(token)
         if extra and packaged:

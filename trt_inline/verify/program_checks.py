@@ -55,7 +55,8 @@ _EXPRESSION_NODES: tuple[type[ast.AST], ...] = (
     ast.keyword, ast.Load, ast.operator, ast.unaryop, ast.cmpop, ast.boolop, ast.Tuple,
 )  # fmt: skip
 # Guards read input sizes: L['x'].size()[0], and call math and torch's symbolic functions.
-_GUARD_NAMES = frozenset({"L", "math", "inf", "torch"}) | _SIZE_FUNCTIONS
+# torch prints sympy Max/Min/Abs in guards as the builtins max, min and abs (pure functions of numbers).
+_GUARD_NAMES = frozenset({"L", "math", "inf", "torch", "max", "min", "abs"}) | _SIZE_FUNCTIONS
 _GUARD_ATTRIBUTES = frozenset(
     {"size", "stride", "storage_offset", "dim", "numel", "floor", "ceil", "trunc", "sqrt", "sym_float", "sym_int"}
 )
