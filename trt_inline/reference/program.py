@@ -221,6 +221,8 @@ class EngineProgram:
     # for a scalar input the expression it equals in those symbols (see _encode_expr), where recorded.
     input_symbols: tuple[tuple[str | None, ...], ...] = ()
     scalar_exprs: tuple[Any, ...] = ()
+    # Per input: (symbol, scale, offset) for each size that is a derived expression, scale * symbol + offset.
+    input_terms: tuple[tuple[tuple[str, int, int] | None, ...], ...] = ()
 
     def weight_tensors(self, payload: torch.Tensor, like: torch.Tensor | None) -> list[torch.Tensor]:
         """Views of the payload (real run) or fresh fake tensors (fake run)."""
@@ -257,6 +259,10 @@ class EngineProgram:
             for name, dim in zip(symbols, value.shape if value.dim() == len(symbols) else (), strict=False):
                 if name is not None:
                     sizes.setdefault(name, dim)
+        for terms, value in zip(self.input_terms, inputs, strict=False):
+            for term, dim in zip(terms, value.shape if value.dim() == len(terms) else (), strict=False):
+                if term is not None:
+                    sizes.setdefault(term[0], (dim - term[2]) // term[1])
         try:
             return symbolic.evaluate(expr, sizes)
         except KeyError:  # a symbol no input of this call carries
@@ -349,6 +355,7 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
             tuple(None if name is None else str(name) for name in (spec or {}).get("symbols", []))
             for spec in raw_inputs
         )
+        input_terms = tuple(_decode_terms((spec or {}).get("terms", [])) for spec in raw_inputs)
         scalar_exprs = tuple(symbolic.checked((spec or {}).get("expr")) for spec in raw_inputs)
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, (EngineFormatError, RefusedOperatorError)):
@@ -361,8 +368,22 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
     if len(output_specs) != len(outputs):
         raise EngineFormatError("engine program describes a different number of outputs than it returns")
     return EngineProgram(
-        num_inputs, input_specs, weights, tuple(steps), outputs, output_specs, input_symbols, scalar_exprs
+        num_inputs, input_specs, weights, tuple(steps), outputs, output_specs, input_symbols, scalar_exprs, input_terms
     )
+
+
+def _decode_terms(raw: Any) -> tuple[tuple[str, int, int] | None, ...]:
+    """The ``terms`` of an input spec: per dim, None or ``(symbol, scale >= 1, offset)``."""
+    terms: list[tuple[str, int, int] | None] = []
+    for term in raw:
+        if term is None:
+            terms.append(None)
+            continue
+        name, scale, offset = term
+        if not isinstance(name, str) or type(scale) is not int or type(offset) is not int or scale < 1:
+            raise ValueError(f"unreadable size term {term!r}")
+        terms.append((name, scale, offset))
+    return tuple(terms)
 
 
 def encode_spec(value: Any) -> dict[str, Any] | None:
@@ -381,6 +402,10 @@ def encode_spec(value: Any) -> dict[str, Any] | None:
         symbols = symbolic.size_symbols(value)
         if any(symbols):
             spec["symbols"] = symbols
+        # A derived size (2 * half, seq + 1): its symbol, scale and offset, so the symbol can be read back.
+        terms = [None if term is None or term[1:] == (1, 0) else list(term) for term in symbolic.size_terms(value)]
+        if any(terms):
+            spec["terms"] = terms
         return spec
     if scalars.is_scalar(value):
         spec = {"scalar": str(scalars.dtype_of(value)).removeprefix("torch.")}
