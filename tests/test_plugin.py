@@ -19,8 +19,10 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import releases
@@ -820,3 +822,75 @@ def test_patched_torch_tensorrt_save_embeds_reference_io(tmp_path: Path, with_ex
     first, second = proc.stdout.strip().splitlines()[-2:]
     assert first == "embedded True True"
     assert second == "torch_tensorrt._compile True", "uninstall must put the stock save back"
+
+
+class _SliceAndAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x[:, :4] + y
+
+
+def _narrow_file(path: Path) -> None:
+    """A program whose batch accepts 2 ... 8 and whose x.shape[1] is 2 * h + 2 for h in 2 ... 8."""
+    b, h = torch.export.Dim("b", min=2, max=8), torch.export.Dim("h", min=2, max=8)
+    program = torch.export.export(
+        _SliceAndAdd(), (torch.randn(3, 6), torch.randn(3, 4)), dynamic_shapes=({0: b, 1: 2 * h + 2}, {0: b})
+    )
+    torch.export.save(program, path)
+
+
+def test_narrowed_ranges_names_each_size_that_lost_part_of_its_range(tmp_path: Path) -> None:
+    from trt_inline.plugin.ranges import narrowed_ranges
+
+    path = tmp_path / "narrow.pt2"
+    _narrow_file(path)
+    b, h = torch.export.Dim("b", min=2, max=8), torch.export.Dim("h", min=2, max=8)
+    assert narrowed_ranges(path, ({0: b, 1: 2 * h + 2}, {0: b})) == []
+    wide_b, wide_h = torch.export.Dim("b", min=1, max=8), torch.export.Dim("h", min=1, max=9)
+    assert narrowed_ranges(path, {"x": {0: wide_b, 1: 2 * wide_h + 2}, "y": {0: wide_b}}, ["x", "y"]) == [
+        "x size 0: accepts 2 ... 8, declared 1 ... 8",
+        "x size 1: accepts 6 ... 18, declared 4 ... 20",
+        "y size 0: accepts 2 ... 8, declared 1 ... 8",
+    ]
+    assert narrowed_ranges(tmp_path / "missing.pt2", ({0: wide_b},)) == []
+
+
+def test_patched_save_warns_once_when_the_file_rejects_declared_sizes(tmp_path: Path) -> None:
+    """Never worse than stock, silently: a release path that narrows a declared range is named in one warning."""
+    from trt_inline.plugin.save import save_with_reference_io
+
+    def narrowing_save(module: Any, file_path: str = "", **kwargs: Any) -> None:
+        _narrow_file(Path(file_path))
+
+    wrapped = save_with_reference_io(narrowing_save)
+    path = tmp_path / "narrow.pt2"
+    batch = torch.export.Dim("b", min=1, max=8)
+    with pytest.warns(
+        RuntimeWarning, match=r"rejects sizes declared in dynamic_shapes \(input 0 size 0: accepts 2"
+    ) as caught:
+        wrapped(_SliceAndAdd(), str(path), dynamic_shapes=({0: batch}, {0: batch}))
+    assert len([w for w in caught if "rejects sizes" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        wrapped(_SliceAndAdd(), str(path), dynamic_shapes=({0: torch.export.Dim("b", min=2, max=8)}, None))
+
+
+def test_preflight_covers_dynamic_shapes() -> None:
+    """A replacement that flattens the static probe but not shared/derived Dims with a scalar crossing is refused."""
+    from trt_inline.plugin.adapters import preflight
+    from trt_inline.scalars import is_scalar
+
+    def static_only(gm: torch.fx.GraphModule, cross_compile_module: bool = False) -> torch.fx.GraphModule:
+        for node in gm.graph.nodes:
+            values = node.meta.get("val")
+            if node.op == "call_module" and isinstance(values, list) and any(is_scalar(v) for v in values):
+                raise NotImplementedError("a scalar engine output")
+        return trt_inline.inline_trt_modules(gm, cross_compile_module)
+
+    passes = {
+        "inline_trt_modules": trt_inline.inline_trt_modules,
+        "inline_torch_modules": trt_inline.inline_torch_modules,
+    }
+    assert preflight(passes) == {}
+    refused = preflight({**passes, "inline_trt_modules": static_only})
+    assert refused["inline_trt_modules"] == "NotImplementedError: a scalar engine output"
+    assert refused["inline_torch_modules"].startswith("not tried: inline_trt_modules failed first")

@@ -35,7 +35,7 @@ from torch.export.graph_signature import InputKind, InputSpec, OutputKind, Outpu
 
 from trt_inline import compat, engines, passes, releases
 from trt_inline.errors import PatchError, SaveError
-from trt_inline.flat_program import add_missing_ranges, drop_unserializable, lift_into
+from trt_inline.flat_program import add_missing_ranges, drop_guard_calls, drop_unserializable, lift_into
 from trt_inline.plugin.save import sample_inputs_of_this_save
 
 __all__ = ["lift", "preflight", "record_engine_outputs", "release_of", "replacements_for", "torch_tensorrt_version"]
@@ -321,7 +321,11 @@ def preflight(replacements: dict[str, Any]) -> dict[str, str]:
     The probe (an engine, then a fallback reading its output, on this torch) is
     what every save pushes through the replaced functions, so a replacement that
     cannot work here fails on it, at import, rather than inside a user's
-    ``torch_tensorrt.save``. What depends on a failed step is refused too.
+    ``torch_tensorrt.save``. A second probe has dynamic shapes of the kinds real
+    models have (two inputs sharing a ``Dim``, a derived ``2 * half``, a size
+    crossing an engine boundary as a scalar); both inline passes must flatten it
+    (2.5's ``outputs_map`` form takes static shapes only and skips it). What
+    depends on a failed step is refused too.
     """
     refused: dict[str, str] = {}
     probe, example = _probe()
@@ -334,6 +338,10 @@ def preflight(replacements: dict[str, Any]) -> dict[str, str]:
         args: tuple[Any, ...] = (outputs_map,) if _takes_outputs_map(inline_trt) else (False,)
         steps.append(("inline_trt_modules", lambda: inline_trt(probe, *args)))
     steps.append(("inline_torch_modules", lambda: replacements["inline_torch_modules"](probe)))
+    if "inline_trt_modules" in replacements and not _takes_outputs_map(replacements["inline_trt_modules"]):
+        dynamic = _dynamic_probe()
+        steps.append(("inline_trt_modules", lambda: replacements["inline_trt_modules"](dynamic, False)))
+        steps.append(("inline_torch_modules", lambda: _flat(replacements["inline_torch_modules"](dynamic))))
     if "transform" in replacements:
         untyped, _ = _probe()
         for node in untyped.graph.nodes:
@@ -344,13 +352,41 @@ def preflight(replacements: dict[str, Any]) -> dict[str, str]:
         steps.append(("lift", lambda: replacements["lift"](_cleaned(probe), _signature(probe))))
     for name, step in steps:
         if refused:
-            refused[name] = f"not tried: {next(iter(refused))} failed first"
+            refused.setdefault(name, f"not tried: {next(iter(refused))} failed first")
             continue
         try:
             step()
         except Exception as exc:
-            refused[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            refused.setdefault(name, f"{type(exc).__name__}: {exc}".splitlines()[0])
     return refused
+
+
+class _DynamicProbe(torch.nn.Module):
+    """Two inputs sharing a batch ``Dim`` and a derived one (``2 * half``); the engine's ``shape[1] // 2`` is sliced."""
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = ids * 2.0
+        half = h.shape[1] // 2
+        return torch.relu(h[:, 0:half]) * mask[:, 0:half]
+
+
+def _dynamic_probe() -> torch.fx.GraphModule:
+    """:class:`_DynamicProbe` compiled by the reference backend, ``slice`` falling back: a scalar crosses a boundary."""
+    from trt_inline import reference
+
+    batch, half = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("half", min=2, max=4)
+    shapes = ({0: batch, 1: 2 * half}, {0: batch, 1: 2 * half})
+    example = (torch.ones(2, 6), torch.ones(2, 6))
+    return reference.compile(_DynamicProbe(), example, torch_executed_ops=["aten.slice.Tensor"], dynamic_shapes=shapes)
+
+
+def _flat(gm: torch.fx.GraphModule) -> None:
+    """Raise unless ``gm`` is one linted graph: no submodule call left but input-guard calls (dropped at save)."""
+    gm.graph.lint()
+    drop_guard_calls(gm)
+    left = [str(node.target) for node in gm.graph.nodes if node.op == "call_module"]
+    if left:
+        raise PatchError(f"submodules still called after inlining: {', '.join(left)}")
 
 
 def _takes_outputs_map(function: Callable[..., Any]) -> bool:

@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import torch.fx
 
 from trt_inline import compat, embedding, export, formats, package, releases
 from trt_inline.formats import REFERENCE_IO_ENV
+from trt_inline.plugin import ranges
 
 __all__ = ["REFERENCE_IO_ENV", "sample_inputs_of_this_save", "save_with_reference_io"]
 
@@ -73,10 +75,27 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
             package.extend_package(Path(file_path), Path(file_path), program=None, extra_files=extra)
         elif extra and not accepts_extra_files:
             export.write_program(torch.export.load(file_path), Path(file_path), extra)
+        if kwargs.get("dynamic_shapes") is not None and not packaged:
+            _warn_on_narrowed_ranges(module, file_path, kwargs["dynamic_shapes"])
         return result
 
     save.__trt_inline_stock__ = stock_save  # type: ignore[attr-defined]
     return save
+
+
+def _warn_on_narrowed_ranges(module: Any, file_path: str, dynamic_shapes: Any) -> None:
+    """One warning naming every declared size range the written file does not accept in full."""
+    names = None
+    if isinstance(module, torch.fx.GraphModule):
+        names = [str(node.target) for node in module.graph.nodes if node.op == "placeholder"]
+    problems = ranges.narrowed_ranges(file_path, dynamic_shapes, names)
+    if problems:
+        warnings.warn(
+            f"trt-inline: {file_path} rejects sizes declared in dynamic_shapes ({'; '.join(problems)}); "
+            "trt_inline.save(..., dynamic_shapes=...) writes a program that accepts them",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _tensor_inputs(kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:

@@ -58,7 +58,21 @@ _EXPRESSION_NODES: tuple[type[ast.AST], ...] = (
 # torch prints sympy Max/Min/Abs in guards as the builtins max, min and abs (pure functions of numbers).
 _GUARD_NAMES = frozenset({"L", "math", "inf", "torch", "max", "min", "abs"}) | _SIZE_FUNCTIONS
 _GUARD_ATTRIBUTES = frozenset(
-    {"size", "stride", "storage_offset", "dim", "numel", "floor", "ceil", "trunc", "sqrt", "sym_float", "sym_int"}
+    {
+        "size",
+        "stride",
+        "storage_offset",
+        "dim",
+        "numel",
+        "floor",
+        "ceil",
+        "trunc",
+        "sqrt",
+        "sym_float",
+        "sym_int",
+        "sym_max",
+        "sym_min",
+    }
 )
 _GUARD_NODES = (*_EXPRESSION_NODES, ast.Subscript, ast.Attribute, ast.Slice)
 
