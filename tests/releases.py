@@ -42,6 +42,10 @@ RELEASES, FUTURE_TORCH, Release, for_torch, minor = (
 PAIRS: dict[str, str] = {release.version: release.torch for release in RELEASES}
 
 CACHE = Path(os.environ.get("TRT_INLINE_TEST_CACHE", Path.home() / ".cache" / "trt-inline-tests"))
+# A folder laid out as the package (dynamo/_exporter.py, _compile.py, dynamo/partitioning/common.py) whose
+# sources stand in for those of the release the installed torch belongs to: an unreleased Torch-TensorRT
+# (a checkout of its main branch) tested against the release it will follow.
+SOURCES_OVERRIDE = os.environ.get("TRT_INLINE_TORCH_TENSORRT_SOURCES")
 
 
 def release_for_torch(torch_version: str | None = None) -> Release | None:
@@ -65,6 +69,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
     allowed = [
         r"real TensorRT engines: ",  # the GPU suite (Docker GPU job)
         r"reference engines on CUDA tensors: no CUDA device",
+        r"the 1 GiB memory-budget test runs with --memory",  # .ci/run runs it on its own
     ]
     if minor(torch_version) < (2, 8):
         allowed += [r"AOTInductor packages: ", r"writes no payload configs"]
@@ -87,7 +92,12 @@ class Unavailable(Exception):
 
 
 def release_file(version: str, member: str) -> str:
-    """Source of ``torch_tensorrt/<member>`` in a release's wheel (downloaded once, cached)."""
+    """Source of ``torch_tensorrt/<member>`` in a release's wheel (downloaded once, cached).
+
+    Under ``TRT_INLINE_TORCH_TENSORRT_SOURCES``, the file of that folder instead.
+    """
+    if SOURCES_OVERRIDE:
+        return (Path(SOURCES_OVERRIDE) / member).read_text()
     cached = CACHE / version / member
     if not cached.exists():
         download = CACHE / version / "wheel"

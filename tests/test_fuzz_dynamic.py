@@ -232,9 +232,13 @@ def test_samples_cross_engine_boundaries() -> None:
 
 
 def test_samples_as_aot_inductor_packages(tmp_path: Path) -> None:
-    """The fixed examples as AOTInductor packages, loaded in a fresh process, at both ends of both ranges."""
+    """A fixed example as an AOTInductor package, loaded in a fresh process, at both ends of both ranges.
+
+    The derived Dim halved and read by a falling-back slice, as a package: the
+    C++ once failed to compile (a symbol of ``2 * half`` never declared).
+    """
     built = {}
-    for index, (spec, executed) in enumerate(SAMPLES[:2]):
+    for index, (spec, executed) in enumerate(SAMPLES[:1]):
         compiled = compile_spec(spec, executed)
         path = tmp_path / f"sample_{index}.package.pt2"
         trt_inline.save(

@@ -12,7 +12,9 @@ to ``bytes`` that floor is not ours to remove):
   figure is the child process that loads the file, above its imports), or the
   floor's multiple plus a quarter where torch's own loader needs more.
 
-The loaded programs are run and compared with the in-memory modules.
+The loaded programs are run and compared with the in-memory modules. About a
+minute of building and writing 1 GiB files: it runs with ``--memory``, which
+``.ci/run`` passes in a run of its own after the main suite.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 import pytest
 from memory_steps import measure_in_child
+
+pytestmark = pytest.mark.memory
 
 LAYERS = 64  # Linear(2048, 2048) each: 1.0 GiB of fp32 weights, 64 engines
 SAVE_BUDGET = 0.25  # of the module's tensor bytes, above the floor's
