@@ -199,6 +199,28 @@ class RandomModel(torch.nn.Module):
         return tuple(values[i] for i in self.spec.outputs)
 
 
+def count_scalar_crossings(compiled: torch.fx.GraphModule) -> int:
+    """How many scalars an engine of ``compiled`` takes or returns."""
+    return sum(
+        1
+        for node in compiled.graph.nodes
+        if trt_inline.engines.is_accelerated_call(compiled, node)
+        for value in [*node.meta["val"], *(produced_value(compiled, arg) for arg in node.args)]
+        if is_scalar(value)
+    )
+
+
+def saved_and_loaded(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` through ``torch.export.save`` and ``load`` in memory: linted, and no submodule call left."""
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    loaded.graph_module.graph.lint()
+    assert [n.name for n in loaded.graph.nodes if n.op == "call_module"] == []
+    return loaded
+
+
 def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool, batches: tuple[int, ...] = ()) -> int:
     """Compile, save, load: bitwise equal, lint-clean, verify-clean; with ``batches``, the batch is dynamic.
 
@@ -213,22 +235,11 @@ def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool, batches: tup
     except torch._dynamo.exc.UserError:  # a model torch.export cannot take (a size guard): not our case
         assume(False)
     compiled = reference.compile(exported, (x,), torch_executed_ops=executed)
-    crossings = sum(
-        1
-        for node in compiled.graph.nodes
-        if trt_inline.engines.is_accelerated_call(compiled, node)
-        for value in [*node.meta["val"], *(produced_value(compiled, arg) for arg in node.args)]
-        if is_scalar(value)
-    )
+    crossings = count_scalar_crossings(compiled)
     if batches:
         event("a scalar crosses an engine boundary" if crossings else "no scalar crossing")
     program = trt_inline.to_exported_program(compiled, arg_inputs=(x,), retrace=retrace, dynamic_shapes=dynamic_shapes)
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    buffer.seek(0)
-    loaded = torch.export.load(buffer)
-    loaded.graph_module.graph.lint()
-    assert [n.name for n in loaded.graph.nodes if n.op == "call_module"] == []
+    loaded = saved_and_loaded(program)
     for inputs in [(x,), *((torch.randn(b, 8, generator=generator),) for b in batches)]:
         with torch.no_grad():
             expected = compiled(*inputs)

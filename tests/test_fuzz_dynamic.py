@@ -22,7 +22,6 @@ release shell); they are loaded in a fresh process.
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_fuzz import count_scalar_crossings, saved_and_loaded
 
 import trt_inline
 from trt_inline import reference
@@ -147,38 +147,19 @@ def compile_spec(spec: DynamicSpec, executed: list[str]) -> torch.fx.GraphModule
     )
 
 
-def scalar_crossings(compiled: torch.fx.GraphModule) -> int:
-    from trt_inline.passes import produced_value
-    from trt_inline.scalars import is_scalar
-
-    return sum(
-        1
-        for node in compiled.graph.nodes
-        if trt_inline.engines.is_accelerated_call(compiled, node)
-        for value in [*node.meta["val"], *(produced_value(compiled, arg) for arg in node.args)]
-        if is_scalar(value)
-    )
-
-
 def check_roundtrip(spec: DynamicSpec, executed: list[str], retrace: bool) -> int:
     """Compile, save, load: bitwise equal at the ends and the middle of both ranges; the crossings."""
     compiled = compile_spec(spec, executed)
     program = trt_inline.to_exported_program(
         compiled, arg_inputs=inputs_for(BATCH[1], HALF[1], 0), retrace=retrace, dynamic_shapes=dynamic_shapes()
     )
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    buffer.seek(0)
-    loaded = torch.export.load(buffer)
-    loaded.graph_module.graph.lint()
-    assert [n.name for n in loaded.graph.nodes if n.op == "call_module"] == []
-    run = loaded.module()
+    run = saved_and_loaded(program).module()
     for inputs in checks(1):
         with torch.no_grad():
             expected, actual = compiled(*inputs), run(*inputs)
         for got, want in zip(actual, expected, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
-    return scalar_crossings(compiled)
+    return count_scalar_crossings(compiled)
 
 
 # The op that reads a size in each kind: with it in PyTorch and the size computed in an engine (or the
@@ -228,7 +209,7 @@ SAMPLES = [
 
 def test_samples_cross_engine_boundaries() -> None:
     for spec, executed in SAMPLES:
-        assert scalar_crossings(compile_spec(spec, executed)) >= 1, spec
+        assert count_scalar_crossings(compile_spec(spec, executed)) >= 1, spec
 
 
 def test_samples_as_aot_inductor_packages(tmp_path: Path) -> None:
