@@ -203,6 +203,14 @@ class HalfSlice(nn.Module):
         return torch.relu(h[:, 0 : h.shape[1] // 2])
 
 
+# Before 2.8 torch has no size-oblivious tracing: a size read back from an engine stays an unbacked
+# symbol that slice/expand decompositions guard on, and a Dim(min=1) equated with it narrows to 2.
+SIZE_OBLIVIOUS_REASON = (
+    f"torch {torch.__version__} traces without size-oblivious sizes (2.8+): a scalar of a derived Dim or "
+    "of a Dim(min=1) crossing an engine boundary cannot be re-exported"
+)
+
+
 def derived_dim_case() -> ScalarCase:
     """:class:`HalfSlice` with ``x.shape[1] = 2 * half``, half in 2 ... 16, slice falling back."""
     half = torch.export.Dim("half", min=2, max=16)

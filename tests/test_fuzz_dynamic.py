@@ -32,10 +32,13 @@ import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from models import SIZE_OBLIVIOUS_REASON
 from test_fuzz import count_scalar_crossings, saved_and_loaded
 
 import trt_inline
-from trt_inline import reference
+from trt_inline import compat, reference
+
+pytestmark = pytest.mark.skipif(not compat.traces_size_obliviously(), reason=SIZE_OBLIVIOUS_REASON)
 
 aten = torch.ops.aten
 WIDTH = 4

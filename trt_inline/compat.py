@@ -62,6 +62,7 @@ __all__ = [
     "set_codegen",
     "set_example_inputs",
     "streaming_tensor_writes",
+    "traces_size_obliviously",
     "splitter_base",
     "splitter_settings",
     "tensorrt_engine_info",
@@ -321,6 +322,13 @@ def serializes_settled_conditions() -> bool:
     return True
 
 
+def traces_size_obliviously() -> bool:
+    """Whether :func:`backed_size_oblivious` has an effect on this torch (2.8+)."""
+    from torch.fx.experimental import _config as fx_config
+
+    return "backed_size_oblivious" in getattr(fx_config, "_config", {})
+
+
 @contextlib.contextmanager
 def backed_size_oblivious() -> Iterator[None]:
     """Trace without 0/1 specialisation of input sizes, where this torch can (2.8+ has the flag).
@@ -331,7 +339,7 @@ def backed_size_oblivious() -> Iterator[None]:
     """
     from torch.fx.experimental import _config as fx_config
 
-    if "backed_size_oblivious" not in getattr(fx_config, "_config", {}):
+    if not traces_size_obliviously():
         yield
         return
     with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]

@@ -3,7 +3,7 @@
 ``torch_tensorrt.save(..., dynamic_shapes=...)`` can write a program whose range
 for an input size is narrower than the ``Dim`` declared for it (a minimum of 1
 that became 2), which then rejects sizes the user asked for. The file's
-``models/model.json`` says, for each user input, what each size is (an integer,
+program JSON (``models/model.json``) says, for each user input, what each size is (an integer,
 a symbol, ``2 * half + 2``) and each symbol's range; that is compared with the
 declared ``Dim`` ranges, and every size that lost part of its range is named.
 Expressions are read with :mod:`ast` (``Symbol``, ``Integer``, ``Add``, ``Mul``
@@ -21,7 +21,8 @@ from typing import Any
 
 __all__ = ["narrowed_ranges"]
 
-_PROGRAM_ENTRY = "/models/model.json"
+# The program's JSON in a PT2 archive (torch 2.8+), and in the archives torch 2.5 ... 2.7 write.
+_PROGRAM_ENTRIES = ("/models/model.json", "serialized_exported_program.json")
 
 
 def narrowed_ranges(path: str | Path, dynamic_shapes: Any, arg_names: list[str] | None = None) -> list[str]:
@@ -61,7 +62,7 @@ def narrowed_ranges(path: str | Path, dynamic_shapes: Any, arg_names: list[str] 
 def _program_document(path: Path) -> dict[str, Any] | None:
     try:
         with zipfile.ZipFile(path) as archive:
-            name = next((n for n in archive.namelist() if n.endswith(_PROGRAM_ENTRY)), None)
+            name = next((n for n in archive.namelist() if n.endswith(_PROGRAM_ENTRIES)), None)
             if name is None or archive.getinfo(name).file_size > 256 << 20:
                 return None
             loaded = json.loads(archive.read(name))
@@ -113,6 +114,10 @@ def _linear_term(text: str) -> tuple[str, int, int] | None:
 
 
 def _term(node: ast.AST) -> tuple[str, int, int] | None:
+    if isinstance(node, ast.Name):  # str() of an expression, as torch before 2.8 writes it: s0, 2*s1 + 2
+        return node.id, 1, 0
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        return _binary_term(node)
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         return None
     args = node.args
@@ -132,6 +137,26 @@ def _term(node: ast.AST) -> tuple[str, int, int] | None:
     for number in numbers:
         factor *= number
     return (symbol, scale * factor, offset * factor) if factor > 0 else None
+
+
+def _binary_term(node: ast.BinOp) -> tuple[str, int, int] | None:
+    left, right = node.left, node.right
+    number = _literal(right) if _literal(right) is not None else _literal(left)
+    term = _term(left) if _literal(right) is not None else _term(right)
+    if number is None or term is None:
+        return None
+    symbol, scale, offset = term
+    if isinstance(node.op, ast.Mult):
+        return (symbol, scale * number, offset * number) if number > 0 else None
+    if isinstance(node.op, ast.Sub) and _literal(right) is None:
+        return None  # number - term: decreasing in the symbol
+    return symbol, scale, offset + (number if isinstance(node.op, ast.Add) else -number)
+
+
+def _literal(node: ast.AST) -> int | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    return None
 
 
 def _integer(node: ast.AST) -> int | None:
