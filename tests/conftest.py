@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -13,6 +14,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+import trt_inline
+from trt_inline.passes import produced_value
+from trt_inline.scalars import is_scalar
 from trt_inline.verify.isolation import reusing_interpreter
 
 # Hypothesis profiles for the random-graph suite (tests/test_fuzz.py): `ci` is
@@ -189,3 +193,25 @@ def saved_seed(tmp_path_factory: pytest.TempPathFactory) -> SavedSeed:
     trt_inline.save(compiled, good, arg_inputs=(x,))
     trt_inline.save(compiled, bare, arg_inputs=(x,), embed_reference=False)
     return SavedSeed(root, x, compiled, good, bare)
+
+
+def count_scalar_crossings(compiled: torch.fx.GraphModule) -> int:
+    """How many scalars an engine of ``compiled`` takes or returns."""
+    return sum(
+        1
+        for node in compiled.graph.nodes
+        if trt_inline.engines.is_accelerated_call(compiled, node)
+        for value in [*node.meta["val"], *(produced_value(compiled, arg) for arg in node.args)]
+        if is_scalar(value)
+    )
+
+
+def saved_and_loaded(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` through ``torch.export.save`` and ``load`` in memory: linted, and no submodule call left."""
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    loaded.graph_module.graph.lint()
+    assert [n.name for n in loaded.graph.nodes if n.op == "call_module"] == []
+    return loaded

@@ -14,19 +14,17 @@ examples, ``pytest --slow``).
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
+from conftest import count_scalar_crossings, saved_and_loaded
 from hypothesis import Phase, assume, event, given, settings
 from hypothesis import strategies as st
 
 import trt_inline
 from trt_inline import reference
-from trt_inline.passes import produced_value
-from trt_inline.scalars import is_scalar
 
 aten = torch.ops.aten
 BATCH = 4
@@ -197,28 +195,6 @@ class RandomModel(torch.nn.Module):
             else:
                 values.append(aten.add.Tensor(values[op[1]], getattr(self, f"c{index}")))
         return tuple(values[i] for i in self.spec.outputs)
-
-
-def count_scalar_crossings(compiled: torch.fx.GraphModule) -> int:
-    """How many scalars an engine of ``compiled`` takes or returns."""
-    return sum(
-        1
-        for node in compiled.graph.nodes
-        if trt_inline.engines.is_accelerated_call(compiled, node)
-        for value in [*node.meta["val"], *(produced_value(compiled, arg) for arg in node.args)]
-        if is_scalar(value)
-    )
-
-
-def saved_and_loaded(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``program`` through ``torch.export.save`` and ``load`` in memory: linted, and no submodule call left."""
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    buffer.seek(0)
-    loaded = torch.export.load(buffer)
-    loaded.graph_module.graph.lint()
-    assert [n.name for n in loaded.graph.nodes if n.op == "call_module"] == []
-    return loaded
 
 
 def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool, batches: tuple[int, ...] = ()) -> int:

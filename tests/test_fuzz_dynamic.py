@@ -29,11 +29,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
+from conftest import as_list, count_scalar_crossings, load_runs_in_fresh_process, max_abs_diff, saved_and_loaded
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from models import SIZE_OBLIVIOUS_REASON
-from test_fuzz import count_scalar_crossings, saved_and_loaded
 
 import trt_inline
 from trt_inline import compat, reference
