@@ -23,7 +23,6 @@ from models import (
     MultiOutputBothSides,
     RowsAndValues,
     TinyResNet,
-    derived_dim_case,
     scalar_cases,
 )
 from test_scalars import scalar_crossings
@@ -72,7 +71,6 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Package]:
     torch.manual_seed(0)
     batch = torch.export.Dim("batch", min=1, max=8)
     scalar = scalar_cases()[0]
-    derived = derived_dim_case()  # a scalar of a derived Dim (2 * half) read by a falling-back slice
     built = [
         _package(root, "seed", ConvBnRelu(), (torch.randn(2, 3, 8, 8),), torch_executed_ops=[RELU]),
         _package(root, "residual", TinyResNet(), (torch.randn(2, 3, 8, 8),), torch_executed_ops=["aten.add.Tensor"]),
@@ -113,15 +111,6 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Package]:
             dynamic_shapes=({0: batch, 1: torch.export.Dim("seq", min=2, max=16)},),
             checks=[(torch.randint(0, 50, (1, 2)),), (torch.randint(0, 50, (8, 16)),), (torch.randint(0, 50, (3, 5)),)],
         ),
-        _package(
-            root,
-            "derived_dim",
-            derived.model,
-            derived.inputs,
-            torch_executed_ops=derived.torch_executed_ops,
-            dynamic_shapes=derived.dynamic_shapes,
-            checks=derived.checks,
-        ),
     ]
     for package in built:
         package.extra["size"] = package.path.stat().st_size
@@ -140,7 +129,6 @@ NAMES = [
     "scalar_crossing",
     "scalar_output",
     "expanded_view",
-    "derived_dim",
 ]
 
 
@@ -163,7 +151,6 @@ def test_structures_are_really_there(packages: dict[str, Package]) -> None:
     assert any(len(n.meta.get("val", [])) > 1 for n in multi.graph.nodes if n.op == "call_module"), "multi-output"
     assert [c for c in scalar_crossings(packages["scalar_crossing"].compiled) if c[0] == "output"]
     assert [c for c in scalar_crossings(packages["scalar_output"].compiled) if c[0] == "output"]
-    assert [c for c in scalar_crossings(packages["derived_dim"].compiled) if c[0] == "output"], "derived Dim scalar"
     with torch.no_grad():
         _, rows = packages["scalar_output"].compiled(torch.randn(6, 3))
     assert isinstance(rows, int) and rows == 5, "the compiled module returns a Python int"
