@@ -166,15 +166,20 @@ def _copy_program(program_file: Path, root: str, out: zipfile.ZipFile, written: 
             _copy_entry(program, info, out, name)
 
 
+def _entry(name: str) -> zipfile.ZipInfo:
+    """An archive entry with a fixed date: the same package content gives the same bytes."""
+    return zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+
+
 def _copy_entry(source: zipfile.ZipFile, info: zipfile.ZipInfo, out: zipfile.ZipFile, name: str) -> None:
-    entry = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    entry = _entry(name)
     entry.file_size = info.file_size  # known in advance: the writer picks ZIP64 for entries past 4 GiB
     with source.open(info) as reader, out.open(entry, "w") as writer:
         shutil.copyfileobj(reader, writer, _CHUNK_BYTES)
 
 
 def _write(out: zipfile.ZipFile, name: str, data: bytes) -> None:
-    out.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    out.writestr(_entry(name), data)
 
 
 def load_package(path: str | os.PathLike[str]) -> Callable[..., Any]:

@@ -292,13 +292,13 @@ class _InputSizes:
         placeholder, dim, scale, offset = self.where[name]
         size = graph.call_function(aten.sym_size.int, (placeholder, dim))
         size.meta["val"] = placeholder.meta["val"].shape[dim]
+        # The symbol read back from a derived size: (size - offset) // scale.
+        expr: Any = {"sym": name}
         if offset:
-            size = graph.call_function(operator.sub, (size, offset))
-            size.meta["val"] = size.args[0].meta["val"] - offset  # type: ignore[union-attr]
+            expr = {"Add": [expr, -offset]}
         if scale != 1:
-            size = graph.call_function(operator.floordiv, (size, scale))
-            size.meta["val"] = size.args[0].meta["val"] // scale  # type: ignore[union-attr]
-        return size
+            expr = {"FloorDiv": [expr, scale]}
+        return symbolic.build(graph, expr, lambda _: size)  # type: ignore[no-any-return]
 
 
 def _move_attribute(

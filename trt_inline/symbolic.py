@@ -101,9 +101,7 @@ def _value(arg: Any) -> Any:
 
 def size_symbols(value: Any) -> list[str | None]:
     """The symbol naming each size of a tensor value (None where the size is static or an expression)."""
-    if not isinstance(value, torch.Tensor):
-        return []
-    return [str(d.node.expr) if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol else None for d in value.shape]
+    return [term[0] if term is not None and term[1:] == (1, 0) else None for term in size_terms(value)]
 
 
 def size_terms(value: Any) -> list[tuple[str, int, int] | None]:

@@ -2,12 +2,13 @@
 
 ``torch_tensorrt.save(..., dynamic_shapes=...)`` can write a program whose range
 for an input size is narrower than the ``Dim`` declared for it (a minimum of 1
-that became 2), which then rejects sizes the user asked for. The file's
-program JSON (``models/model.json``) says, for each user input, what each size is (an integer,
-a symbol, ``2 * half + 2``) and each symbol's range; that is compared with the
-declared ``Dim`` ranges, and every size that lost part of its range is named.
-Expressions are read with :mod:`ast` (``Symbol``, ``Integer``, ``Add``, ``Mul``
-calls only), never evaluated as Python.
+that became 2), which then rejects sizes the user asked for. The file's program
+JSON (``models/model.json``) says, for each user input, what each size is (an
+integer, a symbol, ``2 * half + 2``) and each symbol's range; that is compared
+with the declared ``Dim`` ranges, and every size that lost part of its range is
+named. Expressions are read with :mod:`ast` (sympy's ``srepr`` calls ``Symbol``,
+``Integer``, ``Add``, ``Mul``, or the ``str()`` form torch before 2.8 writes:
+names, integers, ``+``, ``-``, ``*``), never evaluated as Python.
 """
 
 from __future__ import annotations

@@ -185,8 +185,9 @@ def defer_weight_nodes(subgraphs: list[Any]) -> list[Any]:
         after:  acc_1(x, w1) -> addmm(x, t(w1))              ; gpu_2 ; acc_3(h, w2) -> addmm(h, t(w2))
 
     A node moves when every input is a ``get_attr`` or a node that moves, and
-    every user sits in one other accelerated block. Blocks left empty are dropped,
-    and fallback blocks that then meet are merged.
+    every user sits in one other accelerated block. Blocks left empty are
+    dropped (fallback blocks that then meet are merged by
+    :meth:`ReferencePartitioner.remove_small_acc_subgraphs`, which runs next).
     """
     block_of = {node: index for index, subgraph in enumerate(subgraphs) for node in subgraph.nodes}
     moved: dict[torch.fx.Node, int] = {}
@@ -196,7 +197,7 @@ def defer_weight_nodes(subgraphs: list[Any]) -> list[Any]:
         for node in reversed(subgraphs[index].nodes):
             if not _from_weights(node):
                 continue
-            users = {moved.get(user, block_of.get(user)) for user in node.users}
+            users = {block_of.get(user) for user in node.users}
             if len(users) != 1:
                 continue
             (target,) = users
@@ -210,15 +211,7 @@ def defer_weight_nodes(subgraphs: list[Any]) -> list[Any]:
         subgraph.nodes = [node for node in subgraph.nodes if node not in moved]
     for node, target in moved.items():
         subgraphs[target].nodes.append(node)
-    result: list[Any] = []
-    for subgraph in subgraphs:
-        if not subgraph.nodes:
-            continue
-        if result and result[-1].is_acc == subgraph.is_acc and not subgraph.is_acc:
-            result[-1].nodes.extend(subgraph.nodes)
-        else:
-            result.append(subgraph)
-    return result
+    return [subgraph for subgraph in subgraphs if subgraph.nodes]
 
 
 def _from_weights(node: torch.fx.Node) -> bool:
