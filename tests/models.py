@@ -84,6 +84,26 @@ class MultiOutputBothSides(nn.Module):
         return values * 2 + right, indices + left.sum(dim=-1, keepdim=True).long()
 
 
+class CrossedHalves(nn.Module):
+    """Three engines, each returning two halves; a relu between them reads one half, the next engine both.
+
+    Partitioned with relu left to PyTorch, the second relu's fallback names its
+    input ``getitem_3`` (the graph's own getitem), while the engine output it
+    reads is the parent's ``getitem_2``; the parent's ``getitem_3`` is the other
+    half, defined earlier and of the same shape. Name matching (releases up to
+    2.13) wires that half: the file lints, loads and computes a wrong tensor.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second, self.last = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.first(x).chunk(2, dim=-1)
+        c, d = self.second(torch.cat([torch.relu(a), b], -1)).chunk(2, dim=-1)
+        return self.last(torch.cat([torch.relu(d), c], -1))
+
+
 class TaggedTensor(torch.Tensor):
     """A tensor subclass: torch.export.save pickles such constants (``use_pickle``); loading one runs its class."""
 

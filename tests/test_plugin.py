@@ -165,8 +165,10 @@ _SAVE_SEED = """
 
     torch.manual_seed(0)
     model, x = ConvBnRelu().eval(), torch.randn(2, 3, 8, 8)
-    import trt_inline
+    import os, trt_inline
+    from trt_inline.verify import open_file
     compiled = trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.relu.default"])
+    os.environ["TRT_INLINE_REFERENCE_IO"] = "boundaries"  # every engine's inputs and outputs too
     paths = []
     for retrace in (False, True):
         paths.append(f"{sys.argv[1]}/seed_retrace_{retrace}.pt2")
@@ -182,7 +184,9 @@ _SAVE_SEED = """
     shared = bool(storages(flat)) and storages(flat) <= storages(compiled) and flat is not compiled
     print(json.dumps({"active": trt_inline.is_active(), "paths": paths, "shared": shared,
                       "modules": {n: getattr(ex, n).__module__ for n in names},
-                      "reports": [trt_inline.verify(p).ok for p in paths]}))
+                      "reports": [trt_inline.verify(p).ok for p in paths],
+                      "engines": [n for n, _ in compiled.named_children() if n.startswith("_run_on_acc_")],
+                      "boundaries": [[b.name for b in open_file(p).reference.boundaries or []] for p in paths]}))
 """
 
 
@@ -198,6 +202,7 @@ def test_released_save_runs_our_passes(tmp_path: Path) -> None:
     assert report["modules"]["lift"].startswith("trt_inline.")
     assert report["reports"] == [True, True], "trt_inline.verify on the embedded reference I/O"
     assert report["shared"] is True, "transform's copy shares the compiled module's tensors"
+    assert len(report["engines"]) >= 2 and report["boundaries"] == [report["engines"]] * 2, "TRT_INLINE_REFERENCE_IO"
 
     expected, inputs = torch.load(tmp_path / "expected.pt", weights_only=True)
     results = load_in_fresh_process(tmp_path, [Path(p) for p in report["paths"]], inputs)

@@ -4,7 +4,7 @@
 (``_run_on_acc_N`` engines, ``_run_on_gpu_N`` fallbacks) into one graph, wiring
 every submodule input to its producer by argument position. ``transform`` runs
 both on a copy and lints the result; ``save`` writes the ExportedProgram;
-``verify`` checks a saved file.
+``verify`` checks a saved file; ``diff`` compares two saves engine by engine.
 
 Importing this package registers ``torch.ops.trt_inline.execute_engine``, the op
 of the CPU reference backend (:mod:`trt_inline.reference`), so files saved from
@@ -26,7 +26,7 @@ from trt_inline.export import save, to_exported_program
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall
-from trt_inline.verify import VerifyReport, verify
+from trt_inline.verify import VerifyReport, diff, verify
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "UnsafeArchiveError",
     "VerifyInputError",
     "VerifyReport",
+    "diff",
     "enabled",
     "exported_program_from_graph",
     "inline_torch_modules",

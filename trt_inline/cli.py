@@ -1,4 +1,4 @@
-"""``trt-inline`` command line: ``doctor``, ``verify``, ``inspect`` (also ``python -m trt_inline``).
+"""``trt-inline`` command line: ``doctor``, ``verify``, ``diff``, ``inspect`` (also ``python -m trt_inline``).
 
 Errors print one line on stderr and exit 2 (unusable input) or 1 (a check
 failed). Warnings and log records torch emits while loading a file are kept off
@@ -149,6 +149,70 @@ def _split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
     raise VerifyInputError('an inputs file holds a tensor, a list of tensors, or {"args": [...], "kwargs": {...}}')
 
 
+def _tolerance(values: list[str] | None, flag: str) -> float | dict[str, float] | None:
+    """``--atol 1e-3`` (every output) and/or ``--atol out0=1e-3`` (one output), repeatable."""
+    if not values:
+        return None
+    per_output: dict[str, float] = {}
+    for value in values:
+        key, _, number = value.rpartition("=")
+        index = key.removeprefix("out") if key else "*"
+        if key and not index.isdigit():
+            raise VerifyInputError(f"{flag} {value}: name an output as out0, out1, ... (or give one number for all)")
+        try:
+            per_output[index] = float(number)
+        except ValueError:
+            raise VerifyInputError(f"{flag} {value}: {number!r} is not a number") from None
+    if set(per_output) == {"*"}:
+        return per_output["*"]
+    return per_output
+
+
+def _inputs_file(path: str | None) -> tuple[list[Any] | None, dict[str, Any] | None]:
+    if path is None:
+        return None, None
+    return _split_inputs(_load_tensors(path, "inputs"))
+
+
+def _finish(report: Any, args: argparse.Namespace, *, unverified: str | None) -> int:
+    """Print the report (text or JSON), draw its chart if asked; the exit status."""
+    if args.plot is not None:
+        from trt_inline.verify.plot import plot_boundaries
+
+        plot_boundaries(report, args.plot)
+    _print_text(report.to_json() if args.json else report.to_text())
+    if report.problems:
+        return 1
+    if unverified is not None and not report.compared:
+        raise VerifyInputError(unverified)
+    return 0
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    from trt_inline.verify import diff
+
+    arg_inputs, kwarg_inputs = _inputs_file(args.inputs)
+    report = diff(
+        args.path_a,
+        args.path_b,
+        arg_inputs=arg_inputs,
+        kwarg_inputs=kwarg_inputs,
+        atol=_tolerance(args.atol, "--atol"),
+        rtol=_tolerance(args.rtol, "--rtol"),
+        device=args.device,
+        random_inputs=args.random_inputs,
+        seed=args.seed,
+        save_outputs=args.save_outputs,
+        allow_pickle=args.allow_pickle,
+        allow_native_code=args.allow_native_code,
+        allow_ops=args.allow_op,
+        timeout=args.timeout,
+        memory_limit=args.memory_limit,
+        debug=args.debug,
+    )
+    return _finish(report, args, unverified=None)
+
+
 def _run_verify(args: argparse.Namespace) -> int:
     from trt_inline.verify import verify
 
@@ -167,9 +231,13 @@ def _run_verify(args: argparse.Namespace) -> int:
         kwarg_inputs=kwarg_inputs,
         expected=expected,
         expected_from=args.expected_from,
-        atol=args.atol,
-        rtol=args.rtol,
+        atol=_tolerance(args.atol, "--atol"),
+        rtol=_tolerance(args.rtol, "--rtol"),
         device=args.device,
+        per_engine=args.per_engine,
+        random_inputs=args.random_inputs,
+        seed=args.seed,
+        save_outputs=args.save_outputs,
         allow_pickle=args.allow_pickle,
         allow_native_code=args.allow_native_code,
         allow_ops=args.allow_op,
@@ -177,15 +245,12 @@ def _run_verify(args: argparse.Namespace) -> int:
         memory_limit=args.memory_limit,
         debug=args.debug,
     )
-    _print_text(report.to_json() if args.json else report.to_text())
-    if report.problems:
-        return 1
-    if not report.compared:
-        raise VerifyInputError(
-            f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
-            "--inputs FILE --expected FILE or --expected-from NEW.pt2"
-        )
-    return 0
+    return _finish(
+        report,
+        args,
+        unverified=f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
+        "--inputs FILE --expected FILE or --expected-from NEW.pt2",
+    )
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
@@ -238,6 +303,37 @@ def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) 
     )
 
 
+def _add_comparison_options(parser: argparse.ArgumentParser) -> None:
+    """Tolerances, devices, random inputs and what to write: the same for ``verify`` and ``diff``."""
+    parser.add_argument(
+        "--atol",
+        action="append",
+        metavar="[outN=]TOL",
+        help="absolute tolerance: one number for every output, or outN=TOL for output N (repeatable; "
+        "default: per dtype)",
+    )
+    parser.add_argument("--rtol", action="append", metavar="[outN=]TOL", help="relative tolerance, as --atol")
+    parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
+    parser.add_argument(
+        "--random-inputs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run on N sets of random inputs within the program's declared dynamic ranges "
+        "(the first at every minimum, the second at every maximum)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of --random-inputs (default 0)")
+    parser.add_argument(
+        "--save-outputs", metavar="FILE", help="write the outputs on the reference inputs here (torch.save, tensors)"
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw the per-boundary errors (needs matplotlib: pip install trt-inline[plot])",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trt-inline", description="Correct ExportedProgram saves of Torch-TensorRT modules."
@@ -269,12 +365,31 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NEW.pt2",
         help="compare PATH with the reference I/O embedded in another file (a newer save of the same module)",
     )
-    verify_parser.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
-    verify_parser.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
-    verify_parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
-    verify_parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify_parser.add_argument(
+        "--per-engine",
+        action="store_true",
+        help="compare engine by engine with the boundary data the file embeds (embed_reference='boundaries'): "
+        "each engine alone, then every boundary of the run; names the first engine or fallback region that "
+        "diverges (automatic when an output differs and the file embeds boundary data)",
+    )
+    _add_comparison_options(verify_parser)
     _add_trust_options(verify_parser, allow_pickle_help)
     verify_parser.set_defaults(run=_run_verify)
+
+    diff_parser = commands.add_parser(
+        "diff",
+        help="run two saves of one model on the same inputs and compare them at every engine boundary",
+        description="B is the reference. Exit 0: every boundary agrees within tolerance. 1: they diverge (the "
+        "first divergence is named). 2: unusable or refused input.",
+    )
+    diff_parser.add_argument("path_a", metavar="A.pt2")
+    diff_parser.add_argument("path_b", metavar="B.pt2")
+    diff_parser.add_argument(
+        "--inputs", help="torch.save'd inputs (default: the reference inputs embedded in A, else in B)"
+    )
+    _add_comparison_options(diff_parser)
+    _add_trust_options(diff_parser, allow_pickle_help)
+    diff_parser.set_defaults(run=_run_diff)
 
     inspect_parser = commands.add_parser("inspect", help="table of engines, fallback ops and their wiring")
     inspect_parser.add_argument("path")

@@ -3,8 +3,11 @@
 Reference I/O (the sample inputs and the compiled module's outputs for them, the
 expected outputs) goes into the file as an extra entry encoded by
 :mod:`trt_inline.verify.reference_io`; an AOTInductor package also records what
-kind of value each output is. Above a size limit nothing is embedded, with a
-warning that says how to verify without it.
+kind of value each output is. With ``boundaries=True`` (``embed_reference="boundaries"``)
+the same run also records every engine call's inputs and outputs
+(:mod:`trt_inline.verify.boundaries`), for ``trt-inline verify --per-engine``.
+Above a size limit the boundary data is left out, then the reference I/O too,
+each with a warning that says how to verify without it.
 """
 
 from __future__ import annotations
@@ -14,14 +17,31 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trt_inline import package
-from trt_inline.errors import VerifyInputError
-from trt_inline.formats import PACKAGE_INFO_FILE
+import torch.fx
+
+from trt_inline import engines, package
+from trt_inline.errors import SaveError, VerifyInputError
+from trt_inline.formats import BOUNDARIES, PACKAGE_INFO_FILE
+from trt_inline.verify.boundaries import record_program_boundaries, recording
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, capture_reference_io, encode_reference_io
 
-__all__ = ["DEFAULT_REFERENCE_LIMIT_BYTES", "reference_extra_files"]
+__all__ = ["DEFAULT_REFERENCE_LIMIT_BYTES", "embeds_boundaries", "reference_extra_files"]
 
 DEFAULT_REFERENCE_LIMIT_BYTES = 64 << 20
+
+
+def embeds_boundaries(embed_reference: bool | str) -> bool:
+    """Whether ``embed_reference`` asks for boundary data: ``True``/``False``, or ``"boundaries"``."""
+    if isinstance(embed_reference, bool):
+        return False
+    if embed_reference == BOUNDARIES:
+        return True
+    raise SaveError(f"embed_reference must be True, False or {BOUNDARIES!r}, got {embed_reference!r}")
+
+
+def _is_flat(module: Any) -> bool:
+    """A flat program's module (engines as op calls), rather than a compiled one (engines as submodules)."""
+    return isinstance(module, torch.fx.GraphModule) and any(engines.is_engine_call(n) for n in module.graph.nodes)
 
 
 def reference_extra_files(
@@ -32,16 +52,32 @@ def reference_extra_files(
     limit: int,
     *,
     with_output_kinds: bool = False,
+    boundaries: bool = False,
 ) -> dict[str, str]:
     """The extra file carrying reference I/O, or nothing (with a warning saying why).
 
-    ``with_output_kinds`` adds a package's output-kinds file, as the sample run saw them.
+    ``with_output_kinds`` adds a package's output-kinds file, as the sample run saw them;
+    ``boundaries`` every engine call's inputs and outputs.
     """
+    args = list(arg_inputs or ())
     try:
-        reference_io = capture_reference_io(module, list(arg_inputs or ()), kwarg_inputs)
+        with recording(module if boundaries else None) as records:
+            reference_io = capture_reference_io(module, args, kwarg_inputs)
+        if boundaries:
+            if not records and _is_flat(module):
+                records = record_program_boundaries(module, args, dict(kwarg_inputs or {}))
+            reference_io.boundaries = records
     except VerifyInputError as exc:
         warnings.warn(f"trt-inline: reference I/O not embedded in {target}: {exc}", stacklevel=3)
         return {}
+    if reference_io.boundaries is not None and reference_io.nbytes() > limit:
+        warnings.warn(
+            f"trt-inline: engine boundary data not embedded in {target}: with it the reference takes "
+            f"{reference_io.nbytes() / 2**20:.1f} MiB, over the limit of {limit / 2**20:.1f} MiB "
+            "(reference_limit_bytes); raise it for verify --per-engine",
+            stacklevel=3,
+        )
+        reference_io.boundaries = None
     size = reference_io.nbytes()
     if size > limit:
         warnings.warn(

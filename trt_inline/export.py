@@ -22,7 +22,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from trt_inline import compat, formats, package
-from trt_inline.embedding import DEFAULT_REFERENCE_LIMIT_BYTES, reference_extra_files
+from trt_inline.embedding import DEFAULT_REFERENCE_LIMIT_BYTES, embeds_boundaries, reference_extra_files
 from trt_inline.errors import SaveError
 from trt_inline.flat_program import drop_provenance, exported_program_from_graph
 from trt_inline.passes import transform
@@ -72,7 +72,7 @@ def save(
     kwarg_inputs: dict[str, Any] | None = None,
     dynamic_shapes: Any = None,
     retrace: bool = True,
-    embed_reference: bool = True,
+    embed_reference: bool | str = True,
     reference_limit_bytes: int = DEFAULT_REFERENCE_LIMIT_BYTES,
     output_format: str = formats.EXPORTED_PROGRAM,
 ) -> ExportedProgram:
@@ -86,7 +86,10 @@ def save(
     With sample inputs, the file also carries reference I/O: the inputs and the
     in-memory module's outputs for them, so ``trt-inline verify PATH`` can check
     the saved program against what was compiled. ``embed_reference=False`` leaves
-    them out; above ``reference_limit_bytes`` they are left out with a warning.
+    them out; ``embed_reference="boundaries"`` also records every engine call's
+    inputs and outputs in that run, so ``trt-inline verify PATH --per-engine`` can
+    say which engine or fallback region diverged. Above ``reference_limit_bytes``
+    the boundary data, then the reference I/O, are left out with a warning.
 
     The file is written to a temporary name beside ``path`` and renamed into
     place, so an interrupted save never leaves a truncated file where a good one
@@ -102,13 +105,16 @@ def save(
         raise SaveError(f"directory {target.parent} does not exist")
     if output_format == formats.AOT_INDUCTOR and target.suffix != ".pt2":
         raise SaveError(f"{target}: an AOTInductor package's name must end in .pt2")
+    boundaries = embeds_boundaries(embed_reference)
     program = to_exported_program(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
     )
     extra_files: dict[str, str] = {}
     if embed_reference and (arg_inputs is not None or kwarg_inputs):
         runnable = module.module() if isinstance(module, ExportedProgram) else module
-        extra_files = reference_extra_files(runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes)
+        extra_files = reference_extra_files(
+            runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes, boundaries=boundaries
+        )
     if output_format == formats.AOT_INDUCTOR:
         seconds = package.compile_package(program, target, extra_files)
         log.info("compiled %s with AOTInductor in %.1f s", target, seconds)

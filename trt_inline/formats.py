@@ -19,6 +19,7 @@ from trt_inline_autoload import DISABLE_ENV, env_flag
 __all__ = [
     "AOTI_FOLDER",
     "AOT_INDUCTOR",
+    "BOUNDARIES",
     "DISABLE_ENV",
     "EXPORTED_PROGRAM",
     "EXTRA_FOLDER",
@@ -29,6 +30,7 @@ __all__ = [
     "atomic_write",
     "env_flag",
     "plugin_embeds_reference_io",
+    "plugin_reference_mode",
 ]
 
 # output_format of trt_inline.save and torch_tensorrt.save; also the kind of a file verify opens.
@@ -43,12 +45,21 @@ EXTRA_FOLDER = "extra/"
 REFERENCE_IO_FILE = "trt_inline_reference_io.b64"
 PACKAGE_INFO_FILE = "trt_inline_package.json"
 
-# TRT_INLINE_REFERENCE_IO=0 (or false, no, off): the patched torch_tensorrt.save embeds no reference I/O.
+# TRT_INLINE_REFERENCE_IO=0 (or false, no, off): the patched torch_tensorrt.save embeds no reference I/O;
+# =boundaries: it also embeds every engine's inputs and outputs (embed_reference="boundaries").
 REFERENCE_IO_ENV = "TRT_INLINE_REFERENCE_IO"
+BOUNDARIES = "boundaries"
 
 
 def plugin_embeds_reference_io() -> bool:
     """Whether the patched ``torch_tensorrt.save`` embeds reference I/O (:data:`REFERENCE_IO_ENV`, default on)."""
+    return plugin_reference_mode() is not False
+
+
+def plugin_reference_mode() -> bool | str:
+    """What the patched ``torch_tensorrt.save`` embeds, as ``trt_inline.save``'s ``embed_reference`` says it."""
+    if os.environ.get(REFERENCE_IO_ENV, "").strip().lower() == BOUNDARIES:
+        return BOUNDARIES
     return env_flag(REFERENCE_IO_ENV, default=True)
 
 

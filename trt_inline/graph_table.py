@@ -9,6 +9,8 @@ a producer from the wrong engine.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
@@ -18,9 +20,10 @@ from torch.export.graph_signature import InputKind
 from trt_inline import formats
 from trt_inline.engines import engine_inputs, is_engine_call
 from trt_inline.errors import printable
-from trt_inline.verify import AOTI_PACKAGE, LoadedFile, describe_value
+from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile
+from trt_inline.verify.report import describe_value
 
-__all__ = ["describe_file", "describe_program"]
+__all__ = ["Region", "Vocabulary", "describe_file", "describe_program"]
 
 
 def describe_file(loaded: LoadedFile) -> str:
@@ -52,6 +55,89 @@ def describe_file(loaded: LoadedFile) -> str:
     return "\n".join([*lines, describe_program(loaded.program)])
 
 
+@dataclass
+class Region:
+    """The nodes left to PyTorch that produce one engine input (or program output), back to the last boundary.
+
+    ``nodes`` in graph order; ``reads`` the boundary values they start from
+    (engine outputs, program inputs), in the ``inspect`` vocabulary. Empty
+    ``nodes``: the value is a boundary value itself (wired straight through).
+    """
+
+    nodes: list[str] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if not self.nodes:
+            return f"wired straight from {', '.join(self.reads) or 'nothing'}"
+        return f"fallback region {', '.join(self.nodes)} (reads {', '.join(self.reads) or 'nothing'})"
+
+
+class Vocabulary:
+    """Names of a flat graph's values as ``trt-inline inspect`` prints them (and per-engine reports repeat).
+
+    ``kinds``: what each placeholder is (``"user input"``, ``"parameter"`` ...),
+    for a lifted program's graph; without it every placeholder is a user input.
+    """
+
+    def __init__(self, graph: torch.fx.Graph, kinds: dict[str, str] | None = None) -> None:
+        self.engine_index = {n: i for i, n in enumerate(n for n in graph.nodes if is_engine_call(n))}
+        self.kinds = kinds or {}
+
+    def engine_output(self, node: torch.fx.Node) -> bool:
+        return bool(
+            node.target is operator.getitem
+            and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0] in self.engine_index
+        )
+
+    def producer(self, node: Any) -> str:
+        if not isinstance(node, torch.fx.Node):
+            return repr(node)
+        if node.op == "placeholder":
+            return f"{node.name} ({self.kinds.get(node.name, 'user input')})"
+        if self.engine_output(node):
+            return f"{node.name} = engine {self.engine_index[node.args[0]]} output {node.args[1]}"
+        return node.name
+
+    def consumers(self, node: torch.fx.Node) -> list[str]:
+        users: list[str] = []
+        for user in node.users:
+            if user.op == "output":
+                users.append("OUTPUT")
+            elif user in self.engine_index:
+                position = engine_inputs(user).index(node)
+                users.append(f"engine {self.engine_index[user]} in[{position}]")
+            else:
+                users.append(user.name)
+        return users
+
+    def region(self, value: Any) -> Region:
+        """The torch nodes between ``value`` and the boundary values it is computed from."""
+        if not isinstance(value, torch.fx.Node):
+            return Region()
+        nodes: set[torch.fx.Node] = set()
+        reads: list[torch.fx.Node] = []
+        stack = [value]
+        while stack:
+            node = stack.pop()
+            if node in nodes or node in reads:
+                continue
+            if node.op == "placeholder" and self.kinds.get(node.name, "user input") != "user input":
+                continue
+            if node.op == "placeholder" or self.engine_output(node) or node in self.engine_index:
+                reads.append(node)
+            elif node.op == "call_function":
+                nodes.add(node)
+                stack.extend(node.all_input_nodes)
+            # get_attr, weights lifted to placeholders: part of the region, not a boundary
+        order = {n: i for i, n in enumerate(value.graph.nodes)}
+        return Region(
+            [n.name for n in sorted(nodes, key=order.__getitem__)],
+            [self.producer(n) for n in sorted(reads, key=order.__getitem__)],
+        )
+
+
 def _input_kinds(program: ExportedProgram) -> dict[str, str]:
     kinds = {}
     for spec in program.graph_signature.input_specs:
@@ -72,16 +158,8 @@ def describe_program(program: ExportedProgram) -> str:
     """One row per input, engine (with its inputs by position and outputs by index), op left to PyTorch, output."""
     graph = program.graph
     kinds = _input_kinds(program)
-    engine_index = {n: i for i, n in enumerate(n for n in graph.nodes if is_engine_call(n))}
-
-    def producer(node: object) -> str:
-        if not isinstance(node, torch.fx.Node):
-            return repr(node)
-        if node.op == "placeholder":
-            return f"{node.name} ({kinds.get(node.name, 'input')})"
-        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0] in engine_index:
-            return f"{node.name} = engine {engine_index[node.args[0]]} output {node.args[1]}"
-        return node.name
+    words = Vocabulary(graph, kinds)
+    engine_index, producer = words.engine_index, words.producer
 
     def consumers(node: torch.fx.Node) -> str:
         names = [u.name if u.op != "output" else "OUTPUT" for u in node.users]
@@ -101,9 +179,7 @@ def describe_program(program: ExportedProgram) -> str:
             for user in node.users:
                 index = user.args[1] if user.target is operator.getitem else "?"
                 lines.append(row(f"  out[{index}]", user.name, _shape(user), f"-> {consumers(user)}"))
-        elif node.op == "call_function" and not (
-            node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0] in engine_index
-        ):
+        elif node.op == "call_function" and not words.engine_output(node):
             target = str(node.target).removeprefix("aten.")
             sources = ", ".join(producer(a) for a in node.all_input_nodes if kinds.get(a.name) not in _WEIGHT_KINDS)
             lines.append(row("torch", node.name, _shape(node), f"{target}({sources}) -> {consumers(node)}"))

@@ -109,7 +109,8 @@ def _tensor_inputs(kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, A
 
 def _reference_io_for_save(module: Any, file_path: str, kwargs: dict[str, Any]) -> dict[str, str]:
     """The reference-I/O extra file for a ``torch_tensorrt.save`` call, or {} where it does not apply."""
-    if not formats.plugin_embeds_reference_io():
+    mode = formats.plugin_reference_mode()
+    if mode is False:
         return {}
     output_format = kwargs.get("output_format", formats.EXPORTED_PROGRAM)
     if output_format not in formats.OUTPUT_FORMATS:
@@ -124,4 +125,5 @@ def _reference_io_for_save(module: Any, file_path: str, kwargs: dict[str, Any]) 
         Path(file_path),
         embedding.DEFAULT_REFERENCE_LIMIT_BYTES,
         with_output_kinds=output_format == formats.AOT_INDUCTOR,
+        boundaries=embedding.embeds_boundaries(mode),
     )

@@ -12,10 +12,15 @@ module                      concern
 ``isolation``               the child process, with time and memory limits, that loads and
                             runs a file
 ``structure``               structural checks on the graph, one function each
-``compare``                 running on reference inputs and comparing outputs
+``compare``                 running on reference inputs and comparing values (error statistics)
+``boundaries``              recording engine boundaries from a compiled module, tracing a
+                            saved program's run at them
+``localize``                boundary by boundary against a reference: the first divergence
+``random_inputs``           inputs drawn within a program's declared dynamic ranges
 ``report``                  ``VerifyReport`` and its text / JSON forms
 ``reference_io``            the reference I/O a save embeds (used by ``trt_inline.save`` too)
 ``verifier``                ``verify``: all of the above in order
+``diff``                    ``diff``: two files on the same inputs, boundary by boundary
 ==========================  =================================================================
 """
 
@@ -32,8 +37,10 @@ from trt_inline.verify.archive import (
     open_file,
 )
 from trt_inline.verify.compare import default_tolerance
+from trt_inline.verify.diff import diff
 from trt_inline.verify.reference_io import (
     REFERENCE_IO_FILE,
+    EngineBoundary,
     ReferenceIO,
     capture_reference_io,
     decode_reference_io,
@@ -46,6 +53,7 @@ from trt_inline.verify.verifier import verify
 __all__ = [
     "AOTI_PACKAGE",
     "EXPORTED_PROGRAM",
+    "EngineBoundary",
     "REFERENCE_IO_FILE",
     "LoadedFile",
     "OutputComparison",
@@ -59,6 +67,7 @@ __all__ = [
     "decode_reference_io",
     "default_tolerance",
     "describe_value",
+    "diff",
     "encode_reference_io",
     "load_exported_program",
     "open_file",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.verify.report import OutputComparison, describe_value
 
-__all__ = ["compare_output", "default_tolerance", "isolated_run", "run_on"]
+__all__ = ["compare_output", "default_tolerance", "isolated_run", "run_on", "tolerance_for"]
 
 _TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-7, 1e-7),
@@ -25,6 +25,13 @@ _TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     """(atol, rtol) for a dtype: exact for integers and booleans."""
     return _TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def tolerance_for(tolerance: float | Mapping[str, float] | None, index: int) -> float | None:
+    """The tolerance of output ``index``: one for all, or per output (``{"0": 1e-3, "*": 1e-4}``); None: per dtype."""
+    if isinstance(tolerance, Mapping):
+        return tolerance.get(str(index), tolerance.get("*"))
+    return tolerance
 
 
 @contextlib.contextmanager
@@ -93,13 +100,45 @@ def compare_output(
         return OutputComparison(index, shape, dtype, 0.0, 0.0, atol, rtol, True)
     a, e = actual.double(), expected.double()
     diff = (a - e).abs()
-    nan_mismatch = bool((a.isnan() != e.isnan()).any())
-    diff = torch.where(a.isnan() & e.isnan(), torch.zeros_like(diff), diff)
-    max_abs = float(diff.max())
-    max_rel = float((diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).max())
-    ok = not nan_mismatch and bool((diff <= atol + rtol * e.abs()).all())
+    both_nan = a.isnan() & e.isnan()
+    same_inf = a.isinf() & (a == e)
+    diff = torch.where(both_nan | same_inf, torch.zeros_like(diff), diff)
+    finite_reference = e.isfinite()
+    nan_count = int((a.isnan() & ~e.isnan()).sum())
+    inf_count = int((a.isinf() & finite_reference).sum())
+    close = diff <= atol + rtol * e.abs()
+    ok = nan_count == 0 and inf_count == 0 and bool(close.all())
+    # Statistics over the values where both sides are finite: one NaN must not hide how close the rest is.
+    finite = diff[a.isfinite() & finite_reference]
+    worst, mean, median, p99, cosine = _statistics(
+        finite, a[a.isfinite() & finite_reference], e[a.isfinite() & finite_reference]
+    )
+    max_abs = float("inf") if nan_count or inf_count else worst
+    max_rel = float((diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf")).max())
     problem = None
-    if not ok:
+    if nan_count or inf_count:
+        problem = f"output {index} has {nan_count} NaN and {inf_count} Inf values where the reference is finite"
+    elif not ok:
         problem = f"output {index} differs: max abs diff {max_abs:.6g}, max rel diff {max_rel:.6g}"
         problem += f" (atol {atol:g}, rtol {rtol:g})"
-    return OutputComparison(index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem)
+    return OutputComparison(
+        index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem, mean, median, p99, cosine, nan_count, inf_count
+    )
+
+
+def _statistics(
+    diff: torch.Tensor, actual: torch.Tensor, expected: torch.Tensor
+) -> tuple[float, float, float, float, float]:
+    """(max, mean, median, p99) of the absolute error, and the cosine similarity of the two values."""
+    if diff.numel() == 0:
+        return 0.0, 0.0, 0.0, 0.0, 1.0
+    flat = diff.reshape(-1)
+    # kthvalue, not quantile: quantile refuses tensors above 16M elements.
+    median = float(flat.kthvalue(max(1, (flat.numel() + 1) // 2)).values)
+    p99 = float(flat.kthvalue(max(1, min(flat.numel(), -(-99 * flat.numel() // 100)))).values)
+    norms = float(actual.norm()) * float(expected.norm())
+    if norms == 0.0:
+        cosine = 1.0 if float(actual.abs().max()) == float(expected.abs().max()) == 0.0 else 0.0
+    else:
+        cosine = float((actual.reshape(-1) @ expected.reshape(-1)) / norms)
+    return float(flat.max()), float(flat.mean()), median, p99, cosine

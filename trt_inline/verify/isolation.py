@@ -132,6 +132,7 @@ class ChildResult:
 JOBS = {
     "verify": ("trt_inline.verify.verifier", "verify_job"),
     "inspect": ("trt_inline.verify.verifier", "inspect_job"),
+    "diff": ("trt_inline.verify.diff", "diff_job"),
 }
 
 

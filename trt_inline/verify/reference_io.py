@@ -1,10 +1,15 @@
 """Reference I/O: sample inputs and the in-memory module's outputs, carried inside a saved file.
 
 Stored as one extra file of the archive (``trt_inline_reference_io.b64``): base64
-of a ``torch.save`` blob holding plain tensors only, read back with
-``torch.load(weights_only=True)``, so reading it never unpickles arbitrary
+of a ``torch.save`` blob holding plain tensors, strings and lists only, read back
+with ``torch.load(weights_only=True)``, so reading it never unpickles arbitrary
 objects. ``trt_inline.save`` (and the patched ``torch_tensorrt.save``) write it;
 verification reads it.
+
+Boundary data (``embed_reference="boundaries"``) adds, per engine call of the
+compiled module in the order it ran, the engine's inputs and outputs
+(:class:`EngineBoundary`, recorded by :mod:`trt_inline.verify.boundaries`): what
+``verify --per-engine`` replays each engine on and compares every boundary with.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from trt_inline.scalars import kinds_of
 
 __all__ = [
     "REFERENCE_IO_FILE",
+    "EngineBoundary",
     "ReferenceIO",
     "capture_reference_io",
     "decode_reference_io",
@@ -39,6 +45,21 @@ _VERSION = 1
 
 
 @dataclass
+class EngineBoundary:
+    """One engine call of the compiled module: its inputs and outputs as it ran on the sample inputs."""
+
+    # The engine's submodule in the compiled module ("_run_on_acc_1").
+    name: str
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    # Where each input came from in the compiled module: "input x", "_run_on_gpu_2 output 0".
+    sources: list[str] = field(default_factory=list)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.inputs, *self.outputs))
+
+
+@dataclass
 class ReferenceIO:
     args: list[torch.Tensor]
     kwargs: dict[str, torch.Tensor]
@@ -47,10 +68,13 @@ class ReferenceIO:
     device: str = "cpu"
     # What each output was before it was kept as a tensor: "tensor", or "int"/"float"/"bool" for a scalar.
     output_kinds: list[str] = field(default_factory=list)
+    # Every engine call's inputs and outputs, in the order they ran; None where not recorded.
+    boundaries: list[EngineBoundary] | None = None
 
-    def nbytes(self) -> int:
+    def nbytes(self, *, boundaries: bool = True) -> int:
         tensors = [*self.args, *self.kwargs.values(), *self.outputs]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        return size + (sum(b.nbytes() for b in self.boundaries or ()) if boundaries else 0)
 
 
 def tensors_only(values: Any, what: str) -> list[torch.Tensor]:
@@ -92,6 +116,21 @@ def encode_reference_io(reference: ReferenceIO) -> str:
             "outputs": [t.detach().cpu() for t in reference.outputs],
             "device": reference.device,
             "output_kinds": list(reference.output_kinds),
+            **(
+                {}
+                if reference.boundaries is None
+                else {
+                    "boundaries": [
+                        {
+                            "name": b.name,
+                            "inputs": [t.detach().cpu() for t in b.inputs],
+                            "outputs": [t.detach().cpu() for t in b.outputs],
+                            "sources": list(b.sources),
+                        }
+                        for b in reference.boundaries
+                    ]
+                }
+            ),
         },
         buffer,
     )
@@ -127,4 +166,29 @@ def decode_reference_io(text: str) -> ReferenceIO:
         raise VerifyInputError("embedded reference I/O names no valid device")
     kinds = payload.get("output_kinds", [])
     kinds = [str(kind) for kind in kinds] if isinstance(kinds, list) else []
-    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds)
+    boundaries = _decode_boundaries(payload.get("boundaries"))
+    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries)
+
+
+def _decode_boundaries(value: Any) -> list[EngineBoundary] | None:
+    """The recorded engine boundaries, checked to be what the writer writes (refused otherwise)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
+        raise VerifyInputError("embedded boundary data must be a list of engine records")
+    boundaries = []
+    for index, entry in enumerate(value):
+        name, inputs, outputs, sources = (entry.get(k) for k in ("name", "inputs", "outputs", "sources"))
+        if not (
+            isinstance(name, str)
+            and isinstance(inputs, list)
+            and isinstance(outputs, list)
+            and isinstance(sources, list)
+            and all(isinstance(t, torch.Tensor) for t in [*inputs, *outputs])
+            and all(isinstance(s, str) for s in sources)
+        ):
+            raise VerifyInputError(
+                f"embedded boundary data: engine record {index} must hold a name and lists of tensors"
+            )
+        boundaries.append(EngineBoundary(name, list(inputs), list(outputs), list(sources)))
+    return boundaries

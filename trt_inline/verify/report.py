@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["OutputComparison", "VerifyReport", "describe_value"]
+__all__ = ["BoundaryRow", "Divergence", "OutputComparison", "VerifyReport", "describe_value"]
 
 
 def describe_value(val: Any) -> str:
@@ -22,6 +22,8 @@ def describe_value(val: Any) -> str:
 
 @dataclass
 class OutputComparison:
+    """One value against its reference: the error statistics Polygraphy users read, and the verdict."""
+
     index: int
     shape: list[int]
     dtype: str
@@ -31,6 +33,90 @@ class OutputComparison:
     rtol: float
     ok: bool
     problem: str | None = None
+    mean_abs_diff: float = 0.0
+    median_abs_diff: float = 0.0
+    p99_abs_diff: float = 0.0
+    cosine_similarity: float = 1.0
+    # NaN / Inf where the reference has a finite value: a problem of its own, named apart from the diff.
+    nan_count: int = 0
+    inf_count: int = 0
+
+
+@dataclass
+class BoundaryRow:
+    """One boundary of a run compared with the reference: an engine's inputs or outputs, or the program's outputs.
+
+    ``own`` (engine outputs only): the engine run alone on its recorded inputs
+    against its recorded outputs, its own error rather than the one it inherits.
+    """
+
+    boundary: str  # "engine 1 (_run_on_acc_3) inputs", "engine 1 (_run_on_acc_3) outputs", "program outputs"
+    engine: int | None
+    values: list[OutputComparison]
+    own: list[OutputComparison] | None = None
+    own_problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.values)
+
+    @property
+    def own_ok(self) -> bool:
+        return self.own is None or all(v.ok for v in self.own)
+
+    @staticmethod
+    def worst(values: list[OutputComparison] | None) -> float | None:
+        return None if values is None else max((v.max_abs_diff for v in values), default=0.0)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BoundaryRow:
+        own = data.get("own")
+        return cls(
+            str(data["boundary"]),
+            data.get("engine"),
+            [OutputComparison(**v) for v in data["values"]],
+            None if own is None else [OutputComparison(**v) for v in own],
+            data.get("own_problem"),
+        )
+
+
+@dataclass
+class Divergence:
+    """Where a run first leaves its reference: an engine, a fallback region, or a wire.
+
+    ``kind``: ``"engine"`` (its inputs agree, its outputs do not), ``"fallback"``
+    (a region of PyTorch ops whose inputs agree and whose output does not),
+    ``"wiring"`` (a value wired straight from another boundary that holds the
+    wrong value), ``"signature"`` (the runs do not have the same engines).
+    """
+
+    kind: str
+    where: str
+    detail: str
+    producers: list[str] = field(default_factory=list)
+    consumers: list[str] = field(default_factory=list)
+
+    def to_text(self) -> str:
+        lines = [f"first divergence: {self.where}", f"  {self.detail}"]
+        if self.producers:
+            lines.append(f"  reads: {', '.join(self.producers)}")
+        if self.consumers:
+            lines.append(f"  feeds: {', '.join(self.consumers)}")
+        return "\n".join(lines)
+
+
+def boundary_table(rows: list[BoundaryRow]) -> list[str]:
+    """The per-boundary table: the worst error in the run, the engine's own error run alone, the verdict."""
+    lines = [f"  {'boundary':<44} {'values':>6} {'max abs diff':>13} {'own error':>13}  status"]
+    for row in rows:
+        own = BoundaryRow.worst(row.own)
+        own_text = "-" if own is None else f"{own:.6g}"
+        if row.own_problem:
+            own_text = "not run"
+        status = "ok" if row.ok and row.own_ok else ("OWN" if not row.own_ok else "DIFF")
+        worst = BoundaryRow.worst(row.values) or 0.0
+        lines.append(f"  {row.boundary:<44} {len(row.values):>6} {worst:>13.6g} {own_text:>13}  {status}")
+    return lines
 
 
 @dataclass
@@ -50,6 +136,11 @@ class VerifyReport:
     # Where the file was loaded in a child process: that child's peak resident memory above
     # its resident memory once its imports were done (what loading and running the file cost).
     child_peak_extra_bytes: int | None = None
+    # Per-engine comparison (``--per-engine``, or an output mismatch with boundary data embedded).
+    boundaries: list[BoundaryRow] = field(default_factory=list)
+    divergence: Divergence | None = None
+    # Runs on random inputs (``--random-inputs``): the sizes drawn, and what each run found.
+    random_runs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def compared(self) -> bool:
@@ -62,6 +153,8 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         result = asdict(self)
         result.update(ok=self.ok, compared=self.compared)
+        for row, data in zip(self.boundaries, result["boundaries"], strict=True):
+            data.update(ok=row.ok, own_ok=row.own_ok)
         return result
 
     @classmethod
@@ -75,6 +168,9 @@ class VerifyReport:
             expected_source=str(data["expected_source"]),
             allow_pickle=bool(data["allow_pickle"]),
             child_peak_extra_bytes=data.get("child_peak_extra_bytes"),
+            boundaries=[BoundaryRow.from_dict(row) for row in data.get("boundaries", [])],
+            divergence=None if data.get("divergence") is None else Divergence(**data["divergence"]),
+            random_runs=list(data.get("random_runs", [])),
         )
 
     def to_json(self) -> str:
@@ -90,6 +186,24 @@ class VerifyReport:
                 f"  {mark} output {output.index}  {output.dtype}[{dims}]  max abs diff {output.max_abs_diff:.6g}  "
                 f"max rel diff {output.max_rel_diff:.6g}  (atol {output.atol:g}, rtol {output.rtol:g})"
             )
+            lines.append(
+                f"       mean {output.mean_abs_diff:.3g}  median {output.median_abs_diff:.3g}  "
+                f"p99 {output.p99_abs_diff:.3g}  cosine similarity {output.cosine_similarity:.6f}"
+            )
+        for run in self.random_runs:
+            sizes = "; ".join(str(s) for s in run["sizes"])
+            lines.append(
+                f"  {'ok  ' if run['ok'] else 'FAIL'} random inputs {run['iteration']} (sizes {sizes})"
+                + (f": {run['problem']}" if run.get("problem") else "")
+            )
+        if self.boundaries:
+            lines.append(
+                "engine boundaries (max abs diff in the run; own error: the engine run alone on the reference's "
+                "inputs to it):"
+            )
+            lines += boundary_table(self.boundaries)
+        if self.divergence is not None:
+            lines.append(self.divergence.to_text())
         lines += [f"  problem: {problem}" for problem in self.problems]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)

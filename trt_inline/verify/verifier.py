@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +14,53 @@ from trt_inline import allowed_ops
 from trt_inline.errors import VerifyInputError
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
-from trt_inline.verify.compare import compare_output, run_on
+from trt_inline.verify.boundaries import recording, trace_program
+from trt_inline.verify.compare import compare_output, run_on, tolerance_for
 from trt_inline.verify.isolation import Limits, format_size, run_isolated
-from trt_inline.verify.reference_io import ReferenceIO, tensors_only
+from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
+from trt_inline.verify.random_inputs import draw_inputs
+from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, tensors_only
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
-__all__ = ["inspect_job", "verify", "verify_job"]
+__all__ = ["inspect_job", "normalize_tolerance", "save_tensors", "verify", "verify_job"]
+
+
+def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float | dict[str, float] | None:
+    """One tolerance for every output, or one per output keyed ``"0"``, ``"1"`` ... (``"*"``: the others)."""
+    if tolerance is None or isinstance(tolerance, (int, float)):
+        return None if tolerance is None else float(tolerance)
+    result = {}
+    for key, value in tolerance.items():
+        text = str(key).removeprefix("out")
+        if text != "*" and not text.isdigit():
+            raise VerifyInputError(f"a per-output tolerance is keyed by output index (0, out0) or '*', got {key!r}")
+        result[text] = float(value)
+    return result
+
+
+def save_tensors(tensors: object, path: str | os.PathLike[str]) -> None:
+    """``torch.save`` of plain tensors (readable with ``weights_only=True``), written atomically."""
+    from trt_inline.formats import atomic_write
+
+    target = Path(path)
+    if not target.parent.exists():
+        raise VerifyInputError(f"--save-outputs: directory {target.parent} does not exist")
+    with atomic_write(target) as tmp:
+        torch.save(tensors, tmp)
+
+
+def _boundary_dicts(records: Sequence[EngineBoundary] | None) -> list[dict[str, object]] | None:
+    """Boundary records as plain containers, the form tensors cross to the child process in."""
+    if records is None:
+        return None
+    return [{"name": r.name, "inputs": r.inputs, "outputs": r.outputs, "sources": r.sources} for r in records]
+
+
+def _boundary_records(dicts: Sequence[dict[str, object]] | None) -> list[EngineBoundary] | None:
+    if dicts is None:
+        return None
+    return [EngineBoundary(str(d["name"]), list(d["inputs"]), list(d["outputs"]), list(d["sources"])) for d in dicts]  # type: ignore[call-overload]
 
 
 def verify(
@@ -31,9 +71,13 @@ def verify(
     kwarg_inputs: dict[str, torch.Tensor] | None = None,
     expected: Sequence[torch.Tensor] | None = None,
     expected_from: str | os.PathLike[str] | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
+    atol: float | Mapping[Any, float] | None = None,
+    rtol: float | Mapping[Any, float] | None = None,
     device: str | None = None,
+    per_engine: bool = False,
+    random_inputs: int = 0,
+    seed: int = 0,
+    save_outputs: str | os.PathLike[str] | None = None,
     allow_pickle: bool = False,
     allow_native_code: bool = False,
     allow_ops: Sequence[str] = (),
@@ -50,6 +94,20 @@ def verify(
     (a newer save of the same module, checked against this file); the reference
     I/O embedded in the file itself. Without any, only the structure is checked
     and ``report.compared`` is false; ``report.expected_source`` says which.
+    ``atol`` / ``rtol``: one for every output, or per output (``{0: 1e-3}``;
+    ``"*"`` for the others); by default per dtype.
+
+    ``per_engine``: compare engine by engine against the boundary data the file
+    embeds (``embed_reference="boundaries"``) or, with ``expected_module`` (a
+    compiled module), against its engines as they run here: each engine alone on
+    its recorded inputs (its own error), then every boundary of the whole run;
+    ``report.divergence`` names the first engine or fallback region past
+    tolerance and ``report.boundaries`` holds the per-boundary table. This runs
+    by itself when an output differs and boundary data is at hand.
+    ``random_inputs``: that many more runs on inputs drawn within the program's
+    declared dynamic ranges (``seed``), each checked to be accepted and to give
+    finite outputs. ``save_outputs``: the program's outputs on the reference
+    inputs, written with ``torch.save`` (plain tensors).
 
     Files are checked before loading (:mod:`trt_inline.verify.archive`): one
     whose pickles need more than plain tensors and Torch-TensorRT engines is
@@ -82,29 +140,39 @@ def verify(
                 kwarg_inputs=kwarg_inputs,
                 expected=expected,
                 expected_from=expected_from,
-                atol=atol,
-                rtol=rtol,
+                atol=normalize_tolerance(atol),
+                rtol=normalize_tolerance(rtol),
                 device=device,
+                per_engine=per_engine,
+                random_inputs=random_inputs,
+                seed=seed,
+                save_outputs=save_outputs,
                 allow_pickle=allow_pickle,
                 allow_native_code=allow_native_code,
             )
     path = os.fspath(path_or_program)
     label = None
+    recorded = None
     if expected_module is not None:
         if arg_inputs is None:
             raise VerifyInputError(
                 "expected_module runs in this process and the file in a child: give arg_inputs with it"
             )
-        with torch.no_grad():
+        with recording(expected_module if per_engine else None) as records, torch.no_grad():
             expected = tensors_only(expected_module(*arg_inputs, **(kwarg_inputs or {})), "expected outputs")
+        recorded = records if per_engine else None
         label = "module"
     limits = Limits.for_file(path, timeout, memory_limit)
     arguments = {
         "path": path,
         "expected_from": None if expected_from is None else os.fspath(expected_from),
-        "atol": atol,
-        "rtol": rtol,
+        "atol": normalize_tolerance(atol),
+        "rtol": normalize_tolerance(rtol),
         "device": device,
+        "per_engine": per_engine,
+        "random_inputs": random_inputs,
+        "seed": seed,
+        "save_outputs": None if save_outputs is None else os.fspath(save_outputs),
         "allow_pickle": allow_pickle,
         "allow_native_code": allow_native_code,
         "allow_ops": list(allow_ops),
@@ -114,6 +182,7 @@ def verify(
         "args": None if arg_inputs is None else list(arg_inputs),
         "kwargs": kwarg_inputs,
         "expected": None if expected is None else list(expected),
+        "boundaries": _boundary_dicts(recorded),
     }
     result = run_isolated("verify", arguments, tensors, limits, where=path, debug=debug)
     report = VerifyReport.from_dict(result.value)
@@ -138,8 +207,13 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
             atol=arguments["atol"],
             rtol=arguments["rtol"],
             device=arguments["device"],
+            per_engine=arguments["per_engine"],
+            random_inputs=arguments["random_inputs"],
+            seed=arguments["seed"],
+            save_outputs=arguments["save_outputs"],
             allow_pickle=arguments["allow_pickle"],
             allow_native_code=arguments["allow_native_code"],
+            recorded=_boundary_records(tensors.get("boundaries")),
         )
     if arguments["label"]:
         report.expected_source = arguments["label"]
@@ -168,11 +242,16 @@ def _verify_here(
     kwarg_inputs: dict[str, torch.Tensor] | None,
     expected: Sequence[torch.Tensor] | None,
     expected_from: str | os.PathLike[str] | None,
-    atol: float | None,
-    rtol: float | None,
+    atol: Tolerance,
+    rtol: Tolerance,
     device: str | None,
+    per_engine: bool,
+    random_inputs: int,
+    seed: int,
+    save_outputs: str | os.PathLike[str] | None,
     allow_pickle: bool,
     allow_native_code: bool,
+    recorded: list[EngineBoundary] | None = None,
 ) -> VerifyReport:
     """:func:`verify` in this process."""
     loaded: LoadedFile | None = None
@@ -205,18 +284,21 @@ def _verify_here(
             raise VerifyInputError("expected_module needs arg_inputs (the file embeds no inputs)")
         args = list(arg_inputs) if arg_inputs is not None else embedded.args  # type: ignore[union-attr]
         kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
-        with torch.no_grad():
+        with recording(expected_module if per_engine else None) as records, torch.no_grad():
             want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
+        recorded = records if per_engine else None
         report.expected_source = "module"
     elif expected_from is not None:
         newer = _reference_of(expected_from, allow_pickle, allow_native_code)
         if program is not None:
             _check_signature(program, source, newer, os.fspath(expected_from))
         args, kwargs, want = newer.args, newer.kwargs, newer.outputs
+        recorded = newer.boundaries
         report.expected_source = f"from {os.fspath(expected_from)}"
         device = device or _capture_device(newer)
     elif embedded is not None:
         args, kwargs, want, report.expected_source = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
+        recorded = embedded.boundaries
         device = device or _capture_device(embedded)
     else:
         report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
@@ -230,14 +312,97 @@ def _verify_here(
     else:
         runnable = program.module()  # type: ignore[union-attr]  # only a package can lack its program
     got = run_on(runnable, args, kwargs, device)
+    if save_outputs is not None:
+        save_tensors(tensors_only(got, "outputs"), save_outputs)
     if len(got) != len(want):
         report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
     for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
-        comparison = compare_output(index, actual, reference_output, atol, rtol)
+        comparison = compare_output(
+            index, actual, reference_output, tolerance_for(atol, index), tolerance_for(rtol, index)
+        )
         report.outputs.append(comparison)
         if comparison.problem:
             report.problems.append(comparison.problem)
+    mismatch = any(not o.ok for o in report.outputs)
+    if per_engine or (mismatch and recorded is not None):
+        _compare_boundaries(report, program, recorded, args, kwargs, want, device, atol, rtol, automatic=not per_engine)
+    if random_inputs:
+        _random_runs(report, program, runnable, args, random_inputs, seed, device)
     return report
+
+
+def _compare_boundaries(
+    report: VerifyReport,
+    program: ExportedProgram | None,
+    recorded: list[EngineBoundary] | None,
+    args: Sequence[torch.Tensor],
+    kwargs: dict[str, torch.Tensor],
+    want: list[torch.Tensor],
+    device: str | None,
+    atol: Tolerance,
+    rtol: Tolerance,
+    *,
+    automatic: bool,
+) -> None:
+    """Engine by engine against the recorded boundaries: the per-boundary table and the first divergence."""
+    if recorded is None:
+        raise VerifyInputError(
+            f"{report.source}: no engine boundary data to compare with (save with embed_reference='boundaries', "
+            "or TRT_INLINE_REFERENCE_IO=boundaries for torch_tensorrt.save, or give the compiled module)"
+        )
+    if program is None:
+        report.notes.append("per-engine comparison needs the program's graph, which this package does not carry")
+        return
+    if automatic:
+        report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
+    trace = trace_program(program.module(), args, kwargs, device, recorded)
+    reference = Reference("the compiled module", recorded, want)
+    report.boundaries, report.divergence = localize(trace, reference, atol, rtol)
+    report.problems += own_error_problems(report.boundaries)
+    if report.divergence is not None:
+        report.problems.append(f"first divergence: {report.divergence.where}")
+
+
+def _random_runs(
+    report: VerifyReport,
+    program: ExportedProgram | None,
+    runnable: Callable[..., Any],
+    sample: Sequence[torch.Tensor],
+    count: int,
+    seed: int,
+    device: str | None,
+) -> None:
+    """Runs on inputs drawn within the declared ranges: each must be accepted and give finite outputs."""
+    if program is None:
+        raise VerifyInputError(
+            "random inputs are drawn within the program's declared ranges: this package carries no ExportedProgram"
+        )
+    for iteration, draw in enumerate(draw_inputs(program, count, seed, sample)):
+        problem = None
+        try:
+            outputs = run_on(runnable, draw.inputs, {}, device)
+        except VerifyInputError as exc:
+            problem = f"rejected inputs within its declared ranges: {exc}"
+        else:
+            bad = [str(i) for i, out in enumerate(outputs) if not _finite(out)]
+            if bad:
+                problem = f"NaN or Inf in output {', '.join(bad)}"
+        run = {"iteration": iteration, "sizes": draw.shapes(), "symbols": draw.symbols}
+        report.random_runs.append({**run, "ok": problem is None, "problem": problem})
+        if problem is not None:
+            report.problems.append(f"random inputs {iteration} (sizes {draw.shapes()}): {problem}")
+    report.notes.append(
+        f"{count} runs on random inputs (seed {seed}) within the declared ranges were checked to be accepted and to "
+        "give finite outputs; one file has no reference outputs for them: trt-inline diff A B --random-inputs N "
+        "compares two files on them"
+    )
+
+
+def _finite(value: Any) -> bool:
+    """No NaN or Inf in a floating-point output (anything else is finite)."""
+    if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
+        return True
+    return bool(value.isfinite().all())
 
 
 def _package_model(loaded: LoadedFile, report: VerifyReport, allow_native_code: bool) -> Callable[..., Any]:

@@ -1,0 +1,331 @@
+"""Which engine diverged: boundary data, ``verify --per-engine``, ``diff``, statistics and random inputs.
+
+One model (``CrossedHalves``: three engines, relu left to PyTorch between them)
+is compiled once and saved with boundary data; faults are then injected into the
+saved files: one weight of one engine's payload, one op of one fallback region,
+and the wiring the 2.13 release's ``inline_torch_modules`` gives it.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+import json
+import os
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import releases
+import torch
+from models import CrossedHalves
+from test_verify import assert_unusable, cli
+
+import trt_inline
+from trt_inline import formats
+from trt_inline.errors import SaveError, VerifyInputError
+from trt_inline.flat_program import exported_program_from_graph
+from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io, open_file
+from trt_inline.verify.compare import compare_output
+from trt_inline.verify.random_inputs import draw_inputs, size_ranges
+from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, encode_reference_io
+
+STOCK_RELEASE = "2.13.0"  # the last release whose inline_torch_modules wires fallback inputs by name
+
+
+@dataclass
+class Files:
+    root: Path
+    x: torch.Tensor
+    compiled: torch.fx.GraphModule
+    good: Path  # trt-inline save with boundary data
+    plain: Path  # trt-inline save with reference I/O only
+
+
+def _extra(path: Path) -> str:
+    with zipfile.ZipFile(path) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(REFERENCE_IO_FILE))
+        return archive.read(name).decode()
+
+
+def _engine_nodes(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    return [n for n in program.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
+    root = tmp_path_factory.mktemp("divergence")
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    compiled = trt_inline.reference.compile(CrossedHalves().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    good, plain = root / "good.pt2", root / "plain.pt2"
+    trt_inline.save(compiled, good, arg_inputs=[x], embed_reference="boundaries")
+    trt_inline.save(compiled, plain, arg_inputs=[x])
+    return Files(root, x, compiled, good, plain)
+
+
+def _engine_fault(files: Files, engine: int) -> Path:
+    """The good file with the first weight tensor of one engine's payload moved by 0.05, its boundary data kept."""
+    program = torch.export.load(files.good)
+    node = _engine_nodes(program)[engine]
+    weight = json.loads(node.args[2])["weights"][0]
+    constant = next(s.target for s in program.graph_signature.input_specs if s.arg.name == node.args[1].name)
+    payload = program.constants[constant]
+    payload[weight["offset"] : weight["offset"] + weight["nbytes"]].view(torch.float32).add_(0.05)
+    path = files.root / f"fault_engine_{engine}.pt2"
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(files.good)})
+    return path
+
+
+def _fallback_fault(files: Files) -> Path:
+    """The good file with the second relu (a fallback region of its own) computing sigmoid instead."""
+    program = torch.export.load(files.good)
+    relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
+    assert [n.name for n in relus] == ["relu", "relu_1"]
+    relus[1].target = torch.ops.aten.sigmoid.default
+    program.graph_module.recompile()
+    path = files.root / "fault_fallback.pt2"
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(files.good)})
+    return path
+
+
+def _stock_miswired(files: Files) -> Path:
+    """The compiled module flattened by our engine pass and the 2.13 release's own ``inline_torch_modules``."""
+    try:
+        source = releases.release_file(STOCK_RELEASE, "dynamo/_exporter.py")
+    except releases.Unavailable as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true and {exc}")
+        pytest.skip(str(exc))
+    namespace: dict[str, object] = {}
+    exec(compile(releases.extract(source, ["inline_torch_modules"]), "stock_exporter", "exec"), namespace)
+    flat = trt_inline.inline_trt_modules(copy.deepcopy(files.compiled))
+    flat = namespace["inline_torch_modules"](flat)  # type: ignore[operator]
+    flat.graph.lint()  # the silent form: it lints, loads and runs
+    flat.recompile()
+    path = files.root / "stock.pt2"
+    torch.export.save(exported_program_from_graph(flat, None, ((files.x,), {})), path)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Boundary data in the file
+# ---------------------------------------------------------------------------
+
+
+def test_boundary_data_is_embedded_in_call_order(files: Files) -> None:
+    reference = open_file(files.good).reference
+    assert reference is not None and reference.boundaries is not None
+    names = [b.name for b in reference.boundaries]
+    assert names == ["_run_on_acc_1", "_run_on_acc_3", "_run_on_acc_5"]
+    assert reference.boundaries[2].sources == ["_run_on_gpu_4 output 0", "_run_on_acc_3 output 1"]
+    # What each engine of the compiled module really received and returned.
+    engine = files.compiled.get_submodule("_run_on_acc_1")
+    with torch.no_grad():
+        first, second = engine(files.x)
+    assert torch.equal(reference.boundaries[0].inputs[0], files.x)
+    assert torch.equal(reference.boundaries[0].outputs[0], first) and torch.equal(
+        reference.boundaries[0].outputs[1], second
+    )
+    assert open_file(files.plain).reference.boundaries is None  # type: ignore[union-attr]
+
+
+def test_boundary_data_over_the_limit_is_left_out_with_a_warning(files: Files, tmp_path: Path) -> None:
+    reference = open_file(files.good).reference
+    assert reference is not None
+    limit = reference.nbytes(boundaries=False) + 16  # room for the I/O, not for the boundaries
+    with pytest.warns(UserWarning, match="engine boundary data not embedded .* over the limit"):
+        trt_inline.save(files.compiled, tmp_path / "capped.pt2", arg_inputs=[files.x], embed_reference="boundaries",
+                        reference_limit_bytes=limit)  # fmt: skip
+    capped = open_file(tmp_path / "capped.pt2").reference
+    assert capped is not None and capped.boundaries is None and torch.equal(capped.outputs[0], reference.outputs[0])
+    with pytest.raises(SaveError, match="embed_reference must be True, False or 'boundaries'"):
+        trt_inline.save(files.compiled, tmp_path / "bad.pt2", arg_inputs=[files.x], embed_reference="layers")
+
+
+def test_boundary_data_holding_anything_but_tensors_is_refused() -> None:
+    good = ReferenceIO([torch.ones(1)], {}, [torch.ones(1)], boundaries=[EngineBoundary("e", [torch.ones(1)], [])])
+    assert decode_reference_io(encode_reference_io(good)).boundaries[0].name == "e"  # type: ignore[index]
+    blob = io.BytesIO()
+    record = {"name": "e", "inputs": ["not a tensor"], "outputs": [], "sources": []}
+    torch.save({"version": 1, "args": [], "kwargs": {}, "outputs": [], "boundaries": [record]}, blob)
+    with pytest.raises(VerifyInputError, match="engine record 0 must hold a name and lists of tensors"):
+        decode_reference_io(base64.b64encode(blob.getvalue()).decode())
+
+
+def test_plugin_switch_selects_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, mode in (("boundaries", "boundaries"), ("Boundaries", "boundaries"), ("0", False), ("", True)):
+        monkeypatch.setenv(formats.REFERENCE_IO_ENV, value)
+        assert formats.plugin_reference_mode() == mode, value
+
+
+# ---------------------------------------------------------------------------
+# verify --per-engine
+# ---------------------------------------------------------------------------
+
+
+def test_per_engine_names_the_engine_whose_weight_was_changed(files: Files) -> None:
+    path = _engine_fault(files, engine=1)
+    proc = cli("verify", str(path), "--per-engine")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "first divergence: engine 1 (_run_on_acc_3)\n" in proc.stdout, proc.stdout
+    assert "reads: relu, getitem_1 = engine 0 output 1" in proc.stdout
+    report = json.loads(cli("verify", str(path), "--per-engine", "--json").stdout)
+    assert report["divergence"]["kind"] == "engine" and report["divergence"]["where"] == "engine 1 (_run_on_acc_3)"
+    own = {row["boundary"]: row["own_ok"] for row in report["boundaries"] if row["own"] is not None}
+    assert own == {
+        "engine 0 (_run_on_acc_1) outputs": True,
+        "engine 1 (_run_on_acc_3) outputs": False,
+        "engine 2 (_run_on_acc_5) outputs": True,  # its inputs differ in the run, its own error does not
+    }
+    rows = {row["boundary"]: row for row in report["boundaries"]}
+    assert rows["engine 2 (_run_on_acc_5) inputs"]["ok"] is False and rows["engine 1 (_run_on_acc_3) inputs"]["ok"]
+    assert max(v["max_abs_diff"] for v in rows["engine 1 (_run_on_acc_3) outputs"]["own"]) > 0.1
+    # Without --per-engine it runs by itself: an output differs and the file has boundary data.
+    automatic = trt_inline.verify(path, isolate=False)
+    assert automatic.divergence is not None and automatic.divergence.where == "engine 1 (_run_on_acc_3)"
+    assert "an output differs and boundary data is embedded: compared engine by engine" in automatic.notes
+
+
+def test_per_engine_names_the_fallback_region_that_was_changed(files: Files) -> None:
+    report = trt_inline.verify(_fallback_fault(files), per_engine=True, isolate=False)
+    assert report.divergence is not None
+    assert report.divergence.kind == "fallback"
+    assert report.divergence.where == "fallback region relu_1 (feeding engine 2 in[0])"
+    assert report.divergence.producers == ["getitem_2 = engine 1 output 0"]
+    assert "in the compiled module it came from _run_on_gpu_4 output 0" in report.divergence.detail
+    assert all(row.own_ok for row in report.boundaries), "every engine is within tolerance on its own"
+    assert [row.ok for row in report.boundaries][:4] == [True] * 4
+
+
+def test_per_engine_on_a_good_file_and_without_boundary_data(files: Files) -> None:
+    report = trt_inline.verify(files.good, per_engine=True, isolate=False)
+    assert report.ok and report.divergence is None and len(report.boundaries) == 7
+    assert all(row.ok and row.own_ok for row in report.boundaries)
+    # A file without boundary data, checked against the compiled module itself: its engines are recorded here.
+    by_module = trt_inline.verify(files.plain, expected_module=files.compiled, arg_inputs=[files.x], per_engine=True)
+    assert by_module.ok and len(by_module.boundaries) == 7, by_module.to_text()
+    assert_unusable(cli("verify", str(files.plain), "--per-engine"), "no engine boundary data to compare with")
+
+
+# ---------------------------------------------------------------------------
+# diff
+# ---------------------------------------------------------------------------
+
+
+def test_diff_names_the_fallback_the_2_13_release_miswires(files: Files) -> None:
+    stock = _stock_miswired(files)
+    proc = cli("diff", str(stock), str(files.good))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "first divergence: fallback region relu_1 (feeding engine 2 in[0])" in proc.stdout, proc.stdout
+    assert "reads engine 1 output 1 where the reference's reads engine 1 output 0" in proc.stdout
+    assert "reads: getitem_3 = engine 1 output 1" in proc.stdout
+    assert "engine 1 (execute_engine_default_1): output 0 is never read" in proc.stdout  # the structural view agrees
+
+
+def test_diff_of_two_saves_of_one_module_exits_0(files: Files, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the test extra installs matplotlib; --plot needs it")
+    chart, outputs = tmp_path / "chart.png", tmp_path / "outputs.pt"
+    proc = cli("diff", str(files.plain), str(files.good), "--save-outputs", str(outputs), "--plot", str(chart))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"PASS {files.plain} against {files.good}")
+    assert proc.stdout.count("  ok") == 7 + 1 and "DIFF" not in proc.stdout
+    saved = torch.load(outputs, weights_only=True)
+    with torch.no_grad():
+        assert torch.equal(saved["a"][0], files.compiled(files.x)) and torch.equal(saved["b"][0], saved["a"][0])
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_diff_of_an_engine_fault_runs_each_engine_on_the_other_files_inputs(files: Files) -> None:
+    report = trt_inline.diff(_engine_fault(files, engine=2), files.good, isolate=False)
+    assert not report.ok and report.divergence is not None
+    assert report.divergence.where == "engine 2 (_run_on_acc_5)"
+    assert [row.own_ok for row in report.boundaries if row.own is not None] == [True, True, False]
+
+
+# ---------------------------------------------------------------------------
+# Comparison: tolerances per output, statistics, NaN / Inf
+# ---------------------------------------------------------------------------
+
+
+def test_statistics_and_non_finite_values() -> None:
+    expected = torch.arange(100, dtype=torch.float32)
+    actual = expected + torch.where(expected == 99, 5.0, 0.01)
+    result = compare_output(0, actual, expected, 0.1, 0.0)
+    assert not result.ok and result.max_abs_diff == pytest.approx(5.0)
+    assert result.median_abs_diff == pytest.approx(0.01, abs=1e-5) and result.p99_abs_diff == pytest.approx(
+        0.01, abs=1e-5
+    )
+    assert result.mean_abs_diff == pytest.approx((99 * 0.01 + 5) / 100, rel=1e-4)
+    assert 0.99 < result.cosine_similarity < 1.0
+    poisoned = expected.clone()
+    poisoned[3], poisoned[4] = float("nan"), float("inf")
+    nan = compare_output(0, poisoned, expected, 1e9, 1e9)
+    assert not nan.ok and (nan.nan_count, nan.inf_count) == (1, 1)
+    assert nan.problem == "output 0 has 1 NaN and 1 Inf values where the reference is finite"
+    assert nan.median_abs_diff == 0.0, "statistics are over the finite values"
+
+
+def test_per_output_tolerances(files: Files) -> None:
+    path = _engine_fault(files, engine=2)
+    strict = cli("verify", str(path), "--atol", "1e-4")
+    assert strict.returncode == 1 and "atol 0.0001" in strict.stdout
+    loose = trt_inline.verify(path, atol={0: 10.0}, isolate=False)
+    assert loose.outputs[0].ok and loose.outputs[0].atol == 10.0 and loose.divergence is None
+    assert_unusable(cli("verify", str(path), "--atol", "outx=1"), "name an output as out0, out1")
+    assert_unusable(cli("verify", str(path), "--atol", "out0=big"), "'big' is not a number")
+    both = cli("verify", str(path), "--atol", "out0=10", "--atol", "1e-9", "--json")
+    assert json.loads(both.stdout)["outputs"][0]["atol"] == 10.0
+
+
+# ---------------------------------------------------------------------------
+# Random inputs within the declared ranges
+# ---------------------------------------------------------------------------
+
+
+class _Rows(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1) + y[::2] + y[1::2] + z.sum()
+
+
+def _dynamic_program() -> torch.export.ExportedProgram:
+    batch, free = torch.export.Dim("batch", min=2, max=7), torch.export.Dim("free", min=3)
+    inputs = (torch.randn(5, 4), torch.randn(10), torch.randn(6))
+    dynamic = ({0: batch}, {0: 2 * batch}, {0: free})
+    return torch.export.export(_Rows(), inputs, dynamic_shapes=dynamic)
+
+
+def test_random_inputs_stay_within_the_declared_ranges() -> None:
+    program = _dynamic_program()
+    sample = [torch.randn(5, 4), torch.randn(10), torch.randn(6)]
+    assert sorted(size_ranges(program, sample).values()) == [(2, 7), (3, 12)], "no upper end: twice the sample"
+    draws = draw_inputs(program, 12, seed=3, sample=sample)
+    batches = [d.inputs[0].shape[0] for d in draws]
+    frees = [d.inputs[2].shape[0] for d in draws]
+    assert (batches[0], frees[0]) == (2, 3) and (batches[1], frees[1]) == (7, 12), "both ends are drawn"
+    assert all(2 <= b <= 7 for b in batches) and all(3 <= f <= 12 for f in frees)
+    assert all(d.inputs[1].shape[0] == 2 * d.inputs[0].shape[0] for d in draws), "a derived size follows its Dim"
+    assert len(set(batches[2:])) > 1, "sizes between the ends vary"
+    again = draw_inputs(program, 12, seed=3, sample=sample)
+    assert all(
+        torch.equal(a, b) for d, e in zip(draws, again, strict=True) for a, b in zip(d.inputs, e.inputs, strict=True)
+    )
+    other = draw_inputs(program, 12, seed=4, sample=sample)
+    assert not all(torch.equal(d.inputs[0], e.inputs[0]) for d, e in zip(draws, other, strict=True))
+    module = program.module()
+    for draw in draws:
+        module(*draw.inputs)  # the program accepts every draw
+
+
+def test_verify_and_diff_on_random_inputs(files: Files, tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = trt_inline.verify(files.good, random_inputs=3, seed=1, isolate=False)
+    assert report.ok and [run["sizes"] for run in report.random_runs] == [[[3, 8]]] * 3  # static: the sample's sizes
+    diverged = trt_inline.diff(_engine_fault(files, engine=0), files.good, random_inputs=2, isolate=False)
+    assert diverged.divergence is not None and diverged.divergence.where == "engine 0 (_run_on_acc_1)"
+    with pytest.raises(VerifyInputError, match="at least 1"):
+        draw_inputs(torch.export.load(files.good), 0, seed=0)

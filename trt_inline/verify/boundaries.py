@@ -1,0 +1,250 @@
+"""Engine boundaries: what each engine received and returned, recorded from a compiled module or a saved program.
+
+A partitioned program alternates engines and the regions left to PyTorch::
+
+    x ──► engine 0 ──► getitem ──► relu ──► engine 1 ──► getitem_2 ──► OUTPUT
+                   └─► getitem_1 ───────────┘
+                        (relu: the fallback region feeding engine 1 in[0])
+
+:func:`recording` hooks every engine submodule of a compiled (in-memory) module
+(``_run_on_acc_N``) while it runs: the reference a save embeds. :func:`trace_program`
+runs a loaded flat program node by node and keeps the same at every engine call;
+given a recording, it also runs each engine alone on its recorded inputs, which
+is that engine's own error rather than the one it inherits. For each engine
+input it also names the fallback region that produced it (its torch nodes, their
+producers and consumers in the ``inspect`` vocabulary), which is what a report
+names when the error first appears there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from trt_inline import engines
+from trt_inline.engines import is_accelerated_call, is_engine_call
+from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.graph_table import Region, Vocabulary
+from trt_inline.verify.compare import isolated_run
+from trt_inline.verify.reference_io import EngineBoundary
+
+__all__ = [
+    "EngineCall",
+    "ProgramTrace",
+    "Region",
+    "as_boundaries",
+    "boundary_tensors",
+    "record_program_boundaries",
+    "recording",
+    "trace_program",
+]
+
+
+def boundary_tensors(values: Any) -> list[torch.Tensor]:
+    """The leaves of an engine's inputs or outputs as CPU tensors; a Python scalar as the 0-d tensor engines take.
+
+    ``int`` becomes int64, ``float`` float64 and ``bool`` bool (the dtypes the
+    engine ops give scalars crossing a boundary).
+    """
+    result = []
+    for value in pytree.tree_leaves(values):
+        if isinstance(value, torch.Tensor):
+            result.append(value.detach().cpu())
+        elif isinstance(value, (bool, int, float)):
+            dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
+            result.append(torch.tensor(value, dtype=dtype))
+        else:
+            raise VerifyInputError(f"an engine boundary carries a {type(value).__name__}, not a tensor or a scalar")
+    return result
+
+
+def _source(node: Any) -> str:
+    """Where an engine input comes from in a compiled module, as its graph names it."""
+    if not isinstance(node, torch.fx.Node):
+        return repr(node)
+    if node.op == "placeholder":
+        return f"input {node.target}"
+    if node.op == "call_module":
+        return f"{node.target} output 0"
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "call_module":
+        return f"{node.args[0].target} output {node.args[1]}"
+    return node.name
+
+
+@contextlib.contextmanager
+def recording(module: Any) -> Iterator[list[EngineBoundary]]:
+    """While inside, every call of an engine submodule of ``module`` appends its :class:`EngineBoundary`.
+
+    ``module`` is a compiled module (``torch_tensorrt.dynamo.compile``,
+    ``trt_inline.reference.compile``): a GraphModule whose engines are
+    ``call_module`` nodes. The hooks are removed on the way out, also when the
+    run raises. A module without engine submodules records nothing.
+    """
+    records: list[EngineBoundary] = []
+    handles = []
+    if isinstance(module, torch.fx.GraphModule):
+        for call_node in module.graph.nodes:
+            if not is_accelerated_call(module, call_node):
+                continue
+            name = str(call_node.target)
+            sources = [_source(arg) for arg in call_node.args]
+
+            def hook(
+                _: torch.nn.Module, inputs: Any, output: Any, name: str = name, sources: list[str] = sources
+            ) -> None:
+                records.append(EngineBoundary(name, boundary_tensors(inputs), boundary_tensors(output), sources))
+
+            handles.append(module.get_submodule(name).register_forward_hook(hook))
+    try:
+        yield records
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass
+class EngineCall:
+    """One engine call of a program's run."""
+
+    index: int  # among the program's engine calls, in the order they ran
+    node: str  # the engine call node
+    label: str  # the engine's submodule where the file names it ("_run_on_acc_1"), else "engine <index>"
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    producers: list[str]  # each input's producer, in the inspect vocabulary
+    regions: list[Region]  # each input's fallback region
+    consumers: list[str]  # who reads its outputs
+    alone: list[torch.Tensor] | None = None  # its outputs run alone on the recorded inputs
+    alone_problem: str | None = None  # why it could not be run alone
+
+
+@dataclass
+class ProgramTrace:
+    calls: list[EngineCall]
+    outputs: list[Any]
+    output_producers: list[str]
+    output_regions: list[Region]
+
+
+def as_boundaries(trace: ProgramTrace) -> list[EngineBoundary]:
+    """A trace's engine calls as boundary records (one file as the reference of another)."""
+    return [EngineBoundary(call.label, call.inputs, call.outputs, call.producers) for call in trace.calls]
+
+
+def _label(call_node: torch.fx.Node, index: int) -> str:
+    """The engine's submodule name, read from the attribute its engine is stored under, where there is one."""
+    op = engines.engine_op(call_node)
+    if op is not None and op.engine_arg is not None and len(call_node.args) > op.engine_arg:
+        holder = call_node.args[op.engine_arg]
+        if isinstance(holder, torch.fx.Node) and holder.op in ("get_attr", "placeholder"):
+            name = str(holder.target).rpartition(".")[2]
+            if engines.is_engine_attribute(name):
+                return name.rsplit("_engine", 1)[0]
+    return f"engine {index}"
+
+
+def _fits(recorded: torch.Tensor, actual: Any) -> bool:
+    return isinstance(actual, torch.Tensor) and recorded.shape == actual.shape
+
+
+class _Tracer(torch.fx.Interpreter):
+    """Runs a flat program, keeping every engine call's values (and, given a recording, each engine alone)."""
+
+    def __init__(self, module: torch.fx.GraphModule, recorded: Sequence[EngineBoundary] | None) -> None:
+        super().__init__(module)
+        self.recorded = recorded
+        self.words = Vocabulary(module.graph)
+        self.calls: list[EngineCall] = []
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if not is_engine_call(n):
+            return super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        result = super().run_node(n)
+        index = len(self.calls)
+        wired = engines.engine_inputs(n)
+        call = EngineCall(
+            index,
+            n.name,
+            _label(n, index),
+            boundary_tensors(args[0]),
+            boundary_tensors(result),
+            [self.words.producer(a) for a in wired],
+            [self.words.region(a) for a in wired],
+            [c for out in n.users for c in self.words.consumers(out)],
+        )
+        if self.recorded is not None and index < len(self.recorded):
+            call.alone, call.alone_problem = self._alone(n, args, kwargs, self.recorded[index])
+        self.calls.append(call)
+        return result
+
+    def _alone(
+        self, n: torch.fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any], record: EngineBoundary
+    ) -> tuple[list[torch.Tensor] | None, str | None]:
+        actual = list(args[0])
+        if len(actual) != len(record.inputs) or not all(map(_fits, record.inputs, actual)):
+            return None, "its recorded inputs do not fit it (another number, shape or kind of inputs)"
+        # A scalar crosses as a 0-d tensor whose dtype the engine op chooses: the recorded one takes it.
+        inputs = [
+            r.to(device=a.device, dtype=a.dtype if r.dim() == 0 else r.dtype)
+            for r, a in zip(record.inputs, actual, strict=True)
+        ]
+        target: Callable[..., Any] = n.target  # type: ignore[assignment]
+        try:
+            return boundary_tensors(target(inputs, *args[1:], **kwargs)), None
+        except Exception as exc:
+            return None, f"running it alone on its recorded inputs raised {type(exc).__name__}: {first_line(exc)}"
+
+
+def trace_program(
+    module: torch.fx.GraphModule,
+    args: Sequence[torch.Tensor],
+    kwargs: dict[str, torch.Tensor],
+    device: str | None,
+    recorded: Sequence[EngineBoundary] | None = None,
+) -> ProgramTrace:
+    """Run a flat program (``ExportedProgram.module()``) on the inputs, keeping every engine call's values.
+
+    Runs like :func:`trt_inline.verify.compare.run_on`: on ``device`` if given,
+    deterministically, restoring the caller's RNG state and flags.
+    """
+    if device is not None:
+        module = module.to(device)
+        args = [a.to(device) for a in args]
+        kwargs = {k: v.to(device) for k, v in kwargs.items()}
+    tracer = _Tracer(module, recorded)
+    flat = [*args, *kwargs.values()]
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(flat):
+        raise VerifyInputError(f"the program takes {len(placeholders)} inputs, {len(flat)} were given")
+    try:
+        with isolated_run(), torch.no_grad():
+            result = tracer.run(*flat, enable_io_processing=False)
+    except VerifyInputError:
+        raise
+    except Exception as exc:
+        raise VerifyInputError(
+            f"the program does not accept the inputs ({type(exc).__name__}: {first_line(exc)})"
+        ) from exc
+    output_node = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    returned = pytree.tree_leaves(output_node.args[0])
+    return ProgramTrace(
+        tracer.calls,
+        list(pytree.tree_leaves(result)),
+        [tracer.words.producer(value) for value in returned],
+        [tracer.words.region(value) for value in returned],
+    )
+
+
+def record_program_boundaries(
+    module: torch.fx.GraphModule, args: Sequence[Any], kwargs: dict[str, Any]
+) -> list[EngineBoundary]:
+    """The boundaries of a flat program's run (an ExportedProgram given to a save is its own reference)."""
+    return as_boundaries(trace_program(module, list(args), dict(kwargs), None))

@@ -1,0 +1,171 @@
+"""``diff``: two saves of one model run on the same inputs, compared at every engine boundary.
+
+The second file is the reference: its run is traced first, and the first file's
+run is compared with it boundary by boundary (:mod:`trt_inline.verify.localize`),
+engines aligned by position and checked by signature; each engine of the first
+file is also run alone on the second file's inputs to that engine. The report
+names the first divergence in both files' words, e.g. a fallback region that
+reads ``engine 1 output 1`` where the other file's reads ``engine 1 output 0``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from trt_inline import allowed_ops
+from trt_inline.errors import VerifyInputError
+from trt_inline.verify.archive import LoadedFile, open_file
+from trt_inline.verify.boundaries import as_boundaries, trace_program
+from trt_inline.verify.isolation import Limits, default_memory_limit, format_size, run_isolated
+from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
+from trt_inline.verify.random_inputs import Draw, draw_inputs
+from trt_inline.verify.report import VerifyReport
+from trt_inline.verify.structure import structural_problems
+from trt_inline.verify.verifier import normalize_tolerance, save_tensors
+
+__all__ = ["diff", "diff_job"]
+
+
+def diff(
+    path_a: str | os.PathLike[str],
+    path_b: str | os.PathLike[str],
+    *,
+    arg_inputs: Sequence[torch.Tensor] | None = None,
+    kwarg_inputs: dict[str, torch.Tensor] | None = None,
+    atol: float | Mapping[Any, float] | None = None,
+    rtol: float | Mapping[Any, float] | None = None,
+    device: str | None = None,
+    random_inputs: int = 0,
+    seed: int = 0,
+    save_outputs: str | os.PathLike[str] | None = None,
+    allow_pickle: bool = False,
+    allow_native_code: bool = False,
+    allow_ops: Sequence[str] = (),
+    isolate: bool = True,
+    timeout: float | None = None,
+    memory_limit: int | str | None = None,
+    debug: bool = False,
+) -> VerifyReport:
+    """Run two saved programs on the same inputs and compare them at every engine boundary, ``path_b`` the reference.
+
+    Inputs: ``arg_inputs`` / ``kwarg_inputs``, else the reference inputs the
+    first file embeds, else the second's. ``random_inputs``: that many more sets
+    drawn within the first program's declared ranges (``seed``); the comparison
+    stops at the first set that diverges. ``report.ok`` is true when every
+    boundary of every run agrees within tolerance; ``report.divergence`` names
+    the first that does not. Both files are opened with the checks of
+    :func:`trt_inline.verify` and run in one child process (``isolate``).
+    """
+    arguments = {
+        "path_a": os.fspath(path_a),
+        "path_b": os.fspath(path_b),
+        "atol": normalize_tolerance(atol),
+        "rtol": normalize_tolerance(rtol),
+        "device": device,
+        "random_inputs": random_inputs,
+        "seed": seed,
+        "save_outputs": None if save_outputs is None else os.fspath(save_outputs),
+        "allow_pickle": allow_pickle,
+        "allow_native_code": allow_native_code,
+        "allow_ops": list(allow_ops),
+    }
+    tensors = {"args": None if arg_inputs is None else list(arg_inputs), "kwargs": kwarg_inputs}
+    if not isolate:
+        return VerifyReport.from_dict(diff_job(arguments, tensors))
+    if memory_limit is None:
+        size_b = os.path.getsize(path_b) if os.path.isfile(path_b) else 0
+        memory_limit = default_memory_limit(path_a) + 2 * size_b
+    limits = Limits.for_file(path_a, timeout, memory_limit)
+    result = run_isolated("diff", arguments, tensors, limits, where=os.fspath(path_a), debug=debug)
+    report = VerifyReport.from_dict(result.value)
+    report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
+    report.notes.append(
+        f"loaded and run in a child process (limits {limits.describe()}; its peak resident memory "
+        f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports)"
+    )
+    return report
+
+
+def _program(loaded: LoadedFile) -> ExportedProgram:
+    if loaded.program is None:
+        raise VerifyInputError(
+            f"{loaded.path}: an AOTInductor package without its ExportedProgram has no engine boundaries to compare"
+        )
+    return loaded.program
+
+
+def _inputs(
+    tensors: dict[str, Any], a: LoadedFile, b: LoadedFile
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], str | None]:
+    """The inputs both run on, and the device their reference was captured on."""
+    if tensors.get("args") is not None or tensors.get("kwargs"):
+        return list(tensors.get("args") or ()), dict(tensors.get("kwargs") or {}), None
+    for loaded in (a, b):
+        if loaded.reference is not None:
+            device = loaded.reference.device
+            return loaded.reference.args, loaded.reference.kwargs, None if device == "cpu" else device
+    raise VerifyInputError(f"neither {a.path} nor {b.path} embeds reference inputs: give --inputs FILE (or arg_inputs)")
+
+
+def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """:func:`diff` in this process (the child's job)."""
+    path_a, path_b = arguments["path_a"], arguments["path_b"]
+    atol: Tolerance = arguments["atol"]
+    rtol: Tolerance = arguments["rtol"]
+    with allowed_ops.allowing(arguments["allow_ops"], native_code=arguments["allow_native_code"]):
+        opened = [
+            open_file(
+                path,
+                allow_pickle=arguments["allow_pickle"],
+                allow_native_code=arguments["allow_native_code"],
+                allow_ops=sorted(allowed_ops.allowed_now()),
+            )
+            for path in (path_a, path_b)
+        ]
+        program_a, program_b = (_program(loaded) for loaded in opened)
+        report = VerifyReport(source=f"{path_a} against {path_b}", expected_source=f"from {path_b}")
+        report.allow_pickle = arguments["allow_pickle"]
+        for path, program in ((path_a, program_a), (path_b, program_b)):
+            problems, _ = structural_problems(program)
+            report.notes += [f"{Path(path).name}: {problem}" for problem in problems]
+        args, kwargs, captured = _inputs(tensors, *opened)
+        device = arguments["device"] or captured
+        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+            raise VerifyInputError(f"the inputs were captured on {device} and no CUDA device is available here")
+        module_a, module_b = program_a.module(), program_b.module()
+        sets: list[tuple[Draw | None, list[torch.Tensor], dict[str, torch.Tensor]]] = [(None, args, kwargs)]
+        if arguments["random_inputs"]:
+            draws = draw_inputs(program_a, arguments["random_inputs"], arguments["seed"], args)
+            sets += [(draw, draw.inputs, {}) for draw in draws]
+        for iteration, (draw, run_args, run_kwargs) in enumerate(sets):
+            trace_b = trace_program(module_b, run_args, run_kwargs, device)
+            trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
+            reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
+            rows, divergence = localize(trace_a, reference, atol, rtol)
+            if draw is None:
+                report.outputs, report.boundaries = rows[-1].values, rows
+                if arguments["save_outputs"] is not None:
+                    save_tensors({"a": trace_a.outputs, "b": trace_b.outputs}, arguments["save_outputs"])
+            else:
+                report.random_runs.append(
+                    {
+                        "iteration": iteration - 1,
+                        "sizes": draw.shapes(),
+                        "symbols": draw.symbols,
+                        "ok": divergence is None,
+                        "problem": None if divergence is None else f"first divergence: {divergence.where}",
+                    }
+                )
+            if divergence is not None:
+                report.boundaries, report.divergence = rows, divergence
+                report.problems += own_error_problems(rows)
+                where = "" if draw is None else f" (random inputs {iteration - 1}, sizes {draw.shapes()})"
+                report.problems.append(f"first divergence{where}: {divergence.where}")
+                break
+    return report.to_dict()

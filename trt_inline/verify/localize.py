@@ -1,0 +1,216 @@
+"""Where a run first leaves its reference: boundary by boundary, engine by engine.
+
+Given the trace of a file's run (:func:`trt_inline.verify.boundaries.trace_program`)
+and a reference (the boundaries a save recorded from the compiled module, or the
+trace of a second file), the boundaries are compared in the order they ran::
+
+    engine 0 inputs ─ engine 0 outputs ─ engine 1 inputs ─ engine 1 outputs ─ … ─ program outputs
+                                       ▲
+                                       └─ the first one past tolerance decides:
+                                          inputs  → the fallback region (or wire) feeding them
+                                          outputs → the engine itself
+
+An engine whose inputs agree and whose outputs do not is the divergence, and its
+own error (run alone on the recorded inputs) says so independently of the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trt_inline.verify.boundaries import EngineCall, ProgramTrace, Region
+from trt_inline.verify.compare import compare_output, tolerance_for
+from trt_inline.verify.reference_io import EngineBoundary
+from trt_inline.verify.report import BoundaryRow, Divergence, OutputComparison
+
+__all__ = ["Reference", "localize", "own_error_problems"]
+
+Tolerance = float | Mapping[str, float] | None
+
+
+@dataclass
+class Reference:
+    """What a run is compared with: recorded engine boundaries and program outputs.
+
+    ``name`` says where they come from ("the compiled module", a file); ``trace``
+    is that file's own trace when the reference is another file (``diff``), for
+    naming what it wired where this run wired something else.
+    """
+
+    name: str
+    boundaries: Sequence[EngineBoundary]
+    outputs: Sequence[torch.Tensor]
+    trace: ProgramTrace | None = None
+
+
+def _compare(
+    actual: Sequence[Any], expected: Sequence[torch.Tensor], atol: Tolerance, rtol: Tolerance
+) -> list[OutputComparison]:
+    """Value by value; a scalar's 0-d tensor is compared in the reference's dtype (engines choose their own)."""
+    result = []
+    for index, (got, want) in enumerate(zip(actual, expected, strict=False)):
+        if isinstance(got, torch.Tensor) and got.dim() == 0 and want.dim() == 0 and got.dtype != want.dtype:
+            got = got.to(want.dtype)
+        result.append(compare_output(index, got, want, tolerance_for(atol, index), tolerance_for(rtol, index)))
+    if len(actual) != len(expected):
+        problem = f"{len(actual)} values where the reference has {len(expected)}"
+        result.append(OutputComparison(len(result), [], "", float("inf"), float("inf"), 0.0, 0.0, False, problem))
+    return result
+
+
+def _boundary_tolerance(tolerance: Tolerance) -> float | None:
+    """Inside the program, per-output tolerances do not apply: only one given for every value does."""
+    return None if isinstance(tolerance, Mapping) else tolerance
+
+
+def _worst(values: Sequence[OutputComparison]) -> OutputComparison:
+    return next(v for v in values if not v.ok)
+
+
+def _signature(call: EngineCall, record: EngineBoundary) -> str | None:
+    """Why a recorded engine cannot be the same engine as the one that ran here, or None."""
+    for what, mine, theirs in (("inputs", call.inputs, record.inputs), ("outputs", call.outputs, record.outputs)):
+        if len(mine) != len(theirs):
+            return f"it has {len(mine)} {what}, the reference's engine {len(theirs)}"
+        for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            if a.shape != b.shape and not (a.dim() == 0 and b.dim() == 0):
+                return f"its {what[:-1]} {index} is {list(a.shape)}, the reference's {list(b.shape)}"
+    return None
+
+
+def _their_region(reference: Reference, engine: int, position: int) -> Region | None:
+    """The region that fed the same engine input in the reference file (``diff``), or None."""
+    if reference.trace is not None and engine < len(reference.trace.calls):
+        regions = reference.trace.calls[engine].regions
+        return regions[position] if position < len(regions) else None
+    return None
+
+
+def _their_side(reference: Reference, engine: int, position: int) -> str:
+    """What fed the same engine input in the reference, in its own words."""
+    region = _their_region(reference, engine, position)
+    if region is not None:
+        return f"in {reference.name}: {region.describe()}"
+    record = reference.boundaries[engine]
+    if position < len(record.sources):
+        return f"in the compiled module it came from {record.sources[position]}"
+    return "the reference does not say where it came from"
+
+
+def _boundary_words(reads: Sequence[str]) -> list[str]:
+    """``engine 1 output 1`` of ``getitem_3 = engine 1 output 1``: what a read is, whatever the node is named."""
+    return sorted(read.partition(" = ")[2] or read for read in reads)
+
+
+def _value_divergence(
+    where_value: str,
+    region: Region,
+    comparison: OutputComparison,
+    theirs: str,
+    feeds: list[str],
+    their_region: Region | None = None,
+) -> Divergence:
+    """The divergence at a value produced by ``region``, whose own inputs agree with the reference."""
+    error = (
+        f"{comparison.nan_count} NaN and {comparison.inf_count} Inf values"
+        if comparison.nan_count or comparison.inf_count
+        else f"max abs diff {comparison.max_abs_diff:.6g}"
+    )
+    rewired = their_region is not None and _boundary_words(region.reads) != _boundary_words(their_region.reads)
+    if region.nodes and rewired:
+        where = f"fallback region {', '.join(region.nodes)} (feeding {where_value})"
+        detail = (
+            f"{where_value} differs ({error}); the fallback region that computes it reads "
+            f"{', '.join(_boundary_words(region.reads))} where the reference's reads "
+            f"{', '.join(_boundary_words(their_region.reads))}: it is wired to another value. Reference side: {theirs}"  # type: ignore[union-attr]
+        )
+        return Divergence("fallback", where, detail, list(region.reads), feeds)
+    if region.nodes:
+        where = f"fallback region {', '.join(region.nodes)} (feeding {where_value})"
+        detail = (
+            f"{where_value} differs ({error}); the fallback region that computes it reads only values that agree "
+            f"with the reference, so the region itself computes something else. Reference side: {theirs}"
+        )
+        return Divergence("fallback", where, detail, list(region.reads), feeds)
+    where = f"{where_value}, wired from {', '.join(region.reads) or 'nothing'}"
+    detail = (
+        f"{where_value} differs ({error}) and is wired straight from a value that agrees with the reference: "
+        f"it is wired to the wrong value. Reference side: {theirs}"
+    )
+    return Divergence("wiring", where, detail, list(region.reads), feeds)
+
+
+def localize(
+    trace: ProgramTrace, reference: Reference, atol: Tolerance, rtol: Tolerance
+) -> tuple[list[BoundaryRow], Divergence | None]:
+    """Every boundary of ``trace`` compared with ``reference``, and the first one past tolerance, named."""
+    inner_atol, inner_rtol = _boundary_tolerance(atol), _boundary_tolerance(rtol)
+    rows: list[BoundaryRow] = []
+    divergence: Divergence | None = None
+    for call, record in zip(trace.calls, reference.boundaries, strict=False):
+        title = f"engine {call.index} ({call.label})"
+        mismatch = _signature(call, record)
+        if mismatch is not None:
+            divergence = divergence or Divergence(
+                "signature", title, f"{title} is not the reference's engine {call.index} ({record.name}): {mismatch}",
+                call.producers, call.consumers,
+            )  # fmt: skip
+            break
+        inputs = _compare(call.inputs, record.inputs, inner_atol, inner_rtol)
+        rows.append(BoundaryRow(f"{title} inputs", call.index, inputs))
+        if divergence is None and not rows[-1].ok:
+            bad = _worst(inputs)
+            divergence = _value_divergence(
+                f"engine {call.index} in[{bad.index}]",
+                call.regions[bad.index],
+                bad,
+                _their_side(reference, call.index, bad.index),
+                [f"engine {call.index} in[{bad.index}]"],
+                _their_region(reference, call.index, bad.index),
+            )
+        outputs = _compare(call.outputs, record.outputs, inner_atol, inner_rtol)
+        own = None if call.alone is None else _compare(call.alone, record.outputs, inner_atol, inner_rtol)
+        rows.append(BoundaryRow(f"{title} outputs", call.index, outputs, own, call.alone_problem))
+        if divergence is None and not (rows[-1].ok and rows[-1].own_ok):
+            own_worst = BoundaryRow.worst(own)
+            run_worst = BoundaryRow.worst(outputs)
+            detail = (
+                f"its inputs agree with the reference and its outputs do not (max abs diff {run_worst:.6g} in the run"
+                + ("" if own_worst is None else f", {own_worst:.6g} when run alone on the recorded inputs")
+                + ")"
+            )
+            divergence = Divergence("engine", title, detail, call.producers, call.consumers)
+    if divergence is None and len(trace.calls) != len(reference.boundaries):
+        divergence = Divergence(
+            "signature",
+            f"engine {min(len(trace.calls), len(reference.boundaries))}",
+            f"the run calls {len(trace.calls)} engines, the reference ({reference.name}) {len(reference.boundaries)}",
+        )
+    outputs = _compare(trace.outputs, reference.outputs, atol, rtol)
+    rows.append(BoundaryRow("program outputs", None, outputs))
+    if divergence is None and not rows[-1].ok:
+        bad = _worst(outputs)
+        region = trace.output_regions[bad.index] if bad.index < len(trace.output_regions) else Region()
+        theirs, their_region = "the reference's output", None
+        if reference.trace is not None and bad.index < len(reference.trace.output_regions):
+            their_region = reference.trace.output_regions[bad.index]
+            theirs = f"in {reference.name}: {their_region.describe()}"
+        divergence = _value_divergence(f"output {bad.index}", region, bad, theirs, ["OUTPUT"], their_region)
+    return rows, divergence
+
+
+def own_error_problems(rows: Sequence[BoundaryRow]) -> list[str]:
+    """One problem per engine whose own error (run alone on its recorded inputs) is past tolerance."""
+    problems = []
+    for row in rows:
+        if row.own is not None and not row.own_ok:
+            title = row.boundary.removesuffix(" outputs")
+            problems.append(
+                f"{title}: its own error is past tolerance (max abs diff {BoundaryRow.worst(row.own):.6g} when run "
+                "alone on its recorded inputs)"
+            )
+    return problems

@@ -1,0 +1,130 @@
+"""Random inputs within a program's declared dynamic ranges, reproducible with a seed.
+
+Each size symbol of the program's inputs (``s0`` for a ``Dim("batch", min=1, max=8)``)
+is drawn within its range (``ExportedProgram.range_constraints``): the first
+draw takes every symbol at its minimum, the second at its maximum, later ones
+uniformly in between. A derived size (``2*s0``) follows its symbol. A range
+without an upper end is drawn up to twice the sample's size (or its minimum plus
+16 without a sample). Values follow the sample inputs: floating point with their
+mean and spread, integers within their minimum and maximum, booleans at random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torch.export import ExportedProgram
+
+from trt_inline.errors import VerifyInputError
+
+__all__ = ["Draw", "draw_inputs", "size_ranges"]
+
+_UNBOUNDED_SPAN = 16
+_NO_END = 1 << 62
+
+
+@dataclass
+class Draw:
+    """One set of random inputs, and the value each size symbol was given."""
+
+    inputs: list[torch.Tensor]
+    symbols: dict[str, int]
+
+    def shapes(self) -> list[list[int]]:
+        return [list(t.shape) for t in self.inputs]
+
+
+def _user_input_values(program: ExportedProgram) -> list[torch.Tensor]:
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    values = []
+    for name in program.graph_signature.user_inputs:
+        val = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(val, torch.Tensor):
+            raise VerifyInputError(f"random inputs: program input {name} is not a tensor (a {type(val).__name__})")
+        values.append(val)
+    return values
+
+
+def size_ranges(
+    program: ExportedProgram, sample: Sequence[torch.Tensor] | None = None
+) -> dict[sympy.Symbol, tuple[int, int]]:
+    """Each size symbol of the program's inputs and the (min, max) it is drawn in."""
+    values = _user_input_values(program)
+    sample_sizes: dict[sympy.Symbol, int] = {}
+    symbols: set[sympy.Symbol] = set()
+    for index, val in enumerate(values):
+        for dim, size in enumerate(val.shape):
+            if isinstance(size, int):
+                continue
+            expr = size.node.expr
+            symbols |= expr.free_symbols
+            if isinstance(expr, sympy.Symbol) and sample is not None and index < len(sample):
+                sample_sizes[expr] = int(sample[index].shape[dim])
+    ranges: dict[sympy.Symbol, tuple[int, int]] = {}
+    for symbol in sorted(symbols, key=str):
+        bounds = program.range_constraints.get(symbol)
+        lower = _bound(bounds.lower if bounds is not None else None) or 0
+        upper = _bound(bounds.upper if bounds is not None else None)
+        if upper is None:
+            upper = max(lower, 2 * sample_sizes[symbol]) if symbol in sample_sizes else lower + _UNBOUNDED_SPAN
+        ranges[symbol] = (lower, upper)
+    return ranges
+
+
+def _bound(value: object) -> int | None:
+    """A range's end as an int; None for no end (``int_oo``, or the ``sys.maxsize`` older releases write)."""
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+    return None if abs(number) >= _NO_END else number
+
+
+def _values(
+    like: torch.Tensor, shape: list[int], sample: torch.Tensor | None, generator: torch.Generator
+) -> torch.Tensor:
+    dtype = like.dtype
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) < 0.5
+    if dtype.is_floating_point:
+        mean, std = 0.0, 1.0
+        if sample is not None and sample.numel() > 1 and sample.dtype.is_floating_point:
+            mean, std = float(sample.double().mean()), float(sample.double().std()) or 1.0
+        return (torch.randn(shape, generator=generator, dtype=torch.float64) * std + mean).to(dtype)
+    if dtype.is_complex:
+        return torch.randn(shape, generator=generator, dtype=dtype)
+    low, high = 0, 9
+    if sample is not None and sample.numel() > 0:
+        low, high = int(sample.min()), int(sample.max())
+    return torch.randint(low, high + 1, shape, generator=generator).to(dtype)
+
+
+def draw_inputs(
+    program: ExportedProgram, count: int, seed: int, sample: Sequence[torch.Tensor] | None = None
+) -> list[Draw]:
+    """``count`` sets of inputs (as positional arguments) within the program's declared ranges."""
+    if count < 1:
+        raise VerifyInputError(f"random inputs: the number of draws must be at least 1, got {count}")
+    values = _user_input_values(program)
+    ranges = size_ranges(program, sample)
+    generator = torch.Generator().manual_seed(seed)
+    draws = []
+    for iteration in range(count):
+        chosen: dict[sympy.Symbol, int] = {}
+        for symbol, (lower, upper) in ranges.items():
+            if iteration == 0:
+                chosen[symbol] = lower
+            elif iteration == 1:
+                chosen[symbol] = upper
+            else:
+                chosen[symbol] = int(torch.randint(lower, upper + 1, (1,), generator=generator))
+        inputs = []
+        for index, val in enumerate(values):
+            shape = [size if isinstance(size, int) else int(size.node.expr.subs(chosen)) for size in val.shape]
+            reference = sample[index] if sample is not None and index < len(sample) else None
+            inputs.append(_values(val, shape, reference, generator))
+        draws.append(Draw(inputs, {str(s): v for s, v in chosen.items()}))
+    return draws
