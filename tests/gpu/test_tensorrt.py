@@ -311,3 +311,62 @@ def test_save_keeps_one_copy_of_every_engine(tmp_path: Path) -> None:
     with torch.no_grad():
         expected = as_list(compiled(*inputs))
     assert max_abs_diff(results[str(path)]["outputs"], expected) <= TRT_ATOL
+
+
+def _cli_json(*args: str) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trt_inline.cli", *args, "--json"], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_per_engine_and_diff_on_tensorrt_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Boundary data through torch_tensorrt.save, replayed engine by engine; a changed fallback region is named.
+
+    Running a TensorRT engine runs native code from the file: ``--allow-native-code``
+    is required for both, as for any run of a TensorRT file.
+    """
+    from models import CrossedHalves
+
+    torch_tensorrt = _torch_tensorrt()
+    model, x = CrossedHalves().eval().cuda(), torch.randn(3, 8).cuda()
+    compiled = torch_tensorrt.dynamo.compile(
+        torch.export.export(model, (x,)), (x,), min_block_size=1, torch_executed_ops={torch.ops.aten.relu.default}
+    )
+    engines = [n for n, _ in compiled.named_children() if n.startswith("_run_on_acc_")]
+    monkeypatch.setenv("TRT_INLINE_REFERENCE_IO", "boundaries")
+    path = tmp_path / "halves.pt2"
+    torch_tensorrt.save(compiled, str(path), output_format="exported_program", arg_inputs=[x])
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "trt_inline.cli", "verify", str(path), "--per-engine"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--allow-native-code" in refused.stderr, refused.stdout + refused.stderr
+    code, report = _cli_json("verify", str(path), "--per-engine", "--allow-native-code")
+    assert code == 0 and report["divergence"] is None
+    assert len(report["boundaries"]) == 2 * len(engines) + 1 >= 5
+    assert all(row["ok"] and row["own_ok"] for row in report["boundaries"])
+    assert max(v["max_abs_diff"] for row in report["boundaries"] for v in row["own"] or []) <= TRT_ATOL
+
+    program = torch.export.load(path)
+    relus = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default]
+    relus[-1].target = torch.ops.aten.sigmoid.default
+    program.graph_module.recompile()
+    import zipfile
+
+    from trt_inline.verify import REFERENCE_IO_FILE
+
+    with zipfile.ZipFile(path) as archive:
+        extra = archive.read(next(n for n in archive.namelist() if n.endswith(REFERENCE_IO_FILE))).decode()
+    changed = tmp_path / "halves_sigmoid.pt2"
+    torch.export.save(program, changed, extra_files={REFERENCE_IO_FILE: extra})
+    code, report = _cli_json("verify", str(changed), "--allow-native-code")
+    assert code == 1 and report["divergence"]["kind"] == "fallback", report
+    assert report["divergence"]["where"].startswith(f"fallback region {relus[-1].name} ")
+    assert all(row["own_ok"] for row in report["boundaries"])
+    code, report = _cli_json("diff", str(changed), str(path), "--allow-native-code")
+    assert code == 1 and report["divergence"]["where"].startswith(f"fallback region {relus[-1].name} ")
+    code, report = _cli_json("diff", str(path), str(path), "--allow-native-code", "--random-inputs", "2")
+    assert code == 0 and report["divergence"] is None

@@ -32,7 +32,8 @@ def plot_boundaries(report: VerifyReport, path: str | os.PathLike[str]) -> None:
     if not target.parent.exists():
         raise VerifyInputError(f"--plot: directory {target.parent} does not exist")
     rows = report.boundaries or [BoundaryRow("program outputs", None, report.outputs)]
-    labels = [row.boundary for row in rows]
+    # Names come from the file: "$" would start matplotlib's math mode.
+    labels = [row.boundary.replace("$", r"\$") for row in rows]
     run = [max(BoundaryRow.worst(row.values) or 0.0, _FLOOR) for row in rows]
     own = [max(BoundaryRow.worst(row.own) or 0.0, _FLOOR) if row.own is not None else 0.0 for row in rows]
     tolerance = [max((v.atol for v in row.values), default=0.0) for row in rows]
@@ -46,11 +47,11 @@ def plot_boundaries(report: VerifyReport, path: str | os.PathLike[str]) -> None:
     axes.scatter(positions, [max(t, _FLOOR) for t in tolerance], marker="_", s=400, color="black", label="atol")
     axes.set_yscale("log")
     axes.set_xticks(positions, labels, rotation=60, ha="right", fontsize=7)
-    axes.set_ylabel("max abs diff")
+    axes.set_ylabel("max abs diff (0 drawn at 1e-12)")
     title = f"{report.source}"
     if report.divergence is not None:
         title += f"\nfirst divergence: {report.divergence.where}"
-    axes.set_title(title, fontsize=8)
+    axes.set_title(title.replace("$", r"\$"), fontsize=8)
     axes.legend(fontsize=7)
     figure.tight_layout()
     with atomic_write(target) as tmp:
