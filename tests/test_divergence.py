@@ -144,6 +144,10 @@ def test_boundary_data_over_the_limit_is_left_out_with_a_warning(files: Files, t
     assert capped is not None and capped.boundaries is None and torch.equal(capped.outputs[0], reference.outputs[0])
     with pytest.raises(SaveError, match="embed_reference must be True, False or 'boundaries'"):
         trt_inline.save(files.compiled, tmp_path / "bad.pt2", arg_inputs=[files.x], embed_reference="layers")
+    with pytest.raises(SaveError, match="'boundaries' is for ExportedProgram files"):
+        trt_inline.save(files.compiled, tmp_path / "package.pt2", arg_inputs=[files.x], embed_reference="boundaries",
+                        output_format="aot_inductor")  # fmt: skip
+    assert not (tmp_path / "package.pt2").exists()
 
 
 def test_boundary_data_holding_anything_but_tensors_is_refused() -> None:
@@ -334,3 +338,28 @@ def test_verify_and_diff_on_random_inputs(files: Files, tmp_path: Path) -> None:
     assert diverged.divergence is not None and diverged.divergence.where == "engine 0 (_run_on_acc_1)"
     with pytest.raises(VerifyInputError, match="at least 1"):
         draw_inputs(torch.export.load(files.good), 0, seed=0)
+
+
+def test_random_inputs_against_the_compiled_module(tmp_path: Path) -> None:
+    """A dynamic batch: every draw within the saved program's range, each compared with the compiled module."""
+    batch = torch.export.Dim("batch", min=2, max=6)
+    x = torch.randn(4, 8)
+    compiled = trt_inline.reference.compile(
+        CrossedHalves().eval(), (x,), torch_executed_ops=["aten.relu.default"], dynamic_shapes=({0: batch},)
+    )
+    path = tmp_path / "dynamic.pt2"
+    trt_inline.save(compiled, path, arg_inputs=[x], dynamic_shapes=({0: batch},), embed_reference="boundaries")
+    report = trt_inline.verify(path, expected_module=compiled, random_inputs=5, seed=7, isolate=False)
+    assert report.ok, report.to_text()
+    rows = [run["sizes"][0][0] for run in report.random_runs]
+    assert rows[:2] == [2, 6] and all(2 <= r <= 6 for r in rows), rows
+    assert "5 runs on random inputs (seed 7) were compared with expected_module" in report.notes
+
+    def off_by_one(t: torch.Tensor) -> torch.Tensor:
+        return compiled(t) + 1
+
+    wrong = trt_inline.verify(path, expected_module=off_by_one, arg_inputs=[x], random_inputs=2, isolate=False)
+    assert [run["ok"] for run in wrong.random_runs] == [False, False]
+    assert "random inputs 0 (sizes [[2, 8]]): output 0 differs" in "\n".join(wrong.problems)
+    with pytest.raises(VerifyInputError, match="pass isolate=False"):
+        trt_inline.verify(path, expected_module=compiled, arg_inputs=[x], random_inputs=2)

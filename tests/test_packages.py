@@ -31,7 +31,7 @@ from test_verify import assert_unusable, cli
 
 import trt_inline
 from trt_inline import compat, reference
-from trt_inline.verify import REFERENCE_IO_FILE
+from trt_inline.verify import REFERENCE_IO_FILE, VerifyInputError
 
 WHY_NOT = compat.aoti_packages()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"AOTInductor packages: {WHY_NOT}")
@@ -188,6 +188,15 @@ def test_verify_and_inspect_never_load_native_code_unasked(packages: dict[str, P
     assert proc.stdout.startswith("AOTInductor package: model model;")
     assert "graph of the ExportedProgram the package was compiled from:" in proc.stdout
     assert "engine 3" in proc.stdout and "relu.default(getitem = engine 0 output 0)" in proc.stdout
+
+
+def test_per_engine_and_diff_refuse_a_package(packages: dict[str, Package]) -> None:
+    """A package's engines run inside its compiled code; the program it carries has no weights to replay."""
+    package = packages["seed"]
+    with pytest.raises(VerifyInputError, match="no engine boundaries to compare"):
+        trt_inline.verify(package.path, expected_module=package.compiled, arg_inputs=package.checks[0],
+                          per_engine=True, allow_native_code=True, isolate=False)  # fmt: skip
+    assert_unusable(cli("diff", str(package.path), str(package.path)), "is an AOTInductor package: its engines run")
 
 
 def test_altered_expected_outputs_fail_naming_the_output(packages: dict[str, Package], tmp_path: Path) -> None:

@@ -106,6 +106,11 @@ def save(
     if output_format == formats.AOT_INDUCTOR and target.suffix != ".pt2":
         raise SaveError(f"{target}: an AOTInductor package's name must end in .pt2")
     boundaries = embeds_boundaries(embed_reference)
+    if boundaries and output_format == formats.AOT_INDUCTOR:
+        raise SaveError(
+            "embed_reference='boundaries' is for ExportedProgram files: a package's engines run inside its compiled "
+            "code, where no engine boundary can be observed; save an exported_program file to compare engines"
+        )
     program = to_exported_program(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
     )

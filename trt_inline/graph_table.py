@@ -23,7 +23,7 @@ from trt_inline.errors import printable
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile
 from trt_inline.verify.report import describe_value
 
-__all__ = ["Region", "Vocabulary", "describe_file", "describe_program"]
+__all__ = ["Region", "Vocabulary", "brief", "describe_file", "describe_program"]
 
 
 def describe_file(loaded: LoadedFile) -> str:
@@ -67,10 +67,21 @@ class Region:
     nodes: list[str] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)
 
+    def name(self) -> str:
+        """``fallback region relu_1``: its nodes, the middle of a long region elided."""
+        return f"fallback region {brief(self.nodes)}"
+
     def describe(self) -> str:
         if not self.nodes:
             return f"wired straight from {', '.join(self.reads) or 'nothing'}"
-        return f"fallback region {', '.join(self.nodes)} (reads {', '.join(self.reads) or 'nothing'})"
+        return f"{self.name()} (reads {', '.join(self.reads) or 'nothing'})"
+
+
+def brief(names: list[str], limit: int = 6) -> str:
+    """Names joined by commas; past ``limit``, the first three and the last two around a count."""
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:3])}, ... ({len(names) - 5} more) ..., {', '.join(names[-2:])}"
 
 
 class Vocabulary:
@@ -83,6 +94,8 @@ class Vocabulary:
     def __init__(self, graph: torch.fx.Graph, kinds: dict[str, str] | None = None) -> None:
         self.engine_index = {n: i for i, n in enumerate(n for n in graph.nodes if is_engine_call(n))}
         self.kinds = kinds or {}
+        self._order = {n: i for i, n in enumerate(graph.nodes)}
+        self._regions: dict[torch.fx.Node, Region] = {}
 
     def engine_output(self, node: torch.fx.Node) -> bool:
         return bool(
@@ -116,26 +129,27 @@ class Vocabulary:
         """The torch nodes between ``value`` and the boundary values it is computed from."""
         if not isinstance(value, torch.fx.Node):
             return Region()
-        nodes: set[torch.fx.Node] = set()
-        reads: list[torch.fx.Node] = []
-        stack = [value]
-        while stack:
-            node = stack.pop()
-            if node in nodes or node in reads:
-                continue
-            if node.op == "placeholder" and self.kinds.get(node.name, "user input") != "user input":
-                continue
-            if node.op == "placeholder" or self.engine_output(node) or node in self.engine_index:
-                reads.append(node)
-            elif node.op == "call_function":
-                nodes.add(node)
-                stack.extend(node.all_input_nodes)
-            # get_attr, weights lifted to placeholders: part of the region, not a boundary
-        order = {n: i for i, n in enumerate(value.graph.nodes)}
-        return Region(
-            [n.name for n in sorted(nodes, key=order.__getitem__)],
-            [self.producer(n) for n in sorted(reads, key=order.__getitem__)],
-        )
+        if value not in self._regions:
+            nodes: set[torch.fx.Node] = set()
+            reads: set[torch.fx.Node] = set()
+            stack = [value]
+            while stack:
+                node = stack.pop()
+                if node in nodes or node in reads:
+                    continue
+                if node.op == "placeholder" and self.kinds.get(node.name, "user input") != "user input":
+                    continue  # a weight lifted to a placeholder: part of the region, not a boundary
+                if node.op == "placeholder" or self.engine_output(node) or node in self.engine_index:
+                    reads.add(node)
+                elif node.op == "call_function":
+                    nodes.add(node)
+                    stack.extend(node.all_input_nodes)
+                # get_attr (a weight or constant): part of the region, not a boundary
+            self._regions[value] = Region(
+                [n.name for n in sorted(nodes, key=self._order.__getitem__)],
+                [self.producer(n) for n in sorted(reads, key=self._order.__getitem__)],
+            )
+        return self._regions[value]
 
 
 def _input_kinds(program: ExportedProgram) -> dict[str, str]:

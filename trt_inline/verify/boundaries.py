@@ -151,7 +151,10 @@ def _label(call_node: torch.fx.Node, index: int) -> str:
 
 
 def _fits(recorded: torch.Tensor, actual: Any) -> bool:
-    return isinstance(actual, torch.Tensor) and recorded.shape == actual.shape
+    """Whether a recorded input may stand in for the actual one: same shape, and same dtype unless a 0-d scalar."""
+    if not isinstance(actual, torch.Tensor) or recorded.shape != actual.shape:
+        return False
+    return recorded.dim() == 0 or recorded.dtype == actual.dtype
 
 
 class _Tracer(torch.fx.Interpreter):

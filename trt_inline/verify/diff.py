@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops
 from trt_inline.errors import VerifyInputError
-from trt_inline.verify.archive import LoadedFile, open_file
+from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import as_boundaries, trace_program
 from trt_inline.verify.isolation import Limits, default_memory_limit, format_size, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
@@ -93,9 +93,12 @@ def diff(
 
 
 def _program(loaded: LoadedFile) -> ExportedProgram:
-    if loaded.program is None:
+    """The program whose run is compared: an ExportedProgram file's (a package's engines exist only compiled)."""
+    if loaded.kind == AOTI_PACKAGE or loaded.program is None:
         raise VerifyInputError(
-            f"{loaded.path}: an AOTInductor package without its ExportedProgram has no engine boundaries to compare"
+            f"{loaded.path} is an AOTInductor package: its engines run inside its compiled code and the program it "
+            "carries holds no weights, so there are no engine boundaries to compare; diff the ExportedProgram files "
+            "saved from the same modules"
         )
     return loaded.program
 

@@ -122,20 +122,20 @@ def _value_divergence(
     )
     rewired = their_region is not None and _boundary_words(region.reads) != _boundary_words(their_region.reads)
     if region.nodes and rewired:
-        where = f"fallback region {', '.join(region.nodes)} (feeding {where_value})"
+        where = f"{region.name()} (feeding {where_value})"
         detail = (
             f"{where_value} differs ({error}); the fallback region that computes it reads "
             f"{', '.join(_boundary_words(region.reads))} where the reference's reads "
             f"{', '.join(_boundary_words(their_region.reads))}: it is wired to another value. Reference side: {theirs}"  # type: ignore[union-attr]
         )
-        return Divergence("fallback", where, detail, list(region.reads), feeds)
+        return Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes))
     if region.nodes:
-        where = f"fallback region {', '.join(region.nodes)} (feeding {where_value})"
+        where = f"{region.name()} (feeding {where_value})"
         detail = (
             f"{where_value} differs ({error}); the fallback region that computes it reads only values that agree "
             f"with the reference, so the region itself computes something else. Reference side: {theirs}"
         )
-        return Divergence("fallback", where, detail, list(region.reads), feeds)
+        return Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes))
     where = f"{where_value}, wired from {', '.join(region.reads) or 'nothing'}"
     detail = (
         f"{where_value} differs ({error}) and is wired straight from a value that agrees with the reference: "
@@ -153,6 +153,8 @@ def localize(
     divergence: Divergence | None = None
     for call, record in zip(trace.calls, reference.boundaries, strict=False):
         title = f"engine {call.index} ({call.label})"
+        if record.name and record.name != call.label:
+            title = f"engine {call.index} ({call.label}, reference {record.name})"
         mismatch = _signature(call, record)
         if mismatch is not None:
             divergence = divergence or Divergence(

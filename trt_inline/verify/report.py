@@ -95,6 +95,8 @@ class Divergence:
     detail: str
     producers: list[str] = field(default_factory=list)
     consumers: list[str] = field(default_factory=list)
+    # A fallback region's nodes, every one (``where`` elides the middle of a long region).
+    nodes: list[str] = field(default_factory=list)
 
     def to_text(self) -> str:
         lines = [f"first divergence: {self.where}", f"  {self.detail}"]

@@ -158,6 +158,11 @@ def verify(
             raise VerifyInputError(
                 "expected_module runs in this process and the file in a child: give arg_inputs with it"
             )
+        if random_inputs:
+            raise VerifyInputError(
+                "random inputs are drawn from the file's declared ranges in the child that opens it, where "
+                "expected_module cannot run: pass isolate=False (a trusted file), or compare two files with diff"
+            )
         with recording(expected_module if per_engine else None) as records, torch.no_grad():
             expected = tensors_only(expected_module(*arg_inputs, **(kwarg_inputs or {})), "expected outputs")
         recorded = records if per_engine else None
@@ -325,9 +330,22 @@ def _verify_here(
             report.problems.append(comparison.problem)
     mismatch = any(not o.ok for o in report.outputs)
     if per_engine or (mismatch and recorded is not None):
-        _compare_boundaries(report, program, recorded, args, kwargs, want, device, atol, rtol, automatic=not per_engine)
+        packaged = loaded is not None and loaded.kind == AOTI_PACKAGE
+        _compare_boundaries(
+            report,
+            program,
+            recorded,
+            args,
+            kwargs,
+            want,
+            device,
+            atol,
+            rtol,
+            automatic=not per_engine,
+            packaged=packaged,
+        )
     if random_inputs:
-        _random_runs(report, program, runnable, args, random_inputs, seed, device)
+        _random_runs(report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol)
     return report
 
 
@@ -343,6 +361,7 @@ def _compare_boundaries(
     rtol: Tolerance,
     *,
     automatic: bool,
+    packaged: bool,
 ) -> None:
     """Engine by engine against the recorded boundaries: the per-boundary table and the first divergence."""
     if recorded is None:
@@ -350,8 +369,16 @@ def _compare_boundaries(
             f"{report.source}: no engine boundary data to compare with (save with embed_reference='boundaries', "
             "or TRT_INLINE_REFERENCE_IO=boundaries for torch_tensorrt.save, or give the compiled module)"
         )
-    if program is None:
-        report.notes.append("per-engine comparison needs the program's graph, which this package does not carry")
+    if program is None or packaged:
+        # A package's engines exist only inside its compiled code; the program it carries has no weights.
+        why = (
+            f"{report.source} is an AOTInductor package: its engines run inside its compiled code and the program "
+            "it carries holds no weights, so there are no engine boundaries to compare; compare the ExportedProgram "
+            "file saved from the same module (output_format='exported_program')"
+        )
+        if not automatic:
+            raise VerifyInputError(why)
+        report.notes.append(why)
         return
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
@@ -371,8 +398,14 @@ def _random_runs(
     count: int,
     seed: int,
     device: str | None,
+    expected_module: Callable[..., Any] | None,
+    atol: Tolerance,
+    rtol: Tolerance,
 ) -> None:
-    """Runs on inputs drawn within the declared ranges: each must be accepted and give finite outputs."""
+    """Runs on inputs drawn within the declared ranges: each must be accepted and give finite outputs.
+
+    With ``expected_module`` (in this process) each run is also compared with what it returns.
+    """
     if program is None:
         raise VerifyInputError(
             "random inputs are drawn within the program's declared ranges: this package carries no ExportedProgram"
@@ -387,10 +420,24 @@ def _random_runs(
             bad = [str(i) for i, out in enumerate(outputs) if not _finite(out)]
             if bad:
                 problem = f"NaN or Inf in output {', '.join(bad)}"
+            elif expected_module is not None:
+                with torch.no_grad():
+                    want = tensors_only(expected_module(*draw.inputs), "expected outputs")
+                differ = [
+                    c.problem
+                    for i, (got, ref) in enumerate(zip(outputs, want, strict=False))
+                    if (c := compare_output(i, got, ref, tolerance_for(atol, i), tolerance_for(rtol, i))).problem
+                ]
+                if len(outputs) != len(want):
+                    differ.append(f"{len(outputs)} outputs, the module {len(want)}")
+                problem = "; ".join(p for p in differ if p) or None
         run = {"iteration": iteration, "sizes": draw.shapes(), "symbols": draw.symbols}
         report.random_runs.append({**run, "ok": problem is None, "problem": problem})
         if problem is not None:
             report.problems.append(f"random inputs {iteration} (sizes {draw.shapes()}): {problem}")
+    if expected_module is not None:
+        report.notes.append(f"{count} runs on random inputs (seed {seed}) were compared with expected_module")
+        return
     report.notes.append(
         f"{count} runs on random inputs (seed {seed}) within the declared ranges were checked to be accepted and to "
         "give finite outputs; one file has no reference outputs for them: trt-inline diff A B --random-inputs N "
