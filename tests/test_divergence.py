@@ -43,6 +43,10 @@ class Files:
     compiled: torch.fx.GraphModule
     good: Path  # trt-inline save with boundary data
     plain: Path  # trt-inline save with reference I/O only
+    # The compiled module's engines, and its fallbacks that run a relu, in graph order (the numbering
+    # depends on the torch: from 2.9 an input-guard fallback comes first).
+    engines: list[str]
+    relu_fallbacks: list[str]
 
 
 def _extra(path: Path) -> str:
@@ -64,7 +68,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     good, plain = root / "good.pt2", root / "plain.pt2"
     trt_inline.save(compiled, good, arg_inputs=[x], embed_reference="boundaries")
     trt_inline.save(compiled, plain, arg_inputs=[x])
-    return Files(root, x, compiled, good, plain)
+    engines = [n for n, _ in compiled.named_children() if n.startswith("_run_on_acc_")]
+    relu_fallbacks = [
+        n for n, m in compiled.named_children() if n.startswith("_run_on_gpu_") and "relu" in str(m.graph)
+    ]
+    assert len(engines) == 3 and len(relu_fallbacks) == 2, (engines, relu_fallbacks)
+    return Files(root, x, compiled, good, plain, engines, relu_fallbacks)
 
 
 def _engine_fault(files: Files, engine: int) -> Path:
@@ -120,10 +129,10 @@ def test_boundary_data_is_embedded_in_call_order(files: Files) -> None:
     reference = open_file(files.good).reference
     assert reference is not None and reference.boundaries is not None
     names = [b.name for b in reference.boundaries]
-    assert names == ["_run_on_acc_1", "_run_on_acc_3", "_run_on_acc_5"]
-    assert reference.boundaries[2].sources == ["_run_on_gpu_4 output 0", "_run_on_acc_3 output 1"]
+    assert names == files.engines
+    assert reference.boundaries[2].sources == [f"{files.relu_fallbacks[1]} output 0", f"{files.engines[1]} output 1"]
     # What each engine of the compiled module really received and returned.
-    engine = files.compiled.get_submodule("_run_on_acc_1")
+    engine = files.compiled.get_submodule(files.engines[0])
     with torch.no_grad():
         first, second = engine(files.x)
     assert torch.equal(reference.boundaries[0].inputs[0], files.x)
@@ -175,22 +184,19 @@ def test_per_engine_names_the_engine_whose_weight_was_changed(files: Files) -> N
     path = _engine_fault(files, engine=1)
     proc = cli("verify", str(path), "--per-engine")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "first divergence: engine 1 (_run_on_acc_3)\n" in proc.stdout, proc.stdout
+    second = f"engine 1 ({files.engines[1]})"
+    assert f"first divergence: {second}\n" in proc.stdout, proc.stdout
     assert "reads: relu, getitem_1 = engine 0 output 1" in proc.stdout
     report = json.loads(cli("verify", str(path), "--per-engine", "--json").stdout)
-    assert report["divergence"]["kind"] == "engine" and report["divergence"]["where"] == "engine 1 (_run_on_acc_3)"
-    own = {row["boundary"]: row["own_ok"] for row in report["boundaries"] if row["own"] is not None}
-    assert own == {
-        "engine 0 (_run_on_acc_1) outputs": True,
-        "engine 1 (_run_on_acc_3) outputs": False,
-        "engine 2 (_run_on_acc_5) outputs": True,  # its inputs differ in the run, its own error does not
-    }
+    assert report["divergence"]["kind"] == "engine" and report["divergence"]["where"] == second
+    own = [row["own_ok"] for row in report["boundaries"] if row["own"] is not None]
+    assert own == [True, False, True], "the third engine's inputs differ in the run, its own error does not"
     rows = {row["boundary"]: row for row in report["boundaries"]}
-    assert rows["engine 2 (_run_on_acc_5) inputs"]["ok"] is False and rows["engine 1 (_run_on_acc_3) inputs"]["ok"]
-    assert max(v["max_abs_diff"] for v in rows["engine 1 (_run_on_acc_3) outputs"]["own"]) > 0.1
+    assert rows[f"engine 2 ({files.engines[2]}) inputs"]["ok"] is False and rows[f"{second} inputs"]["ok"]
+    assert max(v["max_abs_diff"] for v in rows[f"{second} outputs"]["own"]) > 0.1
     # Without --per-engine it runs by itself: an output differs and the file has boundary data.
     automatic = trt_inline.verify(path, isolate=False)
-    assert automatic.divergence is not None and automatic.divergence.where == "engine 1 (_run_on_acc_3)"
+    assert automatic.divergence is not None and automatic.divergence.where == second
     assert "an output differs and boundary data is embedded: compared engine by engine" in automatic.notes
 
 
@@ -200,7 +206,7 @@ def test_per_engine_names_the_fallback_region_that_was_changed(files: Files) -> 
     assert report.divergence.kind == "fallback"
     assert report.divergence.where == "fallback region relu_1 (feeding engine 2 in[0])"
     assert report.divergence.producers == ["getitem_2 = engine 1 output 0"]
-    assert "in the compiled module it came from _run_on_gpu_4 output 0" in report.divergence.detail
+    assert f"in the compiled module it came from {files.relu_fallbacks[1]} output 0" in report.divergence.detail
     assert all(row.own_ok for row in report.boundaries), "every engine is within tolerance on its own"
     assert [row.ok for row in report.boundaries][:4] == [True] * 4
 
@@ -251,7 +257,7 @@ def test_diff_of_two_saves_of_one_module_exits_0(files: Files, tmp_path: Path) -
 def test_diff_of_an_engine_fault_runs_each_engine_on_the_other_files_inputs(files: Files) -> None:
     report = trt_inline.diff(_engine_fault(files, engine=2), files.good, isolate=False)
     assert not report.ok and report.divergence is not None
-    assert report.divergence.where == "engine 2 (_run_on_acc_5)"
+    assert report.divergence.where == f"engine 2 ({files.engines[2]})"
     assert [row.own_ok for row in report.boundaries if row.own is not None] == [True, True, False]
 
 
@@ -335,7 +341,7 @@ def test_verify_and_diff_on_random_inputs(files: Files, tmp_path: Path) -> None:
         report = trt_inline.verify(files.good, random_inputs=3, seed=1, isolate=False)
     assert report.ok and [run["sizes"] for run in report.random_runs] == [[[3, 8]]] * 3  # static: the sample's sizes
     diverged = trt_inline.diff(_engine_fault(files, engine=0), files.good, random_inputs=2, isolate=False)
-    assert diverged.divergence is not None and diverged.divergence.where == "engine 0 (_run_on_acc_1)"
+    assert diverged.divergence is not None and diverged.divergence.where == f"engine 0 ({files.engines[0]})"
     with pytest.raises(VerifyInputError, match="at least 1"):
         draw_inputs(torch.export.load(files.good), 0, seed=0)
 

@@ -175,6 +175,12 @@ def test_verify_leaves_rng_flags_and_loggers_as_they_were(
         assert report.ok and report.expected_source == "embedded"
         with pytest.raises(trt_inline.VerifyInputError, match="does not accept the reference inputs"):
             verify(saved_seed.good, arg_inputs=wrong_inputs, expected=[torch.zeros(1)])
+        # In this process: per-engine (hooks on the compiled module), random inputs, diff.
+        local = verify(saved_seed.good, expected_module=saved_seed.compiled, arg_inputs=[saved_seed.x],
+                       per_engine=True, random_inputs=2, isolate=False)  # fmt: skip
+        assert local.ok and local.boundaries and len(local.random_runs) == 2, local.to_text()
+        assert trt_inline.diff(saved_seed.good, saved_seed.bare, isolate=False).ok
+        assert not any(m._forward_hooks for m in saved_seed.compiled.modules()), "recording left a hook behind"
         assert torch.equal(torch.get_rng_state(), rng), "verify reseeded the caller's RNG"
         assert torch.are_deterministic_algorithms_enabled() is mode
         assert torch.is_deterministic_algorithms_warn_only_enabled() is warn_only
