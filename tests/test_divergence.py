@@ -252,6 +252,9 @@ def test_diff_of_two_saves_of_one_module_exits_0(files: Files, tmp_path: Path) -
     with torch.no_grad():
         assert torch.equal(saved["a"][0], files.compiled(files.x)) and torch.equal(saved["b"][0], saved["a"][0])
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_unusable(cli("diff", str(files.plain), str(files.good), "--plot", str(tmp_path / "chart.svg")), "as PNG")
+    missing = tmp_path / "missing" / "out.pt"
+    assert_unusable(cli("verify", str(files.good), "--save-outputs", str(missing)), "does not exist")
 
 
 def test_diff_of_an_engine_fault_runs_each_engine_on_the_other_files_inputs(files: Files) -> None:

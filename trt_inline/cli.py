@@ -188,9 +188,20 @@ def _finish(report: Any, args: argparse.Namespace, *, unverified: str | None) ->
     return 0
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an unwritable --plot or --save-outputs before the (possibly long) run, not after it."""
+    if args.plot is not None:
+        from trt_inline.verify.plot import check_plot_target
+
+        check_plot_target(args.plot)
+    if args.save_outputs is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_outputs))):
+        raise VerifyInputError(f"--save-outputs: directory {os.path.dirname(args.save_outputs)} does not exist")
+
+
 def _run_diff(args: argparse.Namespace) -> int:
     from trt_inline.verify import diff
 
+    _check_outputs(args)
     arg_inputs, kwarg_inputs = _inputs_file(args.inputs)
     report = diff(
         args.path_a,
@@ -216,6 +227,7 @@ def _run_diff(args: argparse.Namespace) -> int:
 def _run_verify(args: argparse.Namespace) -> int:
     from trt_inline.verify import verify
 
+    _check_outputs(args)
     if (args.inputs is None) != (args.expected is None):
         raise VerifyInputError("--inputs and --expected go together")
     if args.inputs is not None and args.expected_from is not None:

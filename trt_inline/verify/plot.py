@@ -14,23 +14,31 @@ from trt_inline.errors import VerifyInputError
 from trt_inline.formats import atomic_write
 from trt_inline.verify.report import BoundaryRow, VerifyReport
 
-__all__ = ["plot_boundaries"]
+__all__ = ["check_plot_target", "plot_boundaries"]
 
 _FLOOR = 1e-12  # zero error on a log axis
 
 
-def plot_boundaries(report: VerifyReport, path: str | os.PathLike[str]) -> None:
-    """Bars of each boundary's max abs error in the run and, for engine outputs, run alone; the tolerance as ticks."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise VerifyInputError("--plot needs matplotlib: pip install 'trt-inline[plot]'") from None
+def check_plot_target(path: str | os.PathLike[str]) -> Path:
+    """The chart's path, refused before any work if it cannot be written or matplotlib is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise VerifyInputError("--plot needs matplotlib: pip install 'trt-inline[plot]'")
     target = Path(path)
     if target.suffix.lower() != ".png":
         raise VerifyInputError(f"--plot {target}: the chart is written as PNG, name it *.png")
-    if not target.parent.exists():
+    if not target.parent.is_dir():
         raise VerifyInputError(f"--plot: directory {target.parent} does not exist")
+    return target
+
+
+def plot_boundaries(report: VerifyReport, path: str | os.PathLike[str]) -> None:
+    """Bars of each boundary's max abs error in the run and, for engine outputs, run alone; the tolerance as ticks."""
+    target = check_plot_target(path)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     rows = report.boundaries or [BoundaryRow("program outputs", None, report.outputs)]
     # Names come from the file: "$" would start matplotlib's math mode.
     labels = [row.boundary.replace("$", r"\$") for row in rows]
