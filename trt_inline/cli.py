@@ -188,6 +188,24 @@ def _finish(report: Any, args: argparse.Namespace, *, unverified: str | None) ->
     return 0
 
 
+def _comparison(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments ``verify`` and ``diff`` share, from their common options."""
+    return {
+        "atol": _tolerance(args.atol, "--atol"),
+        "rtol": _tolerance(args.rtol, "--rtol"),
+        "device": args.device,
+        "random_inputs": args.random_inputs,
+        "seed": args.seed,
+        "save_outputs": args.save_outputs,
+        "allow_pickle": args.allow_pickle,
+        "allow_native_code": args.allow_native_code,
+        "allow_ops": args.allow_op,
+        "timeout": args.timeout,
+        "memory_limit": args.memory_limit,
+        "debug": args.debug,
+    }
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse an unwritable --plot or --save-outputs before the (possibly long) run, not after it."""
     if args.plot is not None:
@@ -203,24 +221,7 @@ def _run_diff(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     arg_inputs, kwarg_inputs = _inputs_file(args.inputs)
-    report = diff(
-        args.path_a,
-        args.path_b,
-        arg_inputs=arg_inputs,
-        kwarg_inputs=kwarg_inputs,
-        atol=_tolerance(args.atol, "--atol"),
-        rtol=_tolerance(args.rtol, "--rtol"),
-        device=args.device,
-        random_inputs=args.random_inputs,
-        seed=args.seed,
-        save_outputs=args.save_outputs,
-        allow_pickle=args.allow_pickle,
-        allow_native_code=args.allow_native_code,
-        allow_ops=args.allow_op,
-        timeout=args.timeout,
-        memory_limit=args.memory_limit,
-        debug=args.debug,
-    )
+    report = diff(args.path_a, args.path_b, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, **_comparison(args))
     return _finish(report, args, unverified=None)
 
 
@@ -243,19 +244,8 @@ def _run_verify(args: argparse.Namespace) -> int:
         kwarg_inputs=kwarg_inputs,
         expected=expected,
         expected_from=args.expected_from,
-        atol=_tolerance(args.atol, "--atol"),
-        rtol=_tolerance(args.rtol, "--rtol"),
-        device=args.device,
         per_engine=args.per_engine,
-        random_inputs=args.random_inputs,
-        seed=args.seed,
-        save_outputs=args.save_outputs,
-        allow_pickle=args.allow_pickle,
-        allow_native_code=args.allow_native_code,
-        allow_ops=args.allow_op,
-        timeout=args.timeout,
-        memory_limit=args.memory_limit,
-        debug=args.debug,
+        **_comparison(args),
     )
     return _finish(
         report,
