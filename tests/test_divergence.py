@@ -205,7 +205,7 @@ def test_per_engine_names_the_fallback_region_that_was_changed(files: Files) -> 
     assert report.divergence is not None
     assert report.divergence.kind == "fallback"
     assert report.divergence.where == "fallback region relu_1 (feeding engine 2 in[0])"
-    assert report.divergence.producers == ["getitem_2 = engine 1 output 0"]
+    assert report.divergence.producers == ["getitem_2 = engine 1 output 0"] and report.divergence.nodes == ["relu_1"]
     assert f"in the compiled module it came from {files.relu_fallbacks[1]} output 0" in report.divergence.detail
     assert all(row.own_ok for row in report.boundaries), "every engine is within tolerance on its own"
     assert [row.ok for row in report.boundaries][:4] == [True] * 4
