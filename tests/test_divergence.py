@@ -221,6 +221,22 @@ def test_per_engine_on_a_good_file_and_without_boundary_data(files: Files) -> No
     assert_unusable(cli("verify", str(files.plain), "--per-engine"), "no engine boundary data to compare with")
 
 
+def test_boundary_data_that_does_not_fit_the_program_is_a_signature_divergence(files: Files, tmp_path: Path) -> None:
+    """Recorded engines are aligned by position and checked by signature before any value is compared."""
+    reference = open_file(files.good).reference
+    assert reference is not None and reference.boundaries is not None
+    reference.boundaries[1].inputs[0] = torch.zeros(5, 4)
+    path = tmp_path / "other_boundaries.pt2"
+    torch.export.save(
+        torch.export.load(files.good), path, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)}
+    )
+    report = trt_inline.verify(path, per_engine=True, isolate=False)
+    assert report.divergence is not None and report.divergence.kind == "signature", report.to_text()
+    assert report.divergence.where == f"engine 1 ({files.engines[1]})"
+    assert "its input 0 is [3, 4], the reference's [5, 4]" in report.divergence.detail
+    assert not report.ok and report.outputs[0].ok, "the outputs agree: only the boundary data does not fit"
+
+
 # ---------------------------------------------------------------------------
 # diff
 # ---------------------------------------------------------------------------
