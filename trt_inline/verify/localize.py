@@ -120,13 +120,12 @@ def _value_divergence(
         if comparison.nan_count or comparison.inf_count
         else f"max abs diff {comparison.max_abs_diff:.6g}"
     )
-    rewired = their_region is not None and _boundary_words(region.reads) != _boundary_words(their_region.reads)
-    if region.nodes and rewired:
+    mine, their_reads = _boundary_words(region.reads), _boundary_words(their_region.reads if their_region else [])
+    if region.nodes and their_region is not None and mine != their_reads:
         where = f"{region.name()} (feeding {where_value})"
         detail = (
-            f"{where_value} differs ({error}); the fallback region that computes it reads "
-            f"{', '.join(_boundary_words(region.reads))} where the reference's reads "
-            f"{', '.join(_boundary_words(their_region.reads))}: it is wired to another value. Reference side: {theirs}"  # type: ignore[union-attr]
+            f"{where_value} differs ({error}); the fallback region that computes it reads {', '.join(mine)} where "
+            f"the reference's reads {', '.join(their_reads)}: it is wired to another value. Reference side: {theirs}"
         )
         return Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes))
     if region.nodes:
