@@ -142,6 +142,20 @@ def test_boundary_data_is_embedded_in_call_order(files: Files) -> None:
     assert open_file(files.plain).reference.boundaries is None  # type: ignore[union-attr]
 
 
+def test_an_exported_program_given_to_save_records_its_own_engine_calls(files: Files, tmp_path: Path) -> None:
+    reference = open_file(files.good).reference
+    assert reference is not None and reference.boundaries is not None
+    path = tmp_path / "resaved.pt2"
+    trt_inline.save(torch.export.load(files.good), path, arg_inputs=reference.args, embed_reference="boundaries")
+    resaved = open_file(path).reference
+    assert resaved is not None and resaved.boundaries is not None
+    assert [b.name for b in resaved.boundaries] == files.engines
+    assert resaved.boundaries[2].sources == ["relu_1", "getitem_3 = engine 1 output 1"], "in the file's own words"
+    for mine, theirs in zip(resaved.boundaries, reference.boundaries, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(mine.outputs, theirs.outputs, strict=True))
+    assert trt_inline.verify(path, per_engine=True, isolate=False).ok
+
+
 def test_boundary_data_over_the_limit_is_left_out_with_a_warning(files: Files, tmp_path: Path) -> None:
     reference = open_file(files.good).reference
     assert reference is not None
