@@ -12,6 +12,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops
 from trt_inline.errors import VerifyInputError
+from trt_inline.formats import atomic_write
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import recording, trace_program
@@ -41,8 +42,6 @@ def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float 
 
 def save_tensors(tensors: object, path: str | os.PathLike[str]) -> None:
     """``torch.save`` of plain tensors (readable with ``weights_only=True``), written atomically."""
-    from trt_inline.formats import atomic_write
-
     target = Path(path)
     if not target.parent.exists():
         raise VerifyInputError(f"--save-outputs: directory {target.parent} does not exist")
@@ -50,17 +49,18 @@ def save_tensors(tensors: object, path: str | os.PathLike[str]) -> None:
         torch.save(tensors, tmp)
 
 
-def _boundary_dicts(records: Sequence[EngineBoundary] | None) -> list[dict[str, object]] | None:
+def _boundary_dicts(records: Sequence[EngineBoundary] | None) -> list[dict[str, Any]] | None:
     """Boundary records as plain containers, the form tensors cross to the child process in."""
     if records is None:
         return None
     return [{"name": r.name, "inputs": r.inputs, "outputs": r.outputs, "sources": r.sources} for r in records]
 
 
-def _boundary_records(dicts: Sequence[dict[str, object]] | None) -> list[EngineBoundary] | None:
+def _boundary_records(dicts: Sequence[dict[str, Any]] | None) -> list[EngineBoundary] | None:
+    """The records :func:`_boundary_dicts` gave, in the child."""
     if dicts is None:
         return None
-    return [EngineBoundary(str(d["name"]), list(d["inputs"]), list(d["outputs"]), list(d["sources"])) for d in dicts]  # type: ignore[call-overload]
+    return [EngineBoundary(str(d["name"]), list(d["inputs"]), list(d["outputs"]), list(d["sources"])) for d in dicts]
 
 
 def verify(
