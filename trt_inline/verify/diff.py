@@ -22,12 +22,12 @@ from trt_inline import allowed_ops
 from trt_inline.errors import VerifyInputError
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import as_boundaries, trace_program
-from trt_inline.verify.isolation import Limits, default_memory_limit, format_size, run_isolated
+from trt_inline.verify.isolation import Limits, default_memory_limit
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.report import VerifyReport
 from trt_inline.verify.structure import structural_problems
-from trt_inline.verify.verifier import normalize_tolerance, save_tensors
+from trt_inline.verify.verifier import normalize_tolerance, report_of_child, save_tensors
 
 __all__ = ["diff", "diff_job"]
 
@@ -82,14 +82,7 @@ def diff(
         size_b = os.path.getsize(path_b) if os.path.isfile(path_b) else 0
         memory_limit = default_memory_limit(path_a) + 2 * size_b
     limits = Limits.for_file(path_a, timeout, memory_limit)
-    result = run_isolated("diff", arguments, tensors, limits, where=os.fspath(path_a), debug=debug)
-    report = VerifyReport.from_dict(result.value)
-    report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
-    report.notes.append(
-        f"loaded and run in a child process (limits {limits.describe()}; its peak resident memory "
-        f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports)"
-    )
-    return report
+    return report_of_child("diff", arguments, tensors, limits, where=os.fspath(path_a), debug=debug)
 
 
 def _program(loaded: LoadedFile) -> ExportedProgram:

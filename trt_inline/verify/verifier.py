@@ -24,7 +24,7 @@ from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, tensors_
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
-__all__ = ["inspect_job", "normalize_tolerance", "save_tensors", "verify", "verify_job"]
+__all__ = ["inspect_job", "normalize_tolerance", "report_of_child", "save_tensors", "verify", "verify_job"]
 
 
 def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float | dict[str, float] | None:
@@ -189,7 +189,14 @@ def verify(
         "expected": None if expected is None else list(expected),
         "boundaries": _boundary_dicts(recorded),
     }
-    result = run_isolated("verify", arguments, tensors, limits, where=path, debug=debug)
+    return report_of_child("verify", arguments, tensors, limits, where=path, debug=debug)
+
+
+def report_of_child(
+    job: str, arguments: dict[str, Any], tensors: Any, limits: Limits, *, where: str, debug: bool
+) -> VerifyReport:
+    """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost."""
+    result = run_isolated(job, arguments, tensors, limits, where=where, debug=debug)
     report = VerifyReport.from_dict(result.value)
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.notes.append(
