@@ -229,6 +229,10 @@ SIZE_OBLIVIOUS_REASON = (
     f"torch {torch.__version__} traces without size-oblivious sizes (2.8+): a scalar of a derived Dim or "
     "of a Dim(min=1) crossing an engine boundary cannot be re-exported"
 )
+AOTI_REBIND_REASON = (
+    f"AOTInductor before torch 2.13 (here {torch.__version__}) cannot recompile a slice sized by a scalar an "
+    "engine returns when that scalar equals an input size (rebind_unbacked)"
+)
 
 
 def derived_dim_case() -> ScalarCase:

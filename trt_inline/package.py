@@ -38,7 +38,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 from trt_inline import compat, formats, scalars
-from trt_inline.errors import SaveError
+from trt_inline.errors import SaveError, TrtInlineError, first_line
 from trt_inline.formats import EXTRA_FOLDER, PACKAGE_INFO_FILE
 
 __all__ = ["compile_package", "extend_package", "load_package", "output_kinds_of", "package_info", "package_root"]
@@ -75,7 +75,16 @@ def compile_package(program: ExportedProgram, target: Path, extra_files: dict[st
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as workdir:
         compiled = Path(workdir) / f"{target.stem}.pt2"
         started = time.monotonic()
-        compat.aoti_compile_and_package(program, str(compiled))
+        try:
+            compat.aoti_compile_and_package(program, str(compiled))
+        except TrtInlineError:
+            raise
+        except Exception as exc:
+            # Inductor's own failures surface from deep inside it: one line naming the file and the torch.
+            raise SaveError(
+                f"{target}: AOTInductor of torch {torch.__version__} could not compile the program "
+                f"({type(exc).__name__}: {first_line(exc)}); output_format='exported_program' saves it"
+            ) from exc
         seconds = time.monotonic() - started
         kinds = scalars.kinds_of([spec.arg for spec in program.graph_signature.output_specs])
         extend_package(
