@@ -229,6 +229,30 @@ SIZE_OBLIVIOUS_REASON = (
     f"torch {torch.__version__} traces without size-oblivious sizes (2.8+): a scalar of a derived Dim or "
     "of a Dim(min=1) crossing an engine boundary cannot be re-exported"
 )
+# From 2.8 torch has the size-oblivious flag, but before DERIVED_SCALARS_FROM its slice decomposition
+# still guards on an engine's unbacked size scalar (GuardOnDataDependentSymNode in slice_forward), and
+# 2.8 cannot serialize a SymBool cast (cast_symbool_to_symint_guardless): measured on 2.8.0 and 2.9.1.
+DERIVED_SCALARS_FROM = (2, 10)
+
+
+def derived_scalars_skip() -> str | None:
+    """Why this torch cannot re-export a derived Dim's scalar crossing an engine boundary; None where it can."""
+    import re
+
+    from trt_inline import compat
+
+    if not compat.traces_size_obliviously():
+        return SIZE_OBLIVIOUS_REASON
+    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if match is not None and (int(match.group(1)), int(match.group(2))) < DERIVED_SCALARS_FROM:
+        return (
+            f"torch {torch.__version__} guards on an engine's unbacked size scalar in slice_forward (fixed by "
+            f"{'.'.join(map(str, DERIVED_SCALARS_FROM))}): a scalar of a derived Dim read by a falling-back slice "
+            "cannot be re-exported"
+        )
+    return None
+
+
 AOTI_REBIND_REASON = (
     f"AOTInductor before torch 2.13 (here {torch.__version__}) cannot recompile a slice sized by a scalar an "
     "engine returns when that scalar equals an input size (rebind_unbacked)"

@@ -32,13 +32,13 @@ import torch
 from conftest import as_list, count_scalar_crossings, load_runs_in_fresh_process, max_abs_diff, saved_and_loaded
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from models import AOTI_REBIND_REASON, SIZE_OBLIVIOUS_REASON
+from models import AOTI_REBIND_REASON, derived_scalars_skip
 from releases import minor
 
 import trt_inline
-from trt_inline import compat, reference
+from trt_inline import reference
 
-pytestmark = pytest.mark.skipif(not compat.traces_size_obliviously(), reason=SIZE_OBLIVIOUS_REASON)
+pytestmark = pytest.mark.skipif(derived_scalars_skip() is not None, reason=str(derived_scalars_skip()))
 
 aten = torch.ops.aten
 WIDTH = 4

@@ -17,7 +17,7 @@ import pytest
 import releases
 import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
-from models import SIZE_OBLIVIOUS_REASON, ScalarCase, derived_dim_case, scalar_cases
+from models import ScalarCase, derived_dim_case, derived_scalars_skip, scalar_cases
 from test_verify import cli
 
 import trt_inline
@@ -74,8 +74,8 @@ def _conversions(program: torch.export.ExportedProgram) -> dict[str, int]:
 
 @pytest.mark.parametrize("case", [*CASES, derived_dim_case()], ids=[*(c.name for c in CASES), "derived_dim"])
 def test_scalar_crossing_roundtrips_bitwise(tmp_path: Path, case: ScalarCase) -> None:
-    if case.name == "derived_dim" and not compat.traces_size_obliviously():
-        pytest.skip(SIZE_OBLIVIOUS_REASON)
+    if case.name == "derived_dim" and derived_scalars_skip() is not None:
+        pytest.skip(str(derived_scalars_skip()))
     compiled = compile_case(case)
     crossings = scalar_crossings(compiled)
     assert [c for c in crossings if c[0] == case.crossing], f"no scalar {case.crossing} crossing: {crossings}"
@@ -137,7 +137,6 @@ def test_settled_assertions_are_dropped_where_torch_cannot_serialize_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch 2.6 refuses a comparison whose value is a plain bool: retrace=False drops the restated size there."""
-    from trt_inline import compat
 
     # Measured on each torch of the matrix: only 2.6 raises.
     assert compat.serializes_settled_conditions() == (releases.minor(torch.__version__) != (2, 6))
