@@ -71,8 +71,10 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         r"reference engines on CUDA tensors: no CUDA device",
         r"the 1 GiB memory-budget test runs with --memory",  # .ci/run runs it on its own
     ]
+    if minor(torch_version) < (2, 9):
+        allowed.append(r"writes no payload configs")  # measured on 2.8.0 too
     if minor(torch_version) < (2, 8):
-        allowed += [r"AOTInductor packages: ", r"writes no payload configs", r"traces without size-oblivious sizes"]
+        allowed += [r"AOTInductor packages: ", r"traces without size-oblivious sizes"]
     elif minor(torch_version) < (2, 10):
         allowed.append(r"guards on an engine's unbacked size scalar in slice_forward")
     if (2, 8) <= minor(torch_version) < (2, 13):
