@@ -237,14 +237,13 @@ DERIVED_SCALARS_FROM = (2, 10)
 
 def derived_scalars_skip() -> str | None:
     """Why this torch cannot re-export a derived Dim's scalar crossing an engine boundary; None where it can."""
-    import re
+    from releases import minor
 
     from trt_inline import compat
 
     if not compat.traces_size_obliviously():
         return SIZE_OBLIVIOUS_REASON
-    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    if match is not None and (int(match.group(1)), int(match.group(2))) < DERIVED_SCALARS_FROM:
+    if minor(torch.__version__) < DERIVED_SCALARS_FROM:
         return (
             f"torch {torch.__version__} guards on an engine's unbacked size scalar in slice_forward (fixed by "
             f"{'.'.join(map(str, DERIVED_SCALARS_FROM))}): a scalar of a derived Dim read by a falling-back slice "

@@ -212,8 +212,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
         from trt_inline.verify.plot import check_plot_target
 
         check_plot_target(args.plot)
-    if args.save_outputs is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.save_outputs))):
-        raise VerifyInputError(f"--save-outputs: directory {os.path.dirname(args.save_outputs)} does not exist")
+    if args.save_outputs is not None:
+        from trt_inline.verify.verifier import save_target
+
+        save_target(args.save_outputs)
 
 
 def _run_diff(args: argparse.Namespace) -> int:

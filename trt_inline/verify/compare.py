@@ -109,10 +109,8 @@ def compare_output(
     close = diff <= atol + rtol * e.abs()
     ok = nan_count == 0 and inf_count == 0 and bool(close.all())
     # Statistics over the values where both sides are finite: one NaN must not hide how close the rest is.
-    finite = diff[a.isfinite() & finite_reference]
-    worst, mean, median, p99, cosine = _statistics(
-        finite, a[a.isfinite() & finite_reference], e[a.isfinite() & finite_reference]
-    )
+    both_finite = a.isfinite() & finite_reference
+    worst, mean, median, p99, cosine = _statistics(diff[both_finite], a[both_finite], e[both_finite])
     max_abs = float("inf") if nan_count or inf_count else worst
     max_rel = float((diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf")).max())
     problem = None

@@ -27,7 +27,7 @@ from trt_inline.verify.localize import Reference, Tolerance, localize, own_error
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.report import VerifyReport
 from trt_inline.verify.structure import structural_problems
-from trt_inline.verify.verifier import normalize_tolerance, report_of_child, save_tensors
+from trt_inline.verify.verifier import capture_device, normalize_tolerance, report_of_child, save_tensors
 
 __all__ = ["diff", "diff_job"]
 
@@ -99,13 +99,12 @@ def _program(loaded: LoadedFile) -> ExportedProgram:
 def _inputs(
     tensors: dict[str, Any], a: LoadedFile, b: LoadedFile
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], str | None]:
-    """The inputs both run on, and the device their reference was captured on."""
+    """The inputs both run on, and the device their reference was captured on (None: where the program is)."""
     if tensors.get("args") is not None or tensors.get("kwargs"):
         return list(tensors.get("args") or ()), dict(tensors.get("kwargs") or {}), None
     for loaded in (a, b):
         if loaded.reference is not None:
-            device = loaded.reference.device
-            return loaded.reference.args, loaded.reference.kwargs, None if device == "cpu" else device
+            return loaded.reference.args, loaded.reference.kwargs, capture_device(loaded.reference)
     raise VerifyInputError(f"neither {a.path} nor {b.path} embeds reference inputs: give --inputs FILE (or arg_inputs)")
 
 
@@ -132,8 +131,6 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, An
             report.notes += [f"{Path(path).name}: {problem}" for problem in problems]
         args, kwargs, captured = _inputs(tensors, *opened)
         device = arguments["device"] or captured
-        if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
-            raise VerifyInputError(f"the inputs were captured on {device} and no CUDA device is available here")
         module_a, module_b = program_a.module(), program_b.module()
         sets: list[tuple[Draw | None, list[torch.Tensor], dict[str, torch.Tensor]]] = [(None, args, kwargs)]
         if arguments["random_inputs"]:

@@ -36,8 +36,10 @@ __all__ = [
     "EngineBoundary",
     "ReferenceIO",
     "capture_reference_io",
+    "decode_boundaries",
     "decode_reference_io",
     "encode_reference_io",
+    "plain_boundaries",
     "tensors_only",
 ]
 
@@ -116,21 +118,7 @@ def encode_reference_io(reference: ReferenceIO) -> str:
             "outputs": [t.detach().cpu() for t in reference.outputs],
             "device": reference.device,
             "output_kinds": list(reference.output_kinds),
-            **(
-                {}
-                if reference.boundaries is None
-                else {
-                    "boundaries": [
-                        {
-                            "name": b.name,
-                            "inputs": [t.detach().cpu() for t in b.inputs],
-                            "outputs": [t.detach().cpu() for t in b.outputs],
-                            "sources": list(b.sources),
-                        }
-                        for b in reference.boundaries
-                    ]
-                }
-            ),
+            **({} if reference.boundaries is None else {"boundaries": plain_boundaries(reference.boundaries)}),
         },
         buffer,
     )
@@ -166,12 +154,25 @@ def decode_reference_io(text: str) -> ReferenceIO:
         raise VerifyInputError("embedded reference I/O names no valid device")
     kinds = payload.get("output_kinds", [])
     kinds = [str(kind) for kind in kinds] if isinstance(kinds, list) else []
-    boundaries = _decode_boundaries(payload.get("boundaries"))
+    boundaries = decode_boundaries(payload.get("boundaries"))
     return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries)
 
 
-def _decode_boundaries(value: Any) -> list[EngineBoundary] | None:
-    """The recorded engine boundaries, checked to be what the writer writes (refused otherwise)."""
+def plain_boundaries(records: Sequence[EngineBoundary]) -> list[dict[str, Any]]:
+    """Boundary records as dicts of CPU tensors, strings and lists: how they are stored and cross processes."""
+    return [
+        {
+            "name": b.name,
+            "inputs": [t.detach().cpu() for t in b.inputs],
+            "outputs": [t.detach().cpu() for t in b.outputs],
+            "sources": list(b.sources),
+        }
+        for b in records
+    ]
+
+
+def decode_boundaries(value: Any) -> list[EngineBoundary] | None:
+    """The records :func:`plain_boundaries` gave, checked to be what it writes (refused otherwise); None for None."""
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):

@@ -20,11 +20,26 @@ from trt_inline.verify.compare import compare_output, run_on, tolerance_for
 from trt_inline.verify.isolation import Limits, format_size, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.random_inputs import draw_inputs
-from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, tensors_only
+from trt_inline.verify.reference_io import (
+    EngineBoundary,
+    ReferenceIO,
+    decode_boundaries,
+    plain_boundaries,
+    tensors_only,
+)
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
-__all__ = ["inspect_job", "normalize_tolerance", "report_of_child", "save_tensors", "verify", "verify_job"]
+__all__ = [
+    "capture_device",
+    "inspect_job",
+    "normalize_tolerance",
+    "report_of_child",
+    "save_target",
+    "save_tensors",
+    "verify",
+    "verify_job",
+]
 
 
 def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float | dict[str, float] | None:
@@ -40,27 +55,18 @@ def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float 
     return result
 
 
+def save_target(path: str | os.PathLike[str]) -> Path:
+    """Where ``save_outputs`` goes, refused if its directory does not exist (checked again before the run)."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise VerifyInputError(f"--save-outputs: directory {target.parent} does not exist")
+    return target
+
+
 def save_tensors(tensors: object, path: str | os.PathLike[str]) -> None:
     """``torch.save`` of plain tensors (readable with ``weights_only=True``), written atomically."""
-    target = Path(path)
-    if not target.parent.exists():
-        raise VerifyInputError(f"--save-outputs: directory {target.parent} does not exist")
-    with atomic_write(target) as tmp:
+    with atomic_write(save_target(path)) as tmp:
         torch.save(tensors, tmp)
-
-
-def _boundary_dicts(records: Sequence[EngineBoundary] | None) -> list[dict[str, Any]] | None:
-    """Boundary records as plain containers, the form tensors cross to the child process in."""
-    if records is None:
-        return None
-    return [{"name": r.name, "inputs": r.inputs, "outputs": r.outputs, "sources": r.sources} for r in records]
-
-
-def _boundary_records(dicts: Sequence[dict[str, Any]] | None) -> list[EngineBoundary] | None:
-    """The records :func:`_boundary_dicts` gave, in the child."""
-    if dicts is None:
-        return None
-    return [EngineBoundary(str(d["name"]), list(d["inputs"]), list(d["outputs"]), list(d["sources"])) for d in dicts]
 
 
 def verify(
@@ -187,7 +193,7 @@ def verify(
         "args": None if arg_inputs is None else list(arg_inputs),
         "kwargs": kwarg_inputs,
         "expected": None if expected is None else list(expected),
-        "boundaries": _boundary_dicts(recorded),
+        "boundaries": None if recorded is None else plain_boundaries(recorded),
     }
     return report_of_child("verify", arguments, tensors, limits, where=path, debug=debug)
 
@@ -225,7 +231,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
             save_outputs=arguments["save_outputs"],
             allow_pickle=arguments["allow_pickle"],
             allow_native_code=arguments["allow_native_code"],
-            recorded=_boundary_records(tensors.get("boundaries")),
+            recorded=decode_boundaries(tensors.get("boundaries")),
         )
     if arguments["label"]:
         report.expected_source = arguments["label"]
@@ -307,11 +313,11 @@ def _verify_here(
         args, kwargs, want = newer.args, newer.kwargs, newer.outputs
         recorded = newer.boundaries
         report.expected_source = f"from {os.fspath(expected_from)}"
-        device = device or _capture_device(newer)
+        device = device or capture_device(newer)
     elif embedded is not None:
         args, kwargs, want, report.expected_source = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
         recorded = embedded.boundaries
-        device = device or _capture_device(embedded)
+        device = device or capture_device(embedded)
     else:
         report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
         return report
@@ -469,7 +475,7 @@ def _package_model(loaded: LoadedFile, report: VerifyReport, allow_native_code: 
     return load_package(loaded.path)
 
 
-def _capture_device(reference: ReferenceIO) -> str | None:
+def capture_device(reference: ReferenceIO) -> str | None:
     """Where to run: where the reference was captured (TensorRT engines need CUDA), or where the program is."""
     if reference.device == "cpu":
         return None
