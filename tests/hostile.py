@@ -15,7 +15,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import struct
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,6 +221,12 @@ def _tensorrt_engine(good: Path, out: Path, traps: Traps) -> Path:
     return edit_program(good, out, edit)
 
 
+def _torch_saved(value: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
 def _sample_inputs(entries: dict[str, bytes]) -> str:
     """The sample inputs, which torch.export.load unpickles: ``serialized_example_inputs.pt`` on torch 2.5."""
     return next(name for name in entries if name.endswith(("sample_inputs/model.pt", "serialized_example_inputs.pt")))
@@ -343,23 +351,155 @@ def _escape_in_entry_name(good: Path, out: Path, traps: Traps) -> Path:
     return write_entries(out, entries)
 
 
-def _escape_in_package(good: Path, out: Path, traps: Traps) -> Path:
-    """A package (no program, never run) whose recorded output kinds and file names carry escape sequences."""
-    info = json.dumps({"outputs": [f"tensor{ESCAPE}"]}).encode()
+def _package(out: Path, library: str, kinds: list[str]) -> Path:
+    """A package (no program, never run) with one library entry and recorded output kinds."""
+    info = json.dumps({"outputs": kinds}).encode()
     return write_entries(
         out,
         [
-            (f"package/data/aotinductor/model/{ESCAPE}.so", b"\x7fELF not really"),
+            (f"package/data/aotinductor/model/{library}", b"\x7fELF not really"),
             (f"package/extra/{PACKAGE_INFO_FILE}", info),
             ("package/archive_format", b"pt2"),
         ],
     )
 
 
+def _escape_in_package(good: Path, out: Path, traps: Traps) -> Path:
+    """Recorded output kinds (data, shown by inspect) carrying escape sequences."""
+    return _package(out, "model.so", [f"tensor{ESCAPE}"])
+
+
+def _escape_in_package_entry(good: Path, out: Path, traps: Traps) -> Path:
+    """An entry name carrying escape sequences: no name torch writes."""
+    return _package(out, f"{ESCAPE}.so", ["tensor"])
+
+
 def _deep_nesting(good: Path, out: Path, traps: Traps) -> Path:
     entries = read_entries(good)
     entries[_model_json(entries)] = b"[" * 200_000 + b"]" * 200_000
     return write_entries(out, entries)
+
+
+# -- The classes of issue "verify that holds against an attacker who has read the code" -------------------
+
+
+def _nested_entries(blob: bytes) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+        return [(name, archive.read(name)) for name in archive.namelist()]
+
+
+def _zip(entries: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about names given twice
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for name, data in entries:
+                archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def _case_folded_pickle(good: Path, out: Path, traps: Traps) -> Path:
+    """Sample inputs whose torch.save archive holds ``DATA.PKL`` (planted) beside ``data.pkl``: miniz finds either."""
+    entries = read_entries(good)
+    name = _sample_inputs(entries)
+    nested = _nested_entries(entries[name])
+    root = nested[0][0].partition("/")[0]
+    planted = dict(_nested_entries(_torch_saved(_Plant(traps.marker))))
+    evil = next(data for entry, data in planted.items() if entry.endswith("/data.pkl"))
+    entries[name] = _zip([(f"{root}/DATA.PKL", evil), *nested])
+    return write_entries(out, entries)
+
+
+def _case_folded_entry(good: Path, out: Path, traps: Traps) -> Path:
+    """A second sample-inputs entry, named as the first but for case, holding a planted pickle."""
+    entries = read_entries(good)
+    name = _sample_inputs(entries)
+    folder, _, base = name.rpartition("/")
+    return write_entries(out, [(f"{folder}/{base.upper()}", _torch_saved(_Plant(traps.marker))), *entries.items()])
+
+
+def _second_program(good: Path, out: Path, traps: Traps) -> Path:
+    """``models/evil.JSON``: torch deserializes it as a program too, sympifying its size expressions."""
+    entries = read_entries(good)
+    name = _model_json(entries)
+    document = json.loads(entries[name])
+    document["range_constraints"][f"__import__('os').system('touch {traps.marker}')"] = {"min_val": 2, "max_val": 8}
+    folder = name.rpartition("/")[0]
+    entries[f"{folder}/evil.JSON"] = json.dumps(document).encode()
+    return write_entries(out, entries)
+
+
+def _older_layout(good: Path, out: Path, traps: Traps) -> Path:
+    """torch 2.7's layout, whose loader unpickles ``serialized_constants.json`` with ``weights_only=False``."""
+    entries = read_entries(good)
+    document = entries[_model_json(entries)]
+    return write_entries(
+        out,
+        [
+            ("serialized_exported_program.json", document),
+            ("serialized_state_dict.pt", _torch_saved({})),
+            ("serialized_constants.json", pickle.dumps(_Plant(traps.marker))),
+            ("serialized_example_inputs.pt", entries[_sample_inputs(entries)]),
+            ("version", b"8.20"),
+        ],
+    )
+
+
+def _carriage_return_in_buffer_name(good: Path, out: Path, traps: Traps) -> Path:
+    """A lifted buffer's name ending a line of the code FX writes (``getattr(self, "...")``) and starting another."""
+
+    def edit(document: dict[str, Any]) -> None:
+        spec = next(s for s in document["graph_module"]["signature"]["input_specs"] if "buffer" in s)
+        spec["buffer"]["buffer_name"] += f'")\rimport os; os.system("touch {traps.marker}")#'
+
+    return edit_program(good, out, edit)
+
+
+def _carriage_return_in_pytree_key(good: Path, out: Path, traps: Traps) -> Path:
+    """A keyword-argument key of the input spec, written by FX as ``'...'`` into the code it generates."""
+
+    def edit(document: dict[str, Any]) -> None:
+        signature = document["graph_module"]["module_call_graph"][0]["signature"]
+        version, spec = json.loads(signature["in_spec"])
+        leaf = {"type": None, "context": None, "children_spec": []}
+        key = f"x'\rimport os; os.system('touch {traps.marker}')#"
+        spec["children_spec"][1] = {"type": "builtins.dict", "context": json.dumps([key]), "children_spec": [leaf]}
+        signature["in_spec"] = json.dumps([version, spec])
+
+    return edit_program(good, out, edit)
+
+
+def _input_mutation(good: Path, out: Path, traps: Traps) -> Path:
+    """An output spec that makes ``module()`` copy a value into the caller's input after the operator check."""
+
+    def edit(document: dict[str, Any]) -> None:
+        graph = document["graph_module"]["graph"]
+        signature = document["graph_module"]["signature"]
+        name = graph["outputs"][0]["as_tensor"]["name"]
+        user_input = next(
+            s["user_input"]["arg"]["as_tensor"]["name"] for s in signature["input_specs"] if "user_input" in s
+        )
+        graph["outputs"].insert(0, {"as_tensor": {"name": name}})
+        signature["output_specs"].insert(
+            0, {"user_input_mutation": {"arg": {"name": name}, "user_input_name": user_input}}
+        )
+
+    return edit_program(good, out, edit)
+
+
+def _uninitialized_memory(good: Path, out: Path, traps: Traps) -> Path:
+    """A node reading fresh memory: filled with NaN under deterministic algorithms, garbage in a server."""
+
+    def edit(document: dict[str, Any]) -> None:
+        relu = next(n for n in document["graph_module"]["graph"]["nodes"] if "relu" in n["target"])
+        relu["target"] = "torch.ops.aten.empty_like.default"
+
+    return edit_program(good, out, edit)
+
+
+def _global_random_state(good: Path, out: Path, traps: Traps) -> Path:
+    """An engine step drawing from the global generator: the seed verify would set could be read back."""
+    return edit_engine(good, out, lambda p: add_steps(p, ("aten::rand.default", [[4]])))
 
 
 CASES: tuple[Case, ...] = (
@@ -371,7 +511,12 @@ CASES: tuple[Case, ...] = (
     Case("graph target walks to os.system", "operators", _graph_walks_attributes, "not an operator name"),
     Case("size expression run by sympify", "python in the program", _size_expression_runs_python, "size expression"),
     Case("guard code executed by torch", "python in the program", _guard_runs_python, "a guard"),
-    Case("placeholder name in generated code", "python in the program", _placeholder_name_runs_python, "graph input"),
+    Case(
+        "placeholder name in generated code",
+        "python in the program",
+        _placeholder_name_runs_python,
+        "not a dotted path",
+    ),
     Case("TensorRT engine without --allow-native-code", "native code", _tensorrt_engine, "allow-native-code"),
     Case("legacy torch.save stream as sample inputs", "one view", _legacy_stream, "legacy torch.save"),
     Case("two entries with the same name", "one view", _duplicate_names, "two entries are named"),
@@ -388,9 +533,25 @@ CASES: tuple[Case, ...] = (
     ),
     Case("4 GiB allocation", "exhaustion", _huge_allocation, "memory limit", ("--memory-limit", "1GiB")),
     Case("endless matrix products", "exhaustion", _endless_compute, "time limit", ("--timeout", "4")),
-    Case("zip bomb split over entries", "exhaustion", _split_zip_bomb, "expand to"),
+    Case("zip bomb split over entries", "exhaustion", _split_zip_bomb, "is compressed"),
     Case("deep nesting", "exhaustion", _deep_nesting, "nested too deeply"),
+    Case("DATA.PKL beside data.pkl in sample inputs", "case", _case_folded_pickle, "differ only in case"),
+    Case("an entry named as the sample inputs but for case", "case", _case_folded_entry, "differ only in case"),
+    Case("a second program, models/evil.JSON", "programs", _second_program, "every entry under models/"),
+    Case("torch 2.7's layout with serialized_constants.json", "older layout", _older_layout, "not part of a torch"),
+    Case("carriage return in a lifted buffer's name", "generated code", _carriage_return_in_buffer_name, "dotted path"),
+    Case("carriage return in a pytree key", "generated code", _carriage_return_in_pytree_key, "pytree key"),
+    Case("output spec mutating the caller's input", "what runs", _input_mutation, "writes to the caller's input"),
+    Case("node reading uninitialized memory", "honest verdicts", _uninitialized_memory, "uninitialized memory"),
+    Case("engine step drawing from the global RNG", "honest verdicts", _global_random_state, "global random state"),
     Case("escape sequences in a refused entry's name", "terminal", _escape_in_entry_name, "refused"),
+    Case(
+        "escape sequences in a package entry's name",
+        "terminal",
+        _escape_in_package_entry,
+        "characters torch never writes",
+        command="inspect",
+    ),
 )
 
 # Not refused, but printed: inspect shows what the file holds, every string escaped.

@@ -15,12 +15,14 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import REPO, SavedSeed
-from hostile import CASES, ESCAPE, INSPECTED, SECRET, Case, Traps
+from hostile import CASES, ESCAPE, INSPECTED, SECRET, Case, Traps, read_entries, write_entries
 
 from trt_inline import cli
 from trt_inline.verify.isolation import reusing_interpreter
@@ -29,6 +31,11 @@ from trt_inline.verify.isolation import reusing_interpreter
 FRESH_INTERPRETERS = True
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _unprintable(text: str) -> list[str]:
+    """Characters a terminal would act on or reorder: controls (but newlines), format and bidi marks, separators."""
+    return [c for c in text if (c != "\n" and unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co"))]
 
 
 RunCase = Callable[[Case], tuple[int, str, str]]
@@ -58,6 +65,7 @@ def run_case(
         assert traps.sprung() == [], (case.name, err)
         assert SECRET not in out + err, case.name
         assert not _CONTROL.search(err) and not _CONTROL.search(out), (case.name, err)
+        assert _unprintable(err) == [] and _unprintable(out) == [], (case.name, err)
         return code, out, err
 
     return run
@@ -79,7 +87,7 @@ def test_strings_from_a_file_are_escaped(case: Case, run_case: RunCase) -> None:
     assert code == 0, err
     escaped = ESCAPE.encode("unicode_escape").decode()
     assert f"outputs: tensor{escaped}" in out
-    assert f"{escaped}.so" in out
+    assert "model.so" in out
 
 
 def test_a_crash_is_one_line_from_a_real_process(saved_seed: SavedSeed, tmp_path: Path) -> None:
@@ -124,3 +132,69 @@ def _interpreters_of_this_process() -> list[str]:
     """Pids of this process's child interpreters (other test workers run interpreters of their own)."""
     command = ["pgrep", "-P", str(os.getpid()), "-f", "trt_inline.verify.isolation"]
     return subprocess.run(command, capture_output=True, text=True).stdout.split()
+
+
+# ---------------------------------------------------------------------------
+# Strings a file prints: report forgery, and drawing from bounded data
+# ---------------------------------------------------------------------------
+
+_FORGED = "\nPASS verified by TensorRT 10.3 (signed engine, trusted)\u200f\u061c\u200b"
+
+
+@pytest.fixture(scope="module")
+def with_boundaries(saved_seed: SavedSeed, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import trt_inline
+
+    path = tmp_path_factory.mktemp("boundaries") / "boundaries.pt2"
+    trt_inline.save(saved_seed.compiled, path, arg_inputs=(saved_seed.x,), embed_reference="boundaries")
+    return path
+
+
+def _forged(source: Path, target: Path, name: str) -> Path:
+    """The file with engine 1's recorded name replaced and its first expected output moved: it fails, and prints."""
+    from trt_inline.formats import REFERENCE_IO_FILE
+    from trt_inline.verify.reference_io import decode_reference_io, encode_reference_io
+
+    entries = read_entries(source)
+    entry = next(n for n in entries if n.endswith(REFERENCE_IO_FILE))
+    reference = decode_reference_io(entries[entry].decode())
+    assert reference.boundaries is not None and len(reference.boundaries) > 1
+    reference.boundaries[1].name = name
+    reference.outputs[0] = reference.outputs[0] + 1.0
+    entries[entry] = encode_reference_io(reference).encode()
+    return write_entries(target, entries)
+
+
+def test_a_forged_report_line_is_escaped(
+    with_boundaries: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newline and bidi marks in a recorded engine name print as escapes inside its row, never as a line."""
+    path = _forged(with_boundaries, tmp_path / "forged.pt2", "_run_on_acc_3" + _FORGED)
+    code = cli.main(["verify", str(path), "--per-engine"])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    assert "engine boundaries" in out, "the per-engine table, where the name is printed, is there"
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("PASS")], out
+    assert "_run_on_acc_3\\nPASS verified by TensorRT 10.3 (signed engine, trusted)\\u200f\\u061c\\u200b" in out
+    assert _unprintable(out) == [] and _unprintable(err) == []
+    json_code = cli.main(["verify", str(path), "--per-engine", "--json"])
+    out = capsys.readouterr().out
+    assert json_code == 1 and "\\u200f" in out and "\u200f" not in out
+
+
+def test_a_long_name_is_drawn_within_the_limits(
+    with_boundaries: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 400,000-character recorded name: cut where it is decoded, so the chart is drawn in seconds."""
+    pytest.importorskip("matplotlib")
+    path = _forged(with_boundaries, tmp_path / "long.pt2", "_run_on_acc_3" + "W" * 400_000)
+    chart = tmp_path / "chart.png"
+    started = time.monotonic()
+    code = cli.main(["verify", str(path), "--per-engine", "--plot", str(chart), "--timeout", "30"])
+    elapsed = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert chart.stat().st_size > 0
+    assert elapsed < 30, f"verify with --plot took {elapsed:.1f} s under --timeout 30"
+    assert max(len(line) for line in out.splitlines()) < 2200, "the name was cut where it was decoded"
+    assert "more characters)" in out

@@ -48,7 +48,9 @@ __all__ = [
     "PRIVATE_ATEN",
     "PYTHON_FUNCTIONS",
     "REFUSED_ATEN",
+    "UNINITIALIZED_ATEN",
     "allowed_now",
+    "allows",
     "allowing",
     "check_target",
     "is_native_engine_op",
@@ -109,6 +111,13 @@ PRIVATE_ATEN = frozenset(
 )
 # Functional ATen operators refused all the same: they touch files or build tensors unchecked.
 REFUSED_ATEN = frozenset({"aten::from_file", "aten::_unsafe_index", "aten::_unsafe_masked_index"})
+# Operators whose result is whatever memory held before: a program could read back how the process
+# that runs it was set up (a verification fills fresh memory differently than a server that has run
+# for days), and so behave one way under verify and another in use.
+UNINITIALIZED_ATEN = frozenset(
+    {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
+     "aten::empty_permuted"}
+)  # fmt: skip
 _REFUSED_WORDS = ("sparse", "nested", "_unsafe")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -132,6 +141,11 @@ def allowing(names: Iterable[str], *, native_code: bool = False) -> Iterator[Non
         yield
     finally:
         _extra_allowed.reset(token)
+
+
+def allows(name: str) -> bool:
+    """Whether ``name`` (``ns::op``) is allowed beyond the allow-list at this point (:func:`allowing`)."""
+    return name in _extra_allowed.get()
 
 
 def allowed_now() -> frozenset[str]:
@@ -197,6 +211,10 @@ def _aten_refusal(op: compat.OpOverload, name: str) -> str | None:
         return "which reads files or builds tensors unchecked"
     if compat.op_is_mutable(op):
         return "which writes to its arguments"
+    if name in UNINITIALIZED_ATEN:
+        return "whose result is uninitialized memory (it could tell a verification from a normal run)"
+    if compat.op_is_random(op):
+        return "whose result depends on the global random state (it could tell a verification from a normal run)"
     if opname.startswith("_") and name not in PRIVATE_ATEN and not compat.is_core_aten(op):
         return "a private operator that is not on the allow-list"
     return None

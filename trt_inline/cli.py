@@ -84,6 +84,7 @@ def doctor() -> list[Finding]:
             ok=bool(entry),
         )
     )
+    findings.append(_sandbox_finding())
     autoload_off = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1"
     if trt_inline_autoload.disabled_by_env():
         autoload = f"off ({trt_inline_autoload.DISABLE_ENV}={os.environ[trt_inline_autoload.DISABLE_ENV]})"
@@ -113,6 +114,17 @@ def doctor() -> list[Finding]:
     for name, why in sorted(plugin.refused_replacements().items()):
         findings.append(Finding(f"left stock: {name}", f"the replacement failed its preflight ({why})", ok=False))
     return findings
+
+
+def _sandbox_finding() -> Finding:
+    """What the OS sandbox sets up on this machine, asked of a real sandboxed child (``sandbox_job``)."""
+    from trt_inline.verify.isolation import Limits, run_isolated
+
+    try:
+        result = run_isolated("sandbox", {}, None, Limits(120.0, 2 << 30), where="sandbox")
+    except TrtInlineError as exc:
+        return Finding("sandbox", f"UNAVAILABLE: {first_line(exc)}", ok=False)
+    return Finding("sandbox", str(result.sandbox))
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
@@ -202,6 +214,7 @@ def _comparison(args: argparse.Namespace) -> dict[str, Any]:
         "allow_ops": args.allow_op,
         "timeout": args.timeout,
         "memory_limit": args.memory_limit,
+        "sandbox": not args.no_sandbox,
         "debug": args.debug,
     }
 
@@ -267,14 +280,28 @@ def _run_inspect(args: argparse.Namespace) -> int:
         "allow_native_code": args.allow_native_code,
         "allow_ops": args.allow_op,
     }
-    result = run_isolated("inspect", arguments, None, limits, where=args.path, debug=args.debug)
-    _print_text(str(result.value))
+    result = run_isolated(
+        "inspect", arguments, None, limits, where=args.path, files=(args.path,), sandbox=not args.no_sandbox,
+        imports=args.allow_pickle, debug=args.debug,
+    )  # fmt: skip
+    lines = result.value if isinstance(result.value, list) else [str(result.value)]
+    _print_lines([str(line) for line in lines])
+    if result.sandbox is None:
+        print("note: opened WITHOUT the OS sandbox (--no-sandbox)", file=sys.stderr)
     return 0
 
 
 def _print_text(text: str) -> None:
-    """Print a report line by line with control characters escaped: nothing from a file reaches the terminal raw."""
-    print("\n".join(printable(line) for line in text.split("\n")))
+    """Print a report line by line with control characters escaped: nothing from a file reaches the terminal raw.
+
+    Strings from a file were escaped where they were decoded (no newline of theirs is left to split on);
+    this escapes again whatever reaches the terminal.
+    """
+    _print_lines(text.split("\n"))
+
+
+def _print_lines(lines: list[str]) -> None:
+    print("\n".join(printable(line) for line in lines))
 
 
 def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) -> None:
@@ -304,6 +331,12 @@ def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) 
         metavar="SIZE",
         help="memory the child process may use beyond an interpreter with torch, e.g. 2GiB "
         "(default: twice the file's size plus 2 GiB)",
+    )
+    parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="open the file in a child process without the OS sandbox (no namespaces, Landlock or seccomp), "
+        "where the sandbox cannot be set up; the report says so",
     )
 
 

@@ -38,9 +38,11 @@ __all__ = [
     "backed_size_oblivious",
     "buffer_persistent",
     "define_op",
+    "deserialize_program",
     "detect_fake_mode",
     "discarding_fresh_unbacked_symbols",
     "export_nonstrict",
+    "export_schema",
     "exported_program",
     "fake_tensor_mode",
     "graph_codegen",
@@ -49,16 +51,21 @@ __all__ = [
     "init_splitter",
     "is_core_aten",
     "is_fake",
+    "load_script_object",
     "module_call_signature",
     "op_overload_name",
     "op_overloads",
     "op_argument_types",
     "op_is_mutable",
+    "op_is_random",
     "op_schema_name",
+    "prepare_package_loading",
     "pytree_specs",
     "restore_attribute_kinds",
     "scalar_argument",
+    "schema_union_base",
     "script_object_class",
+    "serialized_dtype",
     "set_codegen",
     "set_example_inputs",
     "streaming_tensor_writes",
@@ -104,6 +111,58 @@ def import_loaders() -> None:
 
     if getattr(torch._inductor, "aoti_load_package", None) is not None:
         import torch._inductor.package
+
+
+def export_schema() -> Any:
+    """``torch._export.serde.schema``: the dataclasses a serialized ExportedProgram is made of (2.5+)."""
+    from torch._export.serde import schema
+
+    return schema
+
+
+def schema_union_base() -> type | None:
+    """The base class of the schema's one-of types (``Argument``, ``InputSpec``, ...), 2.5+."""
+    try:
+        from torch._export.serde.union import _Union
+    except ImportError:
+        return None
+    return _Union
+
+
+def serialized_dtype(value: int) -> torch.dtype:
+    """The dtype a serialized ``ScalarType`` stands for (KeyError for one this torch does not know)."""
+    from torch._export.serde import serialize
+
+    return serialize._SERIALIZE_TO_TORCH_DTYPE[export_schema().ScalarType(value)]  # type: ignore[no-any-return]
+
+
+def deserialize_program(
+    document: bytes,
+    state_dict: dict[str, Any],
+    constants: dict[str, Any],
+    example_inputs: tuple[Any, ...] | None,
+) -> torch.export.ExportedProgram:
+    """An ExportedProgram from a serialized program document and the objects it refers to (2.5+).
+
+    What every release's loader does once it has read the archive (``load_pt2``,
+    and the 2.5 ... 2.7 ``torch.export.load``): the document into the schema's
+    dataclasses, then ``ExportedProgramDeserializer.deserialize`` with weights,
+    constants and sample inputs already as objects, so that torch unpickles
+    nothing. Never ``torch.export.load``, whose fallbacks read other layouts.
+    """
+    import json
+
+    from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
+
+    serialized = _dict_to_dataclass(export_schema().ExportedProgram, json.loads(document))  # type: ignore[no-untyped-call]
+    return ExportedProgramDeserializer().deserialize(  # type: ignore[no-any-return]
+        serialized, state_dict, constants, example_inputs
+    )
+
+
+def load_script_object(data: bytes) -> Any:
+    """A TorchBind object (a TensorRT engine) from the bytes ``torch._C._pickle_save`` wrote: runs its C++ setstate."""
+    return torch._C._pickle_load_obj(data)  # type: ignore[attr-defined]
 
 
 def buffer_persistent(module: torch.nn.Module, name: str) -> bool | None:
@@ -183,6 +242,11 @@ def op_overload_name(target: OpOverload) -> str:
 def op_is_mutable(target: OpOverload) -> bool:
     """Whether an OpOverload's schema writes to any argument (``Tensor(a!)``, ``out=``)."""
     return bool(target._schema.is_mutable)
+
+
+def op_is_random(target: OpOverload) -> bool:
+    """Whether an OpOverload draws from the global random generator (tagged ``nondeterministic_seeded``)."""
+    return torch.Tag.nondeterministic_seeded in target.tags
 
 
 def op_argument_types(target: OpOverload) -> list[str]:
@@ -460,6 +524,21 @@ def aoti_compile_and_package(program: torch.export.ExportedProgram, package_path
     if why_not is not None:
         raise IncompatibleTorchError(f"output_format='aot_inductor': {why_not}")
     return str(torch._inductor.aoti_compile_and_package(program, package_path=package_path))
+
+
+def prepare_package_loading() -> None:
+    """Do now what loading an AOTInductor package does first: compare this machine's CPU ISA with the package's.
+
+    torch finds the ISA by compiling probes with the C++ compiler (new processes);
+    a sandboxed child does it before the sandbox closes, and the answer is cached
+    in the process. Nothing here is read from a file.
+    """
+    if getattr(torch._inductor, "aoti_load_package", None) is None:
+        return
+    with contextlib.suppress(Exception):  # no compiler: torch's loader says so itself, later
+        from torch._inductor import cpu_vec_isa
+
+        cpu_vec_isa.pick_vec_isa()
 
 
 def aoti_load_package(path: str) -> Callable[..., Any]:

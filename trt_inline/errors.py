@@ -9,6 +9,8 @@ to look. The classes are re-exported where they were first defined
 from __future__ import annotations
 
 import re
+import unicodedata
+from typing import Any
 
 
 class TrtInlineError(Exception):
@@ -74,21 +76,60 @@ class IncompatibleTorchError(TrtInlineError, RuntimeError):
     """
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Unicode categories escaped in anything printed from a file: controls (newlines included), format
+# characters (bidi marks, zero-width spaces), line and paragraph separators, surrogates, private use
+# and unassigned code points.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# How long a string from a file may be once decoded: names, messages and labels are cut here.
+MAX_TEXT = 2000
+
+
+def _escape(character: str) -> str:
+    return character.encode("unicode_escape").decode("ascii")
 
 
 def printable(text: str) -> str:
-    """``text`` with every control character escaped (``\\x1b``): safe to print whatever a file put in it.
+    """``text`` with every control and format character escaped (``\\x1b``, ``\\n``, ``\\u200f``).
 
-    Strings from a saved file (archive entry names, targets, recorded output
-    kinds, messages of exceptions raised while loading it) go through this before
-    they reach a terminal, so that a file cannot move the cursor, rewrite earlier
-    lines or forge a line of the report.
+    Strings from a saved file (archive entry names, targets, recorded names and
+    output kinds, messages of exceptions raised while loading it) go through
+    this where they are decoded, so that a file cannot move the cursor, rewrite
+    earlier lines, forge a line of the report or reorder it with bidi marks.
     """
-    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+    if text.isascii():
+        return _ASCII_CONTROL.sub(lambda match: _escape(match.group()), text)
+    return "".join(
+        _escape(c) if c < " " or c == "\x7f" or (c > "~" and unicodedata.category(c) in _ESCAPED_CATEGORIES) else c
+        for c in text
+    )
+
+
+def decoded_text(text: str, limit: int = MAX_TEXT) -> str:
+    """A string from a file as it may be kept and shown: escaped (:func:`printable`), then cut to ``limit``."""
+    clean = printable(text)
+    if len(clean) > limit:
+        clean = f"{clean[:limit]}... ({len(clean) - limit} more characters)"
+    return clean
+
+
+def bounded_strings(value: Any, limit: int = MAX_TEXT) -> Any:
+    """``value`` (JSON-like: dicts, lists, strings, numbers) with every string and key through :func:`decoded_text`.
+
+    What a child process hands back goes through this before it leaves the child
+    and again where the parent decodes it: code that ran in the child cannot put a
+    raw or unbounded string in front of the user.
+    """
+    if isinstance(value, str):
+        return decoded_text(value, limit)
+    if isinstance(value, dict):
+        return {decoded_text(str(k), limit): bounded_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [bounded_strings(v, limit) for v in value]
+    return value
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, control characters escaped: what a one-line report shows."""
+    """The first line of an exception's message, escaped and cut: what a one-line report shows."""
     lines = str(exc).strip().splitlines()
-    return printable(lines[0]) if lines else ""
+    return decoded_text(lines[0]) if lines else ""

@@ -3,14 +3,16 @@
 ==========================  =================================================================
 module                      concern
 ==========================  =================================================================
-``archive``                 opening files (programs, AOTInductor packages): unusable ones told
-                            apart, unsafe ones refused unread, never native code loaded
-``program_checks``          what a serialized program would make torch evaluate, and what
-                            the loaded graph and its reference engines call
-``zip_layout``              one view of a zip archive: layouts two readers could read
-                            differently are refused
-``isolation``               the child process, with time and memory limits, that loads and
-                            runs a file
+``reader``                  the one strict reader: every byte of a file from a stranger
+                            enters here (``zip_layout``: one view of a zip archive;
+                            ``pickles``: torch.save blobs read without unpickling;
+                            ``views``: the file mapped, never copied)
+``program_checks``          the program document against this torch's schema, rebuilt; the
+                            runnable module and its reference engines against the allow-list
+``canonical``               the archive torch is given instead of the file, and its loader
+``archive``                 opening files: read, canonical, loaded, what runs checked
+``isolation``               the sandboxed child process, with time and memory limits, that
+                            loads and runs a file (the sandbox itself: ``trt_inline.sandbox``)
 ``structure``               structural checks on the graph, one function each
 ``compare``                 running on reference inputs and comparing values (error statistics)
 ``boundaries``              recording engine boundaries from a compiled module, tracing a
@@ -31,7 +33,6 @@ from trt_inline.verify.archive import (
     AOTI_PACKAGE,
     EXPORTED_PROGRAM,
     LoadedFile,
-    check_archive,
     classify_file,
     load_exported_program,
     open_file,
@@ -62,7 +63,6 @@ __all__ = [
     "VerifyInputError",
     "VerifyReport",
     "capture_reference_io",
-    "check_archive",
     "classify_file",
     "decode_reference_io",
     "default_tolerance",

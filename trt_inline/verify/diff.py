@@ -27,7 +27,7 @@ from trt_inline.verify.localize import Reference, Tolerance, localize, own_error
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.report import VerifyReport
 from trt_inline.verify.structure import structural_problems
-from trt_inline.verify.verifier import capture_device, normalize_tolerance, report_of_child, save_tensors
+from trt_inline.verify.verifier import capture_device, normalize_tolerance, report_of_child, save_target, save_tensors
 
 __all__ = ["diff", "diff_job"]
 
@@ -48,6 +48,7 @@ def diff(
     allow_native_code: bool = False,
     allow_ops: Sequence[str] = (),
     isolate: bool = True,
+    sandbox: bool = True,
     timeout: float | None = None,
     memory_limit: int | str | None = None,
     debug: bool = False,
@@ -60,7 +61,7 @@ def diff(
     stops at the first set that diverges. ``report.ok`` is true when every
     boundary of every run agrees within tolerance; ``report.divergence`` names
     the first that does not. Both files are opened with the checks of
-    :func:`trt_inline.verify` and run in one child process (``isolate``).
+    :func:`trt_inline.verify` and run in one sandboxed child process (``isolate``, ``sandbox``).
     """
     arguments = {
         "path_a": os.fspath(path_a),
@@ -77,23 +78,38 @@ def diff(
     }
     tensors = {"args": None if arg_inputs is None else list(arg_inputs), "kwargs": kwarg_inputs}
     if not isolate:
-        return VerifyReport.from_dict(diff_job(arguments, tensors))
+        result = diff_job(arguments, tensors)
+        if save_outputs is not None:
+            report_dict, kept = result
+            save_tensors(kept["outputs"], save_outputs)
+            return VerifyReport.from_dict(report_dict)
+        return VerifyReport.from_dict(result)
     if memory_limit is None:
         size_b = os.path.getsize(path_b) if os.path.isfile(path_b) else 0
         memory_limit = default_memory_limit(path_a) + 2 * size_b
+    if save_outputs is not None:
+        save_target(save_outputs)
     limits = Limits.for_file(path_a, timeout, memory_limit)
-    return report_of_child("diff", arguments, tensors, limits, where=os.fspath(path_a), debug=debug)
+    return report_of_child(
+        "diff", arguments, tensors, limits, where=os.fspath(path_a), files=(os.fspath(path_a), os.fspath(path_b)),
+        sandbox=sandbox, debug=debug, save_outputs=save_outputs,
+    )  # fmt: skip
 
 
 def _program(loaded: LoadedFile) -> ExportedProgram:
     """The program whose run is compared: an ExportedProgram file's (a package's engines exist only compiled)."""
+    return _checked(loaded).program  # type: ignore[return-value]
+
+
+def _checked(loaded: LoadedFile) -> LoadedFile:
+    """``loaded``, refused if it is a package (its engines exist only compiled)."""
     if loaded.kind == AOTI_PACKAGE or loaded.program is None:
         raise VerifyInputError(
             f"{loaded.path} is an AOTInductor package: its engines run inside its compiled code and the program it "
             "carries holds no weights, so there are no engine boundaries to compare; diff the ExportedProgram files "
             "saved from the same modules"
         )
-    return loaded.program
+    return loaded
 
 
 def _inputs(
@@ -108,8 +124,8 @@ def _inputs(
     raise VerifyInputError(f"neither {a.path} nor {b.path} embeds reference inputs: give --inputs FILE (or arg_inputs)")
 
 
-def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
-    """:func:`diff` in this process (the child's job)."""
+def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
+    """:func:`diff` in this process (the child's job); with ``save_outputs``, the outputs of both as well."""
     path_a, path_b = arguments["path_a"], arguments["path_b"]
     atol: Tolerance = arguments["atol"]
     rtol: Tolerance = arguments["rtol"]
@@ -124,6 +140,7 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, An
             for path in (path_a, path_b)
         ]
         program_a, program_b = (_program(loaded) for loaded in opened)
+        module_a, module_b = (loaded.module for loaded in opened)
         report = VerifyReport(source=f"{path_a} against {path_b}", expected_source=f"from {path_b}")
         report.allow_pickle = arguments["allow_pickle"]
         for path, program in ((path_a, program_a), (path_b, program_b)):
@@ -131,7 +148,6 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, An
             report.notes += [f"{Path(path).name}: {problem}" for problem in problems]
         args, kwargs, captured = _inputs(tensors, *opened)
         device = arguments["device"] or captured
-        module_a, module_b = program_a.module(), program_b.module()
         sets: list[tuple[Draw | None, list[torch.Tensor], dict[str, torch.Tensor]]] = [(None, args, kwargs)]
         if arguments["random_inputs"]:
             draws = draw_inputs(program_a, arguments["random_inputs"], arguments["seed"], args)
@@ -143,8 +159,7 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, An
             rows, divergence = localize(trace_a, reference, atol, rtol)
             if draw is None:
                 report.outputs, report.boundaries = rows[-1].values, rows
-                if arguments["save_outputs"] is not None:
-                    save_tensors({"a": trace_a.outputs, "b": trace_b.outputs}, arguments["save_outputs"])
+                outputs = {"a": trace_a.outputs, "b": trace_b.outputs}
             else:
                 report.random_runs.append(
                     {
@@ -161,4 +176,6 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, An
                 where = "" if draw is None else f" (random inputs {iteration - 1}, sizes {draw.shapes()})"
                 report.problems.append(f"first divergence{where}: {divergence.where}")
                 break
+    if arguments["save_outputs"] is not None:
+        return report.to_dict(), {"outputs": outputs}
     return report.to_dict()

@@ -1,42 +1,56 @@
-"""Loading and running a file in a child process with a time limit and a memory limit.
+"""Loading and running a file in a sandboxed child process with a time limit and a memory limit.
 
-A file from a stranger can still make the native code that loads or runs it
-crash (an operator with a memory-safety bug, a package's shared library, a
-TensorRT plan), allocate without bound, or compute for hours. So ``verify`` and
-``inspect`` open files in a child interpreter:
+A file from a stranger can make the native code that loads or runs it crash
+(an operator with a memory-safety bug, a package's shared library, a TensorRT
+plan), allocate without bound, compute for hours, or, if code from it runs
+after all, try to reach what is outside. So ``verify``, ``inspect`` and
+``diff`` open files in a child interpreter:
 
 * started isolated (``python -I``: no current directory on ``sys.path``, no
-  ``PYTHON*`` variables), with the parent's import path passed explicitly;
-* in a session of its own, so that the time limit kills it and everything it started;
-* with ``RLIMIT_AS`` set, once torch is imported, to what the child uses then
-  plus the memory limit. Where CUDA is available the driver reserves far more
-  address space than it uses, so there the parent watches the child's resident
-  memory instead and kills it past the limit;
-* no core dumps, and its temporary files in a folder removed afterwards.
+  ``PYTHON*`` variables of the user's shell beyond those listed below), with the
+  parent's import path passed explicitly, in a session of its own;
+* given only the environment variables that configure Python, torch, threads
+  and devices (never the caller's tokens or credentials);
+* sandboxed (:mod:`trt_inline.sandbox`) after its imports and before it reads
+  the file: no network, no programs, no new processes, no signals or ptrace to
+  other processes, files only from the Python installation, the files named in
+  the job, and its own private folder, which nobody else uses;
+* with ``RLIMIT_AS`` set to what it uses once torch is imported, plus the
+  memory limit, plus the size of the files it may map. Where CUDA is available
+  the driver reserves far more address space than it uses, so there the parent
+  watches the resident memory of the child's process group instead;
+* no core dumps; its folder removed afterwards, and the child and everything
+  in its process group killed when the job ends.
 
-The child writes its result as JSON; the parent turns a killed, crashed or
-exhausted child into one :class:`IsolationError` line that says which limit or
-which signal, and never crashes itself.
+The request and the report travel over pipes, never over files another process
+could rewrite. The parent turns a killed, crashed or exhausted child into one
+:class:`IsolationError` line that says which limit or which signal, and never
+crashes itself. Everything the child reports is untrusted: it is checked and
+its strings escaped where the parent decodes it (:func:`decode_result`).
 
 Starting an interpreter and importing torch takes a second or two. To check many
-files, ``with reusing_interpreter():`` starts one clean interpreter (the same
-``python -I``, torch and trt-inline imported, no file ever opened in it) and
-forks each child from it; every child is still a process of its own, in its own
-session, with the same limits. Outside such a block nothing is left running.
+files, ``with reusing_interpreter():`` starts one clean interpreter (torch and
+trt-inline imported, no file ever opened in it) and forks each child from it;
+each child still enters the sandbox and the limits itself. Outside such a block
+nothing is left running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import io
 import json
 import os
 import re
 import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -50,24 +64,29 @@ from trt_inline.errors import (
     TrtInlineError,
     UnsafeArchiveError,
     VerifyInputError,
+    bounded_strings,
     first_line,
 )
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "ChildResult",
     "Limits",
     "default_memory_limit",
     "format_size",
     "parse_size",
     "reusing_interpreter",
     "run_isolated",
+    "sandbox_required",
 ]
 
 DEFAULT_TIMEOUT = 3600.0
 _BASE_MEMORY = 2 << 30
 _POLL_SECONDS = 0.02
-# What the parent reads back of the child's report: a report is a few lines per output and problem.
-_MAX_RESULT_BYTES = 64 << 20
+# What the parent reads back of the child's report: a report is a few lines per output and problem,
+# plus the outputs themselves where the caller asked to save them.
+_MAX_RESULT_BYTES = 256 << 20
+_RESULT_FD = 3
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MIB": 1 << 20}
 _UNITS |= {"G": 1 << 30, "GB": 1000**3, "GIB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TIB": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
@@ -125,42 +144,173 @@ class ChildResult:
     value: Any
     peak_rss: int  # bytes, the child's maximum resident set
     base_rss: int  # bytes, the child's resident set once its imports were done, before the job
+    sandbox: str | None  # what the sandbox set up, in words; None: it ran without one
+    tensors: bytes  # what the job returned besides its JSON value (torch.save bytes; untrusted)
 
 
 # The jobs a child can run, by name: (module, function). The function takes the request's
-# JSON arguments and the tensors the parent saved, and returns something JSON can hold.
-JOBS = {
+# JSON arguments and the tensors the parent sent, and returns something JSON can hold
+# (or a pair of that and tensors to hand back).
+JOBS: dict[str, tuple[str, str]] = {
     "verify": ("trt_inline.verify.verifier", "verify_job"),
     "inspect": ("trt_inline.verify.verifier", "inspect_job"),
     "diff": ("trt_inline.verify.diff", "diff_job"),
+    "sandbox": ("trt_inline.verify.isolation", "sandbox_job"),
 }
 
 
-def run_isolated(
-    job: str, arguments: dict[str, Any], tensors: Any, limits: Limits, *, where: str, debug: bool = False
-) -> ChildResult:
-    """Run ``job`` in a child process under ``limits``; its return value, or the error it raised, re-raised here.
+def sandbox_required(sandbox: bool) -> None:
+    """Refuse, before any child starts, to open an untrusted file where the sandbox cannot be set up."""
+    if not sandbox:
+        return
+    from trt_inline import sandbox as walls
 
-    ``tensors`` go through ``torch.save`` and come back with ``weights_only=True``.
+    missing = walls.status().missing
+    if missing:
+        raise IsolationError(
+            f"the OS sandbox that opens files from strangers cannot be set up here: this system lacks "
+            f"{' and '.join(missing)}; --no-sandbox (sandbox=False) opens the file without it, with the child "
+            "process's limits only"
+        )
+
+
+def run_isolated(
+    job: str,
+    arguments: dict[str, Any],
+    tensors: Any,
+    limits: Limits,
+    *,
+    where: str,
+    files: tuple[str, ...] = (),
+    sandbox: bool = True,
+    imports: bool = False,
+    debug: bool = False,
+    namespaces: bool = True,
+) -> ChildResult:
+    """Run ``job`` in a sandboxed child process under ``limits``; its return value, or its error re-raised here.
+
+    ``files``: what the job opens (readable in the sandbox, and mapped within its
+    address space). ``tensors`` go through ``torch.save`` into the request.
+    ``sandbox=False`` runs the child without the OS sandbox (limits still hold).
+    ``imports``: the sandbox lets the child read every folder on the import path
+    (an unpickler the user allowed imports modules by name).
+    ``namespaces=False`` leaves the namespace layer out (tests of the other walls).
     Raises :class:`IsolationError` naming ``where`` when the child is stopped.
     """
     import torch
 
-    with tempfile.TemporaryDirectory(prefix="trt-inline-") as folder:
-        work = Path(folder)
-        torch.save(tensors, work / "tensors.pt")
-        request = {"job": job, "arguments": arguments, "memory": limits.memory, "debug": debug}
-        (work / "request.json").write_text(json.dumps(request))
-        # Its temporary files (torch's own, a package's extracted library) stay in the folder removed afterwards.
+    sandbox_required(sandbox)
+    module, function = JOBS[job]
+    payload = io.BytesIO()
+    torch.save(tensors, payload)
+    request = {
+        "job": [module, function],
+        "arguments": arguments,
+        "memory": limits.memory,
+        "mapped": sum(os.path.getsize(f) for f in files if os.path.isfile(f)),
+        "files": [os.path.abspath(f) for f in files],
+        "sandbox": sandbox,
+        "imports": imports,
+        "namespaces": namespaces,
+        "debug": debug,
+    }
+    message = json.dumps(request).encode() + b"\n" + payload.getvalue()
+    work = Path(tempfile.mkdtemp(prefix="trt-inline-"))
+    try:
+        # Its temporary files (torch's own, a package's extracted library) stay in its own folder.
         (work / "tmp").mkdir()
-        zygote = _zygote_for_now()
-        if zygote is not None:
-            status, peak, stopped = zygote.run(work, limits)
-        else:
-            status, peak, stopped = _run_fresh(work, limits)
+        with _Pipes(message) as pipes:
+            zygote = _zygote_for_now()
+            if zygote is not None:
+                outcome = zygote.run(work, pipes, limits)
+            else:
+                outcome = _run_fresh(work, pipes, limits)
         if debug:
             sys.stderr.write(_tail(work / "stderr.txt"))
-        return _outcome(work, status, peak, stopped, limits, where)
+        return _outcome(outcome, limits, where)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class _Pipes:
+    """The request pipe (written by a thread: the child reads it while the parent supervises) and the result pipe.
+
+    Each descriptor is closed once (a number closed twice may by then be another file's).
+    """
+
+    def __init__(self, message: bytes) -> None:
+        self.request_read, self.request_write = os.pipe()
+        self.result_read, self.result_write = os.pipe()
+        self.message = message
+        self.result = bytearray()
+        self.overflow = False
+        self._open = {self.request_read, self.request_write, self.result_read, self.result_write}
+        self._lock = threading.Lock()
+        self._writer = threading.Thread(target=self._write, daemon=True)
+
+    def __enter__(self) -> _Pipes:
+        self._writer.start()
+        return self
+
+    def _close(self, descriptor: int) -> None:
+        with self._lock:
+            if descriptor in self._open:
+                self._open.discard(descriptor)
+                with contextlib.suppress(OSError):
+                    os.close(descriptor)
+
+    def _write(self) -> None:
+        with contextlib.suppress(OSError):  # the child died before reading all of it
+            view = memoryview(self.message)
+            while view:
+                view = view[os.write(self.request_write, view[: 1 << 20]) :]
+        self._close(self.request_write)
+
+    def child_ends(self) -> tuple[int, int]:
+        """The ends the child keeps; the parent closes its copies once the child has them."""
+        return self.request_read, self.result_write
+
+    def handed_over(self) -> None:
+        self._close(self.request_read)
+        self._close(self.result_write)
+
+    def _take(self, chunk: bytes) -> None:
+        if len(self.result) + len(chunk) > _MAX_RESULT_BYTES:
+            self.overflow = True
+        else:
+            self.result += chunk
+
+    def drain(self, timeout: float) -> None:
+        """Read what the child has written of its result, waiting at most ``timeout`` seconds."""
+        ready, _, _ = select.select([self.result_read], [], [], timeout)
+        if ready:
+            self._take(os.read(self.result_read, 1 << 20))
+
+    def finish(self) -> None:
+        """Read the rest once the child has ended (its write end is closed: EOF comes)."""
+        while not self.overflow:
+            ready, _, _ = select.select([self.result_read], [], [], 1.0)
+            if not ready:
+                return  # something the child left holds the pipe open: what came is what there is
+            chunk = os.read(self.result_read, 1 << 20)
+            if not chunk:
+                return
+            self._take(chunk)
+
+    def __exit__(self, *exc: object) -> None:
+        self.handed_over()
+        self._close(self.result_read)
+        self._close(self.request_write)  # unblocks the writer if the child never read
+        self._writer.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    status: int  # wait status
+    peak_rss: int
+    stopped: str | None  # which limit stopped it, if one did
+    result: bytes
+    overflow: bool
 
 
 def _interpreter_command(code: str, *arguments: str) -> list[str]:
@@ -170,46 +320,69 @@ def _interpreter_command(code: str, *arguments: str) -> list[str]:
     return [sys.executable, "-I", "-c", prelude + code, json.dumps(path), *arguments]
 
 
-def _child_environment() -> dict[str, str]:
-    # Each thread's malloc arena reserves 64 MiB of address space: few arenas, so that the
-    # address-space limit measures memory rather than the machine's core count.
-    return {**os.environ, "MALLOC_ARENA_MAX": "2"}
+# Environment variables a child keeps: what configures the interpreter, torch, its threads, its
+# allocator and the devices it sees. A change in one of them needs a new interpreter to fork from.
+_STARTUP_VARIABLES = re.compile(
+    r"^(PYTHON|LD_|MALLOC_|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|CUDA_|NVIDIA_|TORCH|TRT_INLINE_|LANG$|LC_|TZ$)"
+)
 
 
-def _run_fresh(work: Path, limits: Limits) -> tuple[int, int, str | None]:
-    """The child as a new interpreter: (wait status, peak RSS in bytes, which limit stopped it or None)."""
+def _child_environment(work: Path | None = None) -> dict[str, str]:
+    """The variables a child gets: the startup ones of this process, and where its temporary files go.
+
+    Each thread's malloc arena reserves 64 MiB of address space: few arenas, so that the
+    address-space limit measures memory rather than the machine's core count. OpenBLAS
+    (numpy's) would start a thread at import, and a process with threads cannot enter new
+    namespaces; torch does not use it.
+    """
+    environment = {k: v for k, v in os.environ.items() if _STARTUP_VARIABLES.match(k)}
+    environment.update(MALLOC_ARENA_MAX="2", OPENBLAS_NUM_THREADS="1")
+    if work is not None:
+        private = str(work / "tmp")
+        environment.update(TMPDIR=private, HOME=private, CUDA_CACHE_PATH=private, XDG_CACHE_HOME=private)
+    return environment
+
+
+def _run_fresh(work: Path, pipes: _Pipes, limits: Limits) -> _Ended:
+    """The child as a new interpreter."""
     command = _interpreter_command(
         "from trt_inline.verify.isolation import child_main; child_main(sys.argv[2])", str(work)
     )
-    env = {**_child_environment(), "TMPDIR": str(work / "tmp")}
+    request_read, result_write = pipes.child_ends()
     with open(work / "stderr.txt", "wb") as stderr:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True, env=env
+            command,
+            stdin=request_read,
+            stdout=stderr,
+            stderr=stderr,
+            pass_fds=(result_write,),
+            start_new_session=True,
+            env={**_child_environment(work), "TRT_INLINE_RESULT_FD": str(result_write)},
         )
-        try:
-            return _supervise(process.pid, limits, work, lambda: _reap(process))
-        except BaseException:  # interrupted: the child must not outlive the call
-            _kill_group(process.pid)
+    pipes.handed_over()
+    try:
+        return _supervise(process.pid, limits, work, pipes, lambda: _reap(process))
+    finally:
+        _kill_group(process.pid)
+        if process.returncode is None:
             process.wait()
-            raise
 
 
 def _reap(process: subprocess.Popen[bytes]) -> tuple[int, int] | None:
-    """(wait status, peak RSS) once the child has ended; else None, after a short wait."""
+    """(wait status, peak RSS) once the child has ended; else None."""
     pid, status, usage = os.wait4(process.pid, os.WNOHANG)
     if not pid:
-        time.sleep(_POLL_SECONDS)
         return None
     process.returncode = os.waitstatus_to_exitcode(status)
     return status, usage.ru_maxrss * 1024
 
 
 def _supervise(
-    pid: int, limits: Limits, work: Path, ended: Callable[[], tuple[int, int] | None]
-) -> tuple[int, int, str | None]:
-    """Wait for child ``pid`` until ``ended()`` gives (wait status, peak RSS); kill its group past a limit.
+    pid: int, limits: Limits, work: Path, pipes: _Pipes, ended: Callable[[], tuple[int, int] | None]
+) -> _Ended:
+    """Read the child's result while it runs; kill its process group past a limit; what it left.
 
-    Returns (wait status, peak RSS in bytes, which limit stopped it or None).
+    ``ended()`` gives (wait status, peak RSS) once child ``pid`` has ended.
     """
     deadline = time.monotonic() + limits.timeout
     stopped: str | None = None
@@ -217,48 +390,68 @@ def _supervise(
     while True:
         outcome = ended()
         if outcome is not None:
-            return outcome[0], outcome[1], stopped
+            pipes.finish()
+            return _Ended(outcome[0], outcome[1], stopped, bytes(pipes.result), pipes.overflow)
+        pipes.drain(_POLL_SECONDS)
         if stopped is None:
-            if rss_limit is None and (work / "rss_limit").exists():
-                rss_limit = int((work / "rss_limit").read_text() or 0) or None
+            if rss_limit is None:
+                rss_limit = _rss_limit(work)
             if time.monotonic() > deadline:
                 stopped = "time"
-            elif rss_limit is not None and _resident(pid) > rss_limit:
+            elif rss_limit is not None and _group_resident(pid) > rss_limit:
                 stopped = "memory"
             if stopped:
                 _kill_group(pid)
+
+
+def _rss_limit(work: Path) -> int | None:
+    """The resident-memory limit a child on a CUDA machine asks the parent to watch (written in its folder)."""
+    try:
+        return int((work / "rss_limit").read_text()[:32]) or None
+    except (OSError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------
 # One clean interpreter that forks the children (reusing_interpreter)
 # ---------------------------------------------------------------------------
 
-# The interpreter's loop: for each folder it reads, fork a child that becomes what a fresh
-# interpreter running child_main(folder) would be; report its pid, then its wait status and peak RSS.
+# The interpreter's loop: for each job it receives (its folder, environment and the two pipe ends,
+# over a UNIX socket), fork a child that becomes what a fresh interpreter running
+# child_main(folder) would be; report its pid, then its wait status and peak RSS.
 _ZYGOTE = """
-import os, tempfile
+import os, socket, tempfile
 import torch
 import trt_inline.reference, trt_inline.verify
 from trt_inline import compat
 from trt_inline.verify.isolation import child_main
 compat.import_loaders()
-for line in sys.stdin:
-    folder, environment = json.loads(line)
+channel = socket.socket(fileno=int(sys.argv[2]))
+while True:
+    message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 2)
+    if not message:
+        break
+    folder, environment = json.loads(message)
     pid = os.fork()
     if pid == 0:
+        channel.close()
         os.environ.clear()
         os.environ.update(environment)
         os.setsid()
         output = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(descriptors[0], 0)
         os.dup2(output, 1)
         os.dup2(output, 2)
-        os.environ["TMPDIR"] = os.path.join(folder, "tmp")
+        os.dup2(descriptors[1], 3)
+        os.closerange(4, 1 << 16)
+        os.environ["TRT_INLINE_RESULT_FD"] = "3"
         tempfile.tempdir = None
         child_main(folder)
-    print("pid", pid, flush=True)
+    for descriptor in descriptors:
+        os.close(descriptor)
+    channel.sendall(f"pid {pid}\\n".encode())
     _, status, usage = os.wait4(pid, 0)
-    print("exit", status, usage.ru_maxrss, flush=True)
+    channel.sendall(f"exit {status} {usage.ru_maxrss}\\n".encode())
 """
 
 
@@ -266,70 +459,67 @@ class _Zygote:
     """A clean interpreter (``python -I``, torch and trt-inline imported) that forks one child per job.
 
     It never opens a file: each child, in a session of its own, opens one and
-    applies the limits itself, exactly as a fresh interpreter's ``child_main``.
+    enters the sandbox and the limits itself, exactly as a fresh interpreter's ``child_main``.
     """
 
     def __init__(self) -> None:
         self.key = _zygote_key()
         self._pending = b""
-        self.process = subprocess.Popen(
-            _interpreter_command(_ZYGOTE),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            env=_child_environment(),
-        )
+        self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with theirs:
+            self.process = subprocess.Popen(
+                _interpreter_command(_ZYGOTE, str(theirs.fileno())),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                env=_child_environment(),
+            )
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def _line(self, timeout: float | None) -> list[str] | None:
-        """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended.
-
-        Read from the pipe itself, with a buffer of our own: a buffered reader could
-        take two lines at once, and ``select`` would then wait for the second in vain.
-        """
-        assert self.process.stdout is not None
-        descriptor = self.process.stdout.fileno()
+        """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended."""
         while b"\n" not in self._pending:
-            ready, _, _ = select.select([descriptor], [], [], timeout)
+            ready, _, _ = select.select([self.channel], [], [], timeout)
             if not ready:
                 return None
-            chunk = os.read(descriptor, 4096)
+            chunk = self.channel.recv(4096)
             if not chunk:
                 raise EOFError("the interpreter that forks the children ended")
             self._pending += chunk
         line, _, self._pending = self._pending.partition(b"\n")
         return line.decode().split()
 
-    def run(self, work: Path, limits: Limits) -> tuple[int, int, str | None]:
-        assert self.process.stdin is not None
-        # The caller's environment as it is now (the fresh path passes it too); TMPDIR is set in the child.
-        self.process.stdin.write((json.dumps([str(work), _child_environment()]) + "\n").encode())
-        self.process.stdin.flush()
+    def run(self, work: Path, pipes: _Pipes, limits: Limits) -> _Ended:
+        message = json.dumps([str(work), _child_environment(work)]).encode()
+        socket.send_fds(self.channel, [message], list(pipes.child_ends()))
+        pipes.handed_over()
         started = self._line(None)
         if not started or started[0] != "pid":
             raise EOFError("the interpreter that forks the children gave no child")
         pid = int(started[1])
 
         def ended() -> tuple[int, int] | None:
-            line = self._line(_POLL_SECONDS)
+            line = self._line(0)
             if line is None:
                 return None
             return int(line[1]), int(line[2]) * 1024
 
         try:
-            return _supervise(pid, limits, work, ended)
+            return _supervise(pid, limits, work, pipes, ended)
         except BaseException:  # interrupted: neither the child nor the interpreter may outlive the call
             _kill_group(pid)
             self.close()
             raise
+        finally:
+            _kill_group(pid)
 
     def close(self) -> None:
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
+        with contextlib.suppress(OSError):
+            self.channel.close()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -337,16 +527,9 @@ class _Zygote:
             self.process.wait()
 
 
-# Environment variables read when an interpreter starts or imports torch (allocator, threads, devices,
-# torch's own settings): a change in one of them needs a new interpreter. Every other variable is
-# handed to each child as it is when the child starts.
-_STARTUP_VARIABLES = re.compile(r"^(PYTHON|LD_|MALLOC_|OMP_|MKL_|KMP_|GOMP_|CUDA_|NVIDIA_|TORCH|TRT_INLINE_)")
-
-
 def _zygote_key() -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """What a child inherits from the interpreter it is forked from: a change here needs a new one."""
-    startup = tuple(sorted((k, v) for k, v in os.environ.items() if _STARTUP_VARIABLES.match(k)))
-    return sys.executable, tuple(sys.path), startup
+    return sys.executable, tuple(sys.path), tuple(sorted(_child_environment().items()))
 
 
 # The reusable interpreter of the innermost reusing_interpreter() block, if any.
@@ -367,11 +550,11 @@ def _zygote_for_now() -> _Zygote | None:
 
 @contextlib.contextmanager
 def reusing_interpreter() -> Iterator[None]:
-    """Within the block, ``verify`` and ``inspect`` fork their children from one clean interpreter.
+    """Within the block, ``verify``, ``inspect`` and ``diff`` fork their children from one clean interpreter.
 
-    Each child is as isolated as a fresh one (own session, same limits, private
-    temporary folder); the block only saves starting an interpreter and
-    importing torch per file. The interpreter is stopped when the block ends.
+    Each child is as isolated as a fresh one (own session, sandbox, limits,
+    private folder); the block only saves starting an interpreter and importing
+    torch per file. The interpreter is stopped when the block ends.
     """
     slot: list[_Zygote] = []
     token = _reusable.set(slot)
@@ -385,37 +568,54 @@ def reusing_interpreter() -> Iterator[None]:
 
 def _tail(path: Path, limit: int = 1 << 20) -> str:
     """The last ``limit`` bytes of a file the child wrote, as text."""
-    with open(path, "rb") as handle:
-        handle.seek(max(0, path.stat().st_size - limit))
-        return handle.read().decode(errors="replace")
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
-def _resident(pid: int) -> int:
+def _resident(pid: int | str) -> int:
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
     return 0
 
 
+def _group_resident(group: int) -> int:
+    """Resident memory of every process in process group ``group`` (the child, and the one it runs the job in)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(group):
+            total += _resident(int(entry))
+    return total
+
+
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
-def _outcome(work: Path, status: int, peak: int, stopped: str | None, limits: Limits, where: str) -> ChildResult:
-    result_file = work / "result.json"
-    if stopped == "time":
+def _outcome(ended: _Ended, limits: Limits, where: str) -> ChildResult:
+    if ended.stopped == "time":
         raise IsolationError(f"{where}: stopped after {limits.timeout:g} s, the time limit (--timeout raises it)")
-    if stopped == "memory":
+    if ended.stopped == "memory":
         raise IsolationError(
             f"{where}: stopped past {format_size(limits.memory)} of memory, the memory limit (--memory-limit raises it)"
         )
+    status = ended.status
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         try:
@@ -426,19 +626,34 @@ def _outcome(work: Path, status: int, peak: int, stopped: str | None, limits: Li
             f"{where}: the child process loading it died on {name} (a crash in native code); "
             "nothing of it ran in this process"
         )
-    if not result_file.exists():
-        code = os.waitstatus_to_exitcode(status)
-        raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result")
-    if result_file.stat().st_size > _MAX_RESULT_BYTES:
+    if ended.overflow:
         raise IsolationError(f"{where}: the child process's report is larger than {format_size(_MAX_RESULT_BYTES)}")
-    result = json.loads(result_file.read_text())
+    header, _, tensors = ended.result.partition(b"\n")
+    try:
+        result = json.loads(header)
+        if not isinstance(result, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError):
+        code = os.waitstatus_to_exitcode(status)
+        raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result") from None
     if "error" in result:
         kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError)
-        kind = {cls.__name__: cls for cls in kinds}.get(result["error"], VerifyInputError)
-        message = str(result["message"])
+        kind = {cls.__name__: cls for cls in kinds}.get(str(result["error"]), VerifyInputError)
+        message = first_line(Exception(str(result.get("message", ""))))
         # The child's own errors name the file; a limit it hit or an unexpected error may not.
         raise kind(message if message.startswith(where) else f"{where}: {message}")
-    return ChildResult(result["value"], peak, int(result.get("base_rss", 0)))
+    sandbox = result.get("sandbox")
+    # The job process's own peak: the process that waits for it (namespaces) holds the whole
+    # interpreter too, and the wait status's figure is the larger of the two.
+    peak = result.get("peak_rss")
+    base = result.get("base_rss")
+    return ChildResult(
+        result.get("value"),
+        peak if isinstance(peak, int) and peak > 0 else ended.peak_rss,
+        base if isinstance(base, int) else 0,
+        first_line(Exception(sandbox)) if isinstance(sandbox, str) else None,
+        tensors,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -446,13 +661,25 @@ def _outcome(work: Path, status: int, peak: int, stopped: str | None, limits: Li
 # ---------------------------------------------------------------------------
 
 
+def _read_request() -> tuple[dict[str, Any], bytes]:
+    data = bytearray()
+    while chunk := os.read(0, 1 << 20):
+        data += chunk
+    header, _, tensors = bytes(data).partition(b"\n")
+    return json.loads(header), tensors
+
+
 def child_main(folder: str) -> None:
-    """Entry point of the child: limits, then the job, then its result as JSON. Never returns."""
+    """Entry point of the child: request, sandbox and limits, the job, its result on the result pipe. Never returns."""
     work = Path(folder)
-    request = json.loads((work / "request.json").read_text())
-    code = 0
+    result_fd = int(os.environ.get("TRT_INLINE_RESULT_FD", _RESULT_FD))
+    request: dict[str, Any] = {}
+    tensors_out = b""
     try:
-        result = {"value": _child_job(work, request), "base_rss": request["base_rss"]}
+        request, tensors = _read_request()
+        value, tensors_out, applied = _child_job(work, request, tensors)
+        peak = _own_status("VmHWM")
+        result = {"value": value, "base_rss": request["base_rss"], "peak_rss": peak, "sandbox": applied}
     except MemoryError:
         result = _memory_error(request)
     except RecursionError:
@@ -466,13 +693,17 @@ def child_main(folder: str) -> None:
             kind = type(exc).__name__ if isinstance(exc, TrtInlineError) else "VerifyInputError"
             message = first_line(exc) if isinstance(exc, TrtInlineError) else f"{type(exc).__name__}: {first_line(exc)}"
             result = {"error": kind, "message": message}
-    (work / "result.json").write_text(json.dumps(result))
+    try:
+        with open(result_fd, "wb", closefd=False) as out:
+            out.write(json.dumps(result).encode() + b"\n" + tensors_out)
+    except OSError:
+        pass
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(0)
 
 
-def _child_job(work: Path, request: dict[str, Any]) -> Any:
+def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any, bytes, str | None]:
     import importlib
     import resource
 
@@ -482,30 +713,66 @@ def _child_job(work: Path, request: dict[str, Any]) -> Any:
     import trt_inline.verify  # noqa: F401
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    module_name, function_name = request["job"]
+    job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
+    tensors = torch.load(io.BytesIO(payload), weights_only=True)
+    applied = None
+    if request["arguments"].get("allow_native_code"):
+        from trt_inline import compat
+
+        compat.prepare_package_loading()
+    if request.get("sandbox", True):
+        from trt_inline import sandbox
+
+        cuda = torch.cuda.is_available()
+        readable = tuple(request.get("files", ()))
+        if request.get("imports"):
+            readable += tuple(entry for entry in sys.path if os.path.isabs(entry) and os.path.isdir(entry))
+        policy = sandbox.Policy(work, readable, devices=cuda, namespaces=bool(request.get("namespaces", True)))
+        applied = sandbox.enter(policy).describe()
     request["base_rss"] = _own_resident()
     memory = int(request["memory"])
     if torch.cuda.is_available():
         # The CUDA driver reserves address space far beyond what it uses: the parent watches RSS instead.
         (work / "rss_limit").write_text(str(_own_resident() + memory))
     else:
-        limit = _own_address_space() + memory
+        limit = _own_address_space() + memory + int(request.get("mapped", 0))
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    tensors = torch.load(work / "tensors.pt", weights_only=True)
-    module_name, function_name = JOBS[request["job"]]
-    job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
-    return job(request["arguments"], tensors)
+    value = job(request["arguments"], tensors)
+    returned = b""
+    if isinstance(value, tuple):
+        value, extra = value
+        buffer = io.BytesIO()
+        torch.save(extra, buffer)
+        returned = buffer.getvalue()
+    # Strings from the file leave the child escaped and cut (the parent does it again: it trusts nothing here).
+    return bounded_strings(value), returned, applied
+
+
+def sandbox_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:
+    """What the sandbox of a child set up (``trt-inline doctor``): the layers are in the result itself."""
+    return {"pid": os.getpid()}
 
 
 def _own_address_space() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _own_status("VmSize")
 
 
 def _own_resident() -> int:
-    return _resident(os.getpid())
+    return _own_status("VmRSS")
+
+
+def _own_status(field: str) -> int:
+    """A memory figure of this process in bytes (``/proc/self``: in a PID namespace of its own, its pid is not
+    the one /proc knows it by)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _is_allocation_failure(exc: BaseException) -> bool:
@@ -520,7 +787,6 @@ def _is_allocation_failure(exc: BaseException) -> bool:
 
 
 def _memory_error(request: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "error": "IsolationError",
-        "message": f"ran out of its memory limit of {format_size(int(request['memory']))} (--memory-limit raises it)",
-    }
+    memory = request.get("memory")
+    limit = format_size(int(memory)) if isinstance(memory, int) else "memory"
+    return {"error": "IsolationError", "message": f"ran out of its memory limit of {limit} (--memory-limit raises it)"}

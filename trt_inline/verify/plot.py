@@ -10,13 +10,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trt_inline.errors import VerifyInputError
+from trt_inline.errors import VerifyInputError, printable
 from trt_inline.formats import atomic_write
 from trt_inline.verify.report import BoundaryRow, VerifyReport
 
 __all__ = ["check_plot_target", "plot_boundaries"]
 
 _FLOOR = 1e-12  # zero error on a log axis
+# What one chart draws: labels (strings from a file, already escaped and cut where decoded) cut again to
+# this, and at most this many boundaries, so that drawing costs the same whatever the file holds.
+_LABEL = 60
+_MAX_BARS = 400
 
 
 def check_plot_target(path: str | os.PathLike[str]) -> Path:
@@ -33,6 +37,13 @@ def check_plot_target(path: str | os.PathLike[str]) -> Path:
     return target
 
 
+def _label(text: str, limit: int = _LABEL) -> str:
+    """A label as drawn: escaped, cut, and with matplotlib's math mode (``$``) escaped."""
+    clean = printable(text)
+    clean = clean if len(clean) <= limit else clean[: limit - 3] + "..."
+    return clean.replace("$", r"\$")
+
+
 def plot_boundaries(report: VerifyReport, path: str | os.PathLike[str]) -> None:
     """Bars of each boundary's max abs error in the run and, for engine outputs, run alone; the tolerance as ticks."""
     target = check_plot_target(path)
@@ -40,8 +51,9 @@ def plot_boundaries(report: VerifyReport, path: str | os.PathLike[str]) -> None:
     from matplotlib.figure import Figure
 
     rows = report.boundaries or [BoundaryRow("program outputs", None, report.outputs)]
+    rows = rows[:_MAX_BARS]
     # Names come from the file: "$" would start matplotlib's math mode.
-    labels = [row.boundary.replace("$", r"\$") for row in rows]
+    labels = [_label(row.boundary) for row in rows]
     run = [max(BoundaryRow.worst(row.values) or 0.0, _FLOOR) for row in rows]
     own = [max(BoundaryRow.worst(row.own) or 0.0, _FLOOR) if row.own is not None else 0.0 for row in rows]
     tolerance = [max((v.atol for v in row.values), default=0.0) for row in rows]
@@ -56,10 +68,12 @@ def plot_boundaries(report: VerifyReport, path: str | os.PathLike[str]) -> None:
     axes.set_yscale("log")
     axes.set_xticks(positions, labels, rotation=60, ha="right", fontsize=7)
     axes.set_ylabel("max abs diff (0 drawn at 1e-12)")
-    title = f"{report.source}"
+    title = _label(report.source, 120)
     if report.divergence is not None:
-        title += f"\nfirst divergence: {report.divergence.where}"
-    axes.set_title(title.replace("$", r"\$"), fontsize=8)
+        title += f"\nfirst divergence: {_label(report.divergence.where, 120)}"
+    if len(report.boundaries) > _MAX_BARS:
+        title += f"\n(the first {_MAX_BARS} of {len(report.boundaries)} boundaries)"
+    axes.set_title(title, fontsize=8)
     axes.legend(fontsize=7)
     figure.tight_layout()
     with atomic_write(target) as tmp:

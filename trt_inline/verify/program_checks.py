@@ -1,35 +1,51 @@
-"""Checks of the programs in a file: what torch's deserializer would evaluate, and what the loaded graph calls.
+"""The program a file holds, checked field by field, and the runnable module built from it.
 
-Before ``torch.export.load`` parses a serialized program,
-:func:`check_serialized_programs` reads its JSON: every target must be an
-allowed operator (:mod:`trt_inline.allowed_ops`; the deserializer resolves
-targets by walking attributes of ``torch``), every size expression only
-arithmetic on size symbols (it is evaluated with ``sympy.sympify``), every
-guard only comparisons of input sizes (``exec``'d when the module is built),
-every graph input name an identifier (FX writes it into generated code).
-After loading, :func:`check_loaded_program` checks every node of every graph,
-and every step of every reference engine, again.
+torch's deserializer evaluates much of a serialized program as Python: size
+expressions with ``sympy.sympify``, guards with ``exec``, and names and pytree
+keys written unescaped into the code FX generates (a lone carriage return ends
+a Python line). :func:`canonical_document` therefore reads the program document
+against this torch's own schema (``torch._export.serde.schema``, through
+:mod:`trt_inline.compat`) and returns a new document holding only what it
+checked:
+
+* every field known to the schema and of its type, unions with exactly one
+  member, enums within their values; anything else refused;
+* every name-like string (node, input, output and signature names,
+  ``get_attr`` targets, buffer, parameter and constant names, module paths,
+  pytree keys and type names) a dotted path of ``[A-Za-z0-9_]`` words;
+* every target an allowed operator (:mod:`trt_inline.allowed_ops`), every size
+  expression only arithmetic on size symbols, every guard only comparisons of
+  input sizes; string arguments of operators kept as data (FX writes them with
+  ``repr``);
+* output specs that write to the caller's inputs, gradients, losses and effect
+  tokens refused; buffer and parameter mutations only where ``aten::copy_`` is
+  allowed (``module()`` writes them with it);
+* metadata torch does not need to run (stack traces, module stacks) dropped.
+
+After loading, :func:`check_runnable` checks the module ``program.module()``
+returns, which is what runs: every node of every graph in it, and every step of
+every reference engine.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import enum
 import json
-import keyword
 import re
-import zipfile
-from collections.abc import Iterable
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
-from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, engines
-from trt_inline.errors import RefusedOperatorError, TrtInlineError, UnsafeArchiveError, first_line, printable
+from trt_inline import allowed_ops, compat, engines
+from trt_inline.errors import RefusedOperatorError, TrtInlineError, UnsafeArchiveError, printable
 
-__all__ = ["check_expression", "check_guard", "check_loaded_program", "check_serialized_programs"]
+__all__ = ["canonical_bytes", "canonical_document", "check_expression", "check_guard", "check_runnable"]
 
 
 # torch's deserializer turns size expressions (sympy's ``srepr`` form, ``Add(Symbol('s0',
@@ -130,120 +146,309 @@ def _plain_constant(value: Any) -> bool:
     return isinstance(value, (bool, int, float))
 
 
-def check_serialized_programs(archive: zipfile.ZipFile, names: Iterable[str], file: Path | str) -> None:
-    """Every operator a serialized program calls is allowed, every size expression is only arithmetic.
+_NAME = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+_VERSION = re.compile(r"^[A-Za-z0-9.+_<=-]{0,64}$")
+_MAX_NAME = 1024
+_MAX_DEPTH = 256
 
-    Read from the JSON torch will deserialize, before it does: its deserializer
-    resolves targets by walking attributes of ``torch`` and evaluates size
-    expressions as Python. The loaded graph is checked again afterwards
-    (:func:`check_loaded_program`). ``names`` are the program entries of the archive.
+# How a string in a given (schema class, field) is checked; any other string is a name.
+_TEXT_FIELDS = {
+    ("Node", "target"): "operator",
+    ("Argument", "as_operator"): "operator",
+    ("Argument", "as_string"): "data",
+    ("Argument", "as_strings"): "data",
+    ("Argument", "as_string_to_argument"): "data",
+    ("ConstantValue", "as_string"): "data",
+    ("SymExpr", "expr_str"): "expression",
+    ("ExportedProgram", "range_constraints"): "expression",
+    ("ExportedProgram", "guards_code"): "guard",
+    ("ExportedProgram", "torch_version"): "version",
+    ("ModuleCallSignature", "in_spec"): "treespec",
+    ("ModuleCallSignature", "out_spec"): "treespec",
+    ("ModuleCallEntry", "fqn"): "path",
+    ("CustomObjArgument", "class_fqn"): "path",
+}
+# Metadata torch does not need to run the program: dropped, never handed to it.
+_DROPPED = frozenset({("Node", "metadata"), ("GraphModule", "metadata")})
+# Output and input specs no file from a stranger may carry (and the buffer / parameter mutations
+# that only an allowed aten::copy_ may carry).
+_REFUSED_SPECS = {
+    ("OutputSpec", "user_input_mutation"): "writes to the caller's input",
+    ("OutputSpec", "gradient_to_parameter"): "is a gradient (a training program)",
+    ("OutputSpec", "gradient_to_user_input"): "is a gradient (a training program)",
+    ("OutputSpec", "loss_output"): "is a loss (a training program)",
+    ("OutputSpec", "token"): "is an effect token (side effects ordered across calls)",
+    ("InputSpec", "token"): "is an effect token (side effects ordered across calls)",
+}
+_MUTATION_SPECS = frozenset({("OutputSpec", "buffer_mutation"), ("OutputSpec", "parameter_mutation")})
+
+
+class _Refused(Exception):
+    def __init__(self, where: str, why: str, *, operator: bool = False) -> None:
+        super().__init__(f"{where}: {why}")
+        self.where, self.why, self.operator = where, why, operator
+
+
+def canonical_document(
+    document: Any, file: Path | str, entry: str, *, mutations: bool = False, schema_class: type | None = None
+) -> dict[str, Any]:
+    """The program document ``document`` (parsed JSON) rebuilt from what this torch's schema defines, checked.
+
+    ``entry`` names the archive entry it came from in errors; ``schema_class``
+    is what it holds (default the ``ExportedProgram``; a payload config also).
+    ``mutations``: buffer and parameter mutation specs are allowed (``aten::copy_`` is).
+    Raises :class:`RefusedOperatorError` for a refused target,
+    :class:`UnsafeArchiveError` for anything else the schema does not allow.
     """
-    for name in names:
-        try:
-            document = json.loads(archive.read(name).decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            # What this check cannot read it cannot vouch for: refused, not left to torch's reader.
-            raise UnsafeArchiveError(
-                f"{file}: {printable(name)}: refused: not a readable program ({first_line(exc)})"
-            ) from None
-        problem = _program_problem(document)
-        if problem:
-            raise RefusedOperatorError(f"{file}: {printable(name)}: {problem}")
+    walker = _Walker(compat.export_schema(), mutations)
+    try:
+        result = walker.value(document, schema_class or walker.schema.ExportedProgram, "", None, 0)
+    except _Refused as refused:
+        where = f"{file}: {printable(entry)}"
+        if refused.operator:
+            raise RefusedOperatorError(f"{where}: {refused.why}") from None
+        raise UnsafeArchiveError(f"{where}: refused: {refused}") from None
+    return typing.cast(dict[str, Any], result)
 
 
-def _program_problem(document: Any) -> str | None:
-    """The first refused target or expression anywhere in a serialized program (walked without recursion)."""
-    pending = [document]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, list):
-            pending.extend(value)
-            continue
+def canonical_bytes(document: dict[str, Any]) -> bytes:
+    """The canonical document as the bytes handed to torch (deterministic: fields in schema order)."""
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+class _Walker:
+    def __init__(self, schema: Any, mutations: bool) -> None:
+        self.schema = schema
+        self.mutations = mutations
+        self.union_base = compat.schema_union_base()
+        self._hints: dict[type, dict[str, Any]] = {}
+
+    def fields(self, cls: type) -> dict[str, Any]:
+        if cls not in self._hints:
+            hints = typing.get_type_hints(cls, include_extras=True)
+            self._hints[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+        return self._hints[cls]
+
+    def value(self, value: Any, annotation: Any, where: str, owner: tuple[str, str] | None, depth: int) -> Any:
+        if depth > _MAX_DEPTH:
+            raise _Refused(where, "nested too deeply")
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            return self.value(value, typing.get_args(annotation)[0], where, owner, depth)
+        if origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if value is None and len(members) < len(typing.get_args(annotation)):
+                return None
+            if len(members) != 1:
+                raise _Refused(where, "a field of several types")
+            return self.value(value, members[0], where, owner, depth)
+        if origin in (list, typing.List):  # noqa: UP006 - torch 2.5's schema spells it so
+            if not isinstance(value, list):
+                raise _Refused(where, f"expected a list, found {type(value).__name__}")
+            (item,) = typing.get_args(annotation)
+            return [self.value(v, item, f"{where}[{i}]", owner, depth + 1) for i, v in enumerate(value)]
+        if origin in (dict, typing.Dict):  # noqa: UP006
+            if not isinstance(value, dict):
+                raise _Refused(where, f"expected an object, found {type(value).__name__}")
+            _, item = typing.get_args(annotation)
+            return {
+                self.text(str(k), owner, f"{where}[{printable(str(k))[:40]!r}]"): self.value(
+                    v, item, f"{where}[{printable(str(k))[:40]!r}]", owner, depth + 1
+                )
+                for k, v in value.items()
+            }
+        if annotation is str:
+            if not isinstance(value, str):
+                raise _Refused(where, f"expected a string, found {type(value).__name__}")
+            return self.text(value, owner, where)
+        if annotation is bool:
+            if not isinstance(value, bool):
+                raise _Refused(where, f"expected true or false, found {type(value).__name__}")
+            return value
+        if annotation is int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _Refused(where, f"expected an integer, found {type(value).__name__}")
+            return value
+        if annotation is float:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise _Refused(where, f"expected a number, found {type(value).__name__}")
+            return value
+        if isinstance(annotation, type) and issubclass(annotation, enum.IntEnum):
+            if not isinstance(value, int) or isinstance(value, bool) or value not in {m.value for m in annotation}:
+                raise _Refused(where, f"{printable(repr(value))[:40]} is not a {annotation.__name__}")
+            return value
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            return self.record(value, annotation, where, depth)
+        raise _Refused(where, f"a field of a type trt-inline does not read ({annotation!r})")
+
+    def record(self, value: Any, cls: type, where: str, depth: int) -> dict[str, Any]:
         if not isinstance(value, dict):
-            continue
-        target = value.get("target")
-        if isinstance(target, str) and "inputs" in value and "outputs" in value:
-            why = _target_problem(target)
+            raise _Refused(where or cls.__name__, f"expected a {cls.__name__} object, found {type(value).__name__}")
+        fields = self.fields(cls)
+        unknown = [k for k in value if k not in fields]
+        if unknown:
+            raise _Refused(where or cls.__name__, f"{cls.__name__} has no field {printable(str(unknown[0]))[:60]!r}")
+        is_union = self.union_base is not None and issubclass(cls, self.union_base)
+        if is_union:
+            present = [k for k, v in value.items() if v is not None] or list(value)
+            if len(value) != 1:
+                raise _Refused(where or cls.__name__, f"a {cls.__name__} must hold exactly one of its members")
+            self.spec(cls.__name__, present[0], value[present[0]], where)
+        result: dict[str, Any] = {}
+        for name, annotation in fields.items():
+            path = f"{where}.{name}" if where else name
+            if (cls.__name__, name) in _DROPPED:
+                result[name] = {}
+                continue
+            if name not in value:
+                if is_union:
+                    continue
+                default = next(f for f in dataclasses.fields(cls) if f.name == name)
+                if default.default is dataclasses.MISSING and default.default_factory is dataclasses.MISSING:
+                    raise _Refused(path, f"{cls.__name__} lacks its field {name!r}")
+                continue
+            if cls.__name__ == "Node" and name == "target":
+                self.operator(value[name], value.get("name") or value.get("outputs"))
+                result[name] = value[name]
+                continue
+            result[name] = self.value(value[name], annotation, path, (cls.__name__, name), depth + 1)
+        return result
+
+    def spec(self, kind: str, member: str, value: Any, where: str) -> None:
+        why = _REFUSED_SPECS.get((kind, member))
+        if why is None and (kind, member) in _MUTATION_SPECS and not self.mutations:
+            why = (
+                "writes to the program's state, with aten::copy_ (--allow-op aten::copy_ allows it for a trusted file)"
+            )
+        if why is not None:
+            target = ""
+            if isinstance(value, dict):
+                named = next((v for k, v in value.items() if k.endswith("_name") and isinstance(v, str)), None)
+                target = f" ({printable(named)[:80]!r})" if named else ""
+            raise _Refused(where, f"a {member} {kind.lower().replace('spec', ' spec')}{target} {why}")
+
+    def operator(self, target: Any, node: Any) -> None:
+        if not isinstance(target, str):
+            raise _Refused("a node", "a target that is not a string")
+        why = _target_problem(target)
+        if why:
+            raise _Refused("", f"node {printable(_node_name(node))} {why}", operator=True)
+
+    def text(self, text: str, owner: tuple[str, str] | None, where: str) -> str:
+        kind = _TEXT_FIELDS.get(owner or ("", ""), "name")
+        if kind == "data":
+            return text
+        if kind == "operator":
+            why = _target_problem(text)
             if why:
-                node: Any = value.get("name") or next(iter(value["outputs"] or [{}]), {})
-                return f"node {printable(str(_node_name(node)))} {why}"
-        if isinstance(value.get("nodes"), list) and isinstance(value.get("inputs"), list):
-            why = _graph_inputs_problem(value["inputs"])
-            if why:
-                return f"refused: {why}"
-        for key, item in value.items():
-            if key == "guards_code" and isinstance(item, list):
-                for guard in item:
-                    why = check_guard(str(guard))
-                    if why:
-                        return f"refused: {why}"
-            if key == "expr_str" and isinstance(item, str):
-                why = check_expression(item)
-                if why:
-                    return f"refused: {why}"
-            if key == "range_constraints" and isinstance(item, dict):
-                for symbol in item:
-                    why = check_expression(str(symbol))
-                    if why:
-                        return f"refused: {why}"
-            pending.append(item)
+                raise _Refused(where, why, operator=True)
+            return text
+        if kind == "expression":
+            why = check_expression(text)
+        elif kind == "guard":
+            why = check_guard(text)
+        elif kind == "version":
+            why = None if _VERSION.match(text) else f"a version string {printable(text)[:40]!r}"
+        elif kind == "treespec":
+            return _canonical_treespec(text, where)
+        elif kind == "path" and text == "":
+            why = None
+        else:
+            why = _name_problem(text)
+        if why:
+            raise _Refused(where, why)
+        return text
+
+
+def _name_problem(text: str) -> str | None:
+    if len(text) > _MAX_NAME or not _NAME.match(text):
+        return f"a name that is not a dotted path of letters, digits and underscores: {printable(text)[:60]!r}"
     return None
 
 
-def _graph_inputs_problem(inputs: list[Any]) -> str | None:
-    """A graph input whose name is not an identifier: FX writes placeholder names into the code it generates."""
-    pending: list[Any] = list(inputs)
-    while pending:
-        value = pending.pop()
-        if isinstance(value, list):
-            pending.extend(value)
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if key in ("name", "as_name") and isinstance(item, str):
-                    if not item.isidentifier() or keyword.iskeyword(item):
-                        return f"a graph input named {printable(item)!r}"
-                else:
-                    pending.append(item)
-    return None
+def _canonical_treespec(text: str, where: str) -> str:
+    """A pytree spec (JSON in a string) rebuilt from its checked parts: type names and keys become code."""
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        raise _Refused(where, "a pytree spec that is not JSON") from None
+    if not (isinstance(parsed, list) and len(parsed) == 2 and isinstance(parsed[0], int)):
+        raise _Refused(where, "a pytree spec without its version")
+    return json.dumps([parsed[0], _treespec_node(parsed[1], where, 0)])
+
+
+def _treespec_node(node: Any, where: str, depth: int) -> dict[str, Any]:
+    if depth > 64 or not isinstance(node, dict) or set(node) != {"type", "context", "children_spec"}:
+        raise _Refused(where, "a malformed pytree spec")
+    kind, context, children = node["type"], node["context"], node["children_spec"]
+    if kind is not None and (not isinstance(kind, str) or _name_problem(kind)):
+        raise _Refused(where, f"a pytree type {printable(str(kind))[:60]!r}")
+    if context is not None:
+        if not isinstance(context, str):
+            raise _Refused(where, "a pytree context that is not a string")
+        try:
+            keys = json.loads(context)
+        except ValueError:
+            raise _Refused(where, "a pytree context that is not JSON") from None
+        items = keys if isinstance(keys, list) else [keys]
+        for key in items:
+            if key is None or (isinstance(key, int) and not isinstance(key, bool)):
+                continue
+            if not isinstance(key, str) or _name_problem(key):
+                raise _Refused(where, f"a pytree key {printable(str(key))[:60]!r} that is not a name")
+        context = json.dumps(keys)
+    if not isinstance(children, list):
+        raise _Refused(where, "a pytree spec whose children are not a list")
+    return {"type": kind, "context": context, "children_spec": [_treespec_node(c, where, depth + 1) for c in children]}
 
 
 def _node_name(node: Any) -> str:
-    """A serialized node's name: the name of its first output, where it has one."""
+    """A serialized node's name: its own, or the name of its first output."""
     if isinstance(node, str):
         return node
-    if isinstance(node, dict):
-        for value in node.values():
-            if isinstance(value, dict) and isinstance(value.get("name"), str):
-                return str(value["name"])
-            if isinstance(value, dict) and isinstance(value.get("as_name"), str):
-                return str(value["as_name"])
-            if isinstance(value, str):
-                return value
+    pending = list(node) if isinstance(node, list) else [node]
+    while pending:
+        value = pending.pop(0)
+        if isinstance(value, dict):
+            for key in ("name", "as_name"):
+                if isinstance(value.get(key), str):
+                    return str(value[key])
+            pending.extend(v for v in value.values() if isinstance(v, (dict, list)))
+        elif isinstance(value, list):
+            pending.extend(value)
     return "?"
 
 
 def _target_problem(target: str) -> str | None:
-    qualified = allowed_ops.serialized_to_qualified(target)
     try:
-        allowed_ops.resolve(qualified)
+        allowed_ops.resolve(allowed_ops.serialized_to_qualified(target))
     except RefusedOperatorError as exc:
         return str(exc)
     return None
 
 
-def check_loaded_program(program: ExportedProgram, file: Path | str) -> None:
-    """Every node of every graph in a loaded program calls an allowed target; every reference engine's steps too.
+def check_runnable(module: torch.nn.Module, file: Path | str) -> None:
+    """Every node of every graph in the module ``program.module()`` returned calls an allowed target.
 
-    What runs is the loaded graph, so this is the check that counts; the one on
-    the JSON (:func:`check_serialized_programs`) protects the deserializer.
+    What runs is this module (torch adds nodes to the program's graph when it
+    builds it: input guards, copies into mutated buffers), so this is the check
+    that counts; the one on the document protects the deserializer. Every
+    reference engine's steps are checked too. A ``call_module`` may only call the
+    input guards torch adds.
     """
     position = 0
-    for module in program.graph_module.modules():
-        if not isinstance(module, torch.fx.GraphModule):
+    guards = compat.guard_call_types()
+    for submodule in module.modules():
+        if not isinstance(submodule, torch.fx.GraphModule):
             continue
-        for node in module.graph.nodes:
+        for node in submodule.graph.nodes:
             if node.op == "call_method":
                 raise RefusedOperatorError(f"{file}: node {node.name} calls method {printable(str(node.target))!r}")
+            if node.op == "call_module":
+                called = submodule.get_submodule(str(node.target))
+                if not (guards and isinstance(called, guards)):
+                    raise RefusedOperatorError(f"{file}: node {node.name} calls module {printable(str(node.target))!r}")
+                continue
             if node.op != "call_function":
                 continue
             try:

@@ -2,8 +2,8 @@
 
 Stored as one extra file of the archive (``trt_inline_reference_io.b64``): base64
 of a ``torch.save`` blob holding plain tensors, strings and lists only, read back
-with ``torch.load(weights_only=True)``, so reading it never unpickles arbitrary
-objects. ``trt_inline.save`` (and the patched ``torch_tensorrt.save``) write it;
+by the strict reader (:mod:`trt_inline.verify.pickles`), so reading it never
+unpickles anything. ``trt_inline.save`` (and the patched ``torch_tensorrt.save``) write it;
 verification reads it.
 
 Boundary data (``embed_reference="boundaries"``) adds, per engine call of the
@@ -17,9 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import pickle
-import warnings
-import zipfile
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +25,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from trt_inline.errors import VerifyInputError
+from trt_inline.errors import UnsafeArchiveError, VerifyInputError, first_line
 from trt_inline.formats import REFERENCE_IO_FILE
 from trt_inline.scalars import kinds_of
+from trt_inline.verify.pickles import read_torch_save
+from trt_inline.verify.views import BytesView
 
 __all__ = [
     "REFERENCE_IO_FILE",
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _VERSION = 1
+_DEVICE = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
 
 
 @dataclass
@@ -126,19 +127,20 @@ def encode_reference_io(reference: ReferenceIO) -> str:
 
 
 def decode_reference_io(text: str) -> ReferenceIO:
-    """Read reference I/O back; refuses anything but plain tensors (no arbitrary unpickling)."""
+    """Read reference I/O back with the strict reader (:mod:`trt_inline.verify.pickles`): plain tensors only.
+
+    Every string in it (names, sources, kinds, the device) is escaped as it is decoded.
+    """
     try:
         blob = base64.b64decode(text.encode("ascii"), validate=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about the pickle protocol before refusing
-            payload = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
     except (binascii.Error, UnicodeEncodeError) as exc:
-        raise VerifyInputError(f"embedded reference I/O is not base64: {exc}") from exc
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise VerifyInputError(f"embedded reference I/O is not base64: {first_line(exc)}") from exc
+    try:
+        payload = read_torch_save(BytesView(blob), REFERENCE_IO_FILE)
+    except UnsafeArchiveError as exc:
         raise VerifyInputError(
-            "embedded reference I/O refused: it holds something other than plain tensors "
-            f"(read with torch.load(weights_only=True), which raised {type(exc).__name__})"
-        ) from exc
+            f"embedded reference I/O refused: it holds something other than plain tensors ({exc})"
+        ) from None
     if not isinstance(payload, dict) or payload.get("version") != _VERSION:
         raise VerifyInputError("embedded reference I/O has an unknown layout")
     args, kwargs, outputs = payload.get("args"), payload.get("kwargs"), payload.get("outputs")
@@ -150,7 +152,7 @@ def decode_reference_io(text: str) -> ReferenceIO:
     ):
         raise VerifyInputError("embedded reference I/O must hold lists of tensors")
     device = payload.get("device", "cpu")
-    if not isinstance(device, str):
+    if not isinstance(device, str) or not _DEVICE.match(device):
         raise VerifyInputError("embedded reference I/O names no valid device")
     kinds = payload.get("output_kinds", [])
     kinds = [str(kind) for kind in kinds] if isinstance(kinds, list) else []

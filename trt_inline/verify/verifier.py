@@ -11,7 +11,7 @@ import torch
 from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops
-from trt_inline.errors import VerifyInputError
+from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line
 from trt_inline.formats import atomic_write
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
@@ -19,6 +19,7 @@ from trt_inline.verify.boundaries import recording, trace_program
 from trt_inline.verify.compare import compare_output, run_on, tolerance_for
 from trt_inline.verify.isolation import Limits, format_size, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
+from trt_inline.verify.pickles import read_torch_save
 from trt_inline.verify.random_inputs import draw_inputs
 from trt_inline.verify.reference_io import (
     EngineBoundary,
@@ -29,6 +30,7 @@ from trt_inline.verify.reference_io import (
 )
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
+from trt_inline.verify.views import BytesView
 
 __all__ = [
     "capture_device",
@@ -88,6 +90,7 @@ def verify(
     allow_native_code: bool = False,
     allow_ops: Sequence[str] = (),
     isolate: bool = True,
+    sandbox: bool = True,
     timeout: float | None = None,
     memory_limit: int | str | None = None,
     debug: bool = False,
@@ -125,13 +128,15 @@ def verify(
     adds some for a trusted file). The run leaves the caller's RNG state and
     deterministic-algorithm flags as they were.
 
-    A file is loaded and run in a child process (:mod:`trt_inline.verify.isolation`)
-    stopped after ``timeout`` seconds (default 3600) or past ``memory_limit``
-    (bytes or ``"2GiB"``; default twice the file's size plus 2 GiB); a crash
-    there is an error here, never a crash of the caller. ``isolate=False`` loads
-    in this process (for a file from a trusted source); so does an
-    ExportedProgram given directly. With isolation, ``expected_module`` runs
-    here, on ``arg_inputs``, which it then needs.
+    A file is loaded and run in a sandboxed child process
+    (:mod:`trt_inline.verify.isolation`, :mod:`trt_inline.sandbox`) stopped
+    after ``timeout`` seconds (default 3600) or past ``memory_limit`` (bytes or
+    ``"2GiB"``; default twice the file's size plus 2 GiB); a crash there is an
+    error here, never a crash of the caller. Where the OS sandbox cannot be set
+    up, that is an :class:`IsolationError` unless ``sandbox=False``.
+    ``isolate=False`` loads in this process (for a file from a trusted source);
+    so does an ExportedProgram given directly. With isolation,
+    ``expected_module`` runs here, on ``arg_inputs``, which it then needs.
 
     Raises :class:`VerifyInputError` for unusable input (not a loadable
     ExportedProgram file, inputs the program cannot take, a refused file, a
@@ -195,25 +200,74 @@ def verify(
         "expected": None if expected is None else list(expected),
         "boundaries": None if recorded is None else plain_boundaries(recorded),
     }
-    return report_of_child("verify", arguments, tensors, limits, where=path, debug=debug)
+    files = (path,) if expected_from is None else (path, os.fspath(expected_from))
+    if save_outputs is not None:
+        save_target(save_outputs)
+    return report_of_child(
+        "verify", arguments, tensors, limits, where=path, files=files, sandbox=sandbox, debug=debug,
+        save_outputs=save_outputs,
+    )  # fmt: skip
 
 
 def report_of_child(
-    job: str, arguments: dict[str, Any], tensors: Any, limits: Limits, *, where: str, debug: bool
+    job: str,
+    arguments: dict[str, Any],
+    tensors: Any,
+    limits: Limits,
+    *,
+    where: str,
+    files: tuple[str, ...],
+    sandbox: bool,
+    debug: bool,
+    save_outputs: str | os.PathLike[str] | None = None,
 ) -> VerifyReport:
-    """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost."""
-    result = run_isolated(job, arguments, tensors, limits, where=where, debug=debug)
-    report = VerifyReport.from_dict(result.value)
+    """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost.
+
+    The child's report is untrusted: its strings are escaped and cut again here
+    (:func:`~trt_inline.errors.bounded_strings`), and the outputs it hands back
+    for ``save_outputs`` are read by the strict reader, plain tensors only.
+    """
+    result = run_isolated(
+        job, {**arguments, "keep_outputs": save_outputs is not None}, tensors, limits,
+        where=where, files=files, sandbox=sandbox, imports=bool(arguments.get("allow_pickle")), debug=debug,
+    )  # fmt: skip
+    try:
+        report = VerifyReport.from_dict(bounded_strings(result.value))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IsolationError(f"{where}: the child process gave a malformed report ({first_line(exc)})") from None
+    if save_outputs is not None:
+        save_tensors(_outputs_of_child(result.tensors, where), save_outputs)
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
+    walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
     report.notes.append(
-        f"loaded and run in a child process (limits {limits.describe()}; its peak resident memory "
+        f"loaded and run in a child process ({walls}; limits {limits.describe()}; its peak resident memory "
         f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports)"
     )
     return report
 
 
-def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
-    """:func:`verify` inside the child process (:mod:`trt_inline.verify.isolation`)."""
+def _outputs_of_child(data: bytes, where: str) -> Any:
+    """The outputs a child handed back: plain tensors (in lists or dicts), read strictly; refused otherwise."""
+    try:
+        value = read_torch_save(BytesView(data), f"{where}: the child's outputs")
+    except VerifyInputError as exc:
+        raise IsolationError(str(exc)) from None
+    outputs = value.get("outputs") if isinstance(value, dict) else None
+    leaves = outputs if isinstance(outputs, list) else list(outputs.values()) if isinstance(outputs, dict) else None
+    if leaves is None or not all(
+        isinstance(t, torch.Tensor) or (isinstance(t, list) and all(isinstance(x, torch.Tensor) for x in t))
+        for t in leaves
+    ):
+        raise IsolationError(f"{where}: the child process handed back outputs that are not tensors")
+    return outputs
+
+
+def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
+    """:func:`verify` inside the child process (:mod:`trt_inline.verify.isolation`).
+
+    Returns the report, and with ``keep_outputs`` the outputs too (the parent writes them).
+    """
+    kept: list[Any] | None = [] if arguments.get("keep_outputs") else None
     with allowed_ops.allowing(arguments["allow_ops"], native_code=arguments["allow_native_code"]):
         report = _verify_here(
             arguments["path"],
@@ -228,18 +282,21 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
             per_engine=arguments["per_engine"],
             random_inputs=arguments["random_inputs"],
             seed=arguments["seed"],
-            save_outputs=arguments["save_outputs"],
+            save_outputs=None,
             allow_pickle=arguments["allow_pickle"],
             allow_native_code=arguments["allow_native_code"],
             recorded=decode_boundaries(tensors.get("boundaries")),
+            kept=kept,
         )
     if arguments["label"]:
         report.expected_source = arguments["label"]
+    if kept is not None:
+        return report.to_dict(), {"outputs": kept}
     return report.to_dict()
 
 
-def inspect_job(arguments: dict[str, Any], tensors: Any) -> str:
-    """The ``inspect`` table of a file, inside the child process."""
+def inspect_job(arguments: dict[str, Any], tensors: Any) -> list[str]:
+    """The ``inspect`` table of a file, line by line, inside the child process (its program loaded without weights)."""
     from trt_inline.graph_table import describe_file
 
     return describe_file(
@@ -248,8 +305,9 @@ def inspect_job(arguments: dict[str, Any], tensors: Any) -> str:
             allow_pickle=arguments["allow_pickle"],
             allow_native_code=arguments["allow_native_code"],
             allow_ops=arguments["allow_ops"],
+            weights=False,
         )
-    )
+    ).split("\n")
 
 
 def _verify_here(
@@ -270,12 +328,15 @@ def _verify_here(
     allow_pickle: bool,
     allow_native_code: bool,
     recorded: list[EngineBoundary] | None = None,
+    kept: list[Any] | None = None,
 ) -> VerifyReport:
-    """:func:`verify` in this process."""
+    """:func:`verify` in this process; ``kept`` receives the outputs (for the parent to save)."""
     loaded: LoadedFile | None = None
     program: ExportedProgram | None
+    module: torch.fx.GraphModule | None = None
     if isinstance(path_or_program, ExportedProgram):
         program, embedded, source = path_or_program, None, "<ExportedProgram>"
+        module = program.module()
     else:
         loaded = open_file(
             path_or_program,
@@ -284,11 +345,19 @@ def _verify_here(
             allow_ops=sorted(allowed_ops.allowed_now()),
         )
         program, embedded, source = loaded.program, loaded.reference, os.fspath(path_or_program)
+        module = loaded.module if loaded.program is not None and loaded.kind != AOTI_PACKAGE else None
     report = VerifyReport(source=source, allow_pickle=allow_pickle)
     if program is not None:
         report.problems, report.notes = structural_problems(program)
     else:
         report.notes.append("the package carries no ExportedProgram: its graph was not checked, only its outputs")
+    if loaded is not None and loaded.unread:
+        report.notes.append(f"extra files not read (they are never loaded as code): {', '.join(loaded.unread)}")
+    if loaded is not None and loaded.passthrough:
+        report.notes.append(
+            "passed to torch as they are (allowed by --allow-pickle / --allow-native-code): "
+            + ", ".join(loaded.passthrough)
+        )
     if allow_pickle:
         report.notes.append("pickles in the file were allowed (allow_pickle): only for a file from a trusted source")
 
@@ -328,10 +397,13 @@ def _verify_here(
             return report
         runnable = _package_model(loaded, report, allow_native_code)
     else:
-        runnable = program.module()  # type: ignore[union-attr]  # only a package can lack its program
+        assert module is not None  # only a package can lack its program
+        runnable = module
     got = run_on(runnable, args, kwargs, device)
     if save_outputs is not None:
         save_tensors(tensors_only(got, "outputs"), save_outputs)
+    if kept is not None:
+        kept.extend(tensors_only(got, "outputs"))
     if len(got) != len(want):
         report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
     for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
@@ -346,7 +418,7 @@ def _verify_here(
         packaged = loaded is not None and loaded.kind == AOTI_PACKAGE
         try:
             _compare_boundaries(
-                report, program, recorded, args, kwargs, want, device, atol, rtol,
+                report, module, recorded, args, kwargs, want, device, atol, rtol,
                 automatic=not per_engine, packaged=packaged,
             )  # fmt: skip
         except VerifyInputError as exc:
@@ -361,7 +433,7 @@ def _verify_here(
 
 def _compare_boundaries(
     report: VerifyReport,
-    program: ExportedProgram | None,
+    module: torch.fx.GraphModule | None,
     recorded: list[EngineBoundary] | None,
     args: Sequence[torch.Tensor],
     kwargs: dict[str, torch.Tensor],
@@ -379,7 +451,7 @@ def _compare_boundaries(
             f"{report.source}: no engine boundary data to compare with (save with embed_reference='boundaries', "
             "or TRT_INLINE_REFERENCE_IO=boundaries for torch_tensorrt.save, or give the compiled module)"
         )
-    if program is None or packaged:
+    if module is None or packaged:
         # A package's engines exist only inside its compiled code; the program it carries has no weights.
         why = (
             f"{report.source} is an AOTInductor package: its engines run inside its compiled code and the program "
@@ -392,7 +464,7 @@ def _compare_boundaries(
         return
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
-    trace = trace_program(program.module(), args, kwargs, device, recorded)
+    trace = trace_program(module, args, kwargs, device, recorded)
     reference = Reference("the compiled module", recorded, want)
     report.boundaries, report.divergence = localize(trace, reference, atol, rtol)
     report.problems += own_error_problems(report.boundaries)

@@ -12,24 +12,48 @@ archives in which every reader must agree:
   and record where they must be;
 * the central directory exactly where the end record says, ending exactly where
   the end record (or the zip64 record) starts, holding as many entries as declared;
-* no two entries with the same name, no encrypted entry;
+* no two entries whose names are equal once ASCII letters are folded to lower
+  case (torch's reader, miniz, finds ``DATA.PKL`` when asked for ``data.pkl``),
+  no encrypted entry (:func:`refuse_compressed` refuses compressed ones too,
+  once an archive is known to be torch's: torch writes uncompressed, and so a
+  file cannot expand beyond its size);
 * local headers that agree with the directory (name, method, sizes), the first
   at offset 0, each entry's data (and data descriptor) followed directly by the
   next local header, the last by the central directory: no bytes anywhere that
   no entry owns.
 
 Only headers are read, never entry data, so the check costs the same for any size.
+The archive is read through a :class:`Readable` (a mapped file, or bytes), so that an
+archive nested inside another (``torch.save`` blobs) is checked the same way,
+at its offset in the outer file.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from trt_inline.errors import UnsafeArchiveError, printable
 
-__all__ = ["ZipEntry", "check_layout"]
+__all__ = ["Readable", "ZipEntry", "check_layout", "folded", "refuse_compressed"]
+
+
+class Readable(Protocol):
+    """Bytes ``[0, size)`` of an archive, read at offsets."""
+
+    @property
+    def size(self) -> int: ...
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+
+def folded(name: str) -> str:
+    """A name as torch's zip reader compares it: ASCII letters in lower case."""
+    return name.translate(_LOWER)
+
+
+_LOWER = {code: code + 32 for code in range(ord("A"), ord("Z") + 1)}
 
 _EOCD = b"PK\x05\x06"
 _ZIP64_LOCATOR = b"PK\x06\x07"
@@ -52,18 +76,34 @@ class ZipEntry:
     method: int
 
 
-def check_layout(handle: IO[bytes], size: int, where: str) -> list[ZipEntry]:
-    """The entries of the zip archive in ``handle[0:size]``, or :class:`UnsafeArchiveError` naming ``where``."""
-    reader = _Reader(handle, size, where)
+def refuse_compressed(entries: list[ZipEntry], where: str) -> None:
+    """Refuse a compressed entry: torch writes its archives uncompressed (and so nothing expands past its size)."""
+    for entry in entries:
+        if entry.method != 0:
+            raise UnsafeArchiveError(
+                f"{where}: refused: entry {printable(entry.name)!r} is compressed (torch writes its archives "
+                "uncompressed)"
+            )
+
+
+def check_layout(view: Readable, where: str) -> list[ZipEntry]:
+    """The entries of the zip archive in ``view``, or :class:`UnsafeArchiveError` naming ``where``."""
+    reader = _Reader(view, where)
     cd_offset, cd_size, count, cd_end = reader.end_records()
     entries = reader.central_directory(cd_offset, cd_size, count)
     if cd_offset + cd_size != cd_end:
         reader.refuse("its central directory does not end where the end record starts (bytes between them)")
-    names = set()
+    names: dict[str, str] = {}
     for entry in entries:
         if entry.name in names:
             reader.refuse(f"two entries are named {printable(entry.name)!r}")
-        names.add(entry.name)
+        if folded(entry.name) in names.values():
+            other = next(name for name, key in names.items() if key == folded(entry.name))
+            reader.refuse(
+                f"entries {printable(other)!r} and {printable(entry.name)!r} differ only in case, and torch's "
+                "reader matches names without case"
+            )
+        names[entry.name] = folded(entry.name)
     position = 0
     for entry in sorted(entries, key=lambda e: e.offset):
         if entry.offset != position:
@@ -87,9 +127,9 @@ class _Central:
 
 
 class _Reader:
-    def __init__(self, handle: IO[bytes], size: int, where: str) -> None:
-        self.handle = handle
-        self.size = size
+    def __init__(self, view: Readable, where: str) -> None:
+        self.view = view
+        self.size = view.size
         self.where = where
         self.data_offsets: dict[int, int] = {}
 
@@ -99,8 +139,7 @@ class _Reader:
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or offset + length > self.size:
             self.refuse(f"a header at {offset} runs past the end of the archive")
-        self.handle.seek(offset)
-        data = self.handle.read(length)
+        data = self.view.read(offset, length)
         if len(data) != length:
             self.refuse(f"a header at {offset} runs past the end of the archive")
         return data

@@ -1,0 +1,113 @@
+"""Wall one: torch only ever loads the canonical archive the strict reader wrote, and good files run the same on it."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import SavedSeed, as_list
+from hostile import read_entries, write_entries
+from models import ConvBnRelu, scalar_cases
+from test_scalars import compile_case
+
+import trt_inline
+from trt_inline import compat
+from trt_inline.verify import open_file
+from trt_inline.verify.program_checks import canonical_bytes, canonical_document
+from trt_inline.verify.reader import TensorRecord
+from trt_inline.verify.views import FileView
+
+
+def _program_entry(path: Path) -> tuple[str, bytes]:
+    with zipfile.ZipFile(path) as archive:
+        name = next(
+            n for n in archive.namelist() if n.endswith(("models/model.json", "serialized_exported_program.json"))
+        )
+        return name, archive.read(name)
+
+
+def test_what_torch_loads_is_the_canonical_archive(
+    saved_seed: SavedSeed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A good file with someone's extra entry: torch gets the rebuilt document, mapped tensors, none of the extra."""
+    entries = read_entries(saved_seed.good)
+    extra = next(n for n in entries if "/extra/" in n or n.startswith("extra_files/")).rpartition("/")[0] + "/notes.txt"
+    entries[extra] = b"not for torch"
+    path = write_entries(tmp_path / "with_extra.pt2", entries)
+    handed: list[tuple[bytes, dict[str, Any], dict[str, Any], Any]] = []
+    real = compat.deserialize_program
+
+    def spy(document: bytes, state_dict: Any, constants: Any, example_inputs: Any) -> Any:
+        handed.append((document, state_dict, constants, example_inputs))
+        return real(document, state_dict, constants, example_inputs)
+
+    monkeypatch.setattr(compat, "deserialize_program", spy)
+    loaded = open_file(path)
+    assert loaded.canonical is not None and len(handed) == 1
+    document, _, constants, example_inputs = handed[0]
+
+    name, original = _program_entry(path)
+    assert b"stack_trace" in original, "the original carries metadata torch does not need"
+    assert document == canonical_bytes(canonical_document(json.loads(original), path, name))
+    assert b"stack_trace" not in document and b"nn_module_stack" not in document
+    parts = loaded.canonical.entries()
+    assert not [p for p in parts if "notes" in p or ".data" in p or "archive_format" in p], parts
+    assert [p for p in parts if p.startswith("data/constants/")], parts
+    assert loaded.unread == [extra]
+
+    # Tensor data is the file's, mapped: every constant a view of the mapping, not a copy (raw records, torch 2.9+;
+    # before, the constants are one torch.save blob whose records the strict reader maps the same way).
+    view = FileView(path)
+    assert view.mapped is not None, view.unmapped_reason
+    records = [r for r in loaded.canonical.constants.values() if isinstance(r, TensorRecord)]
+    if records:
+        start = ctypes.addressof(ctypes.c_char.from_buffer(records[0].view.mapped))  # type: ignore[attr-defined]
+        for tensor in constants.values():
+            if tensor.numel():
+                assert start <= tensor.data_ptr() < start + records[0].view.size
+    assert isinstance(example_inputs, tuple) and torch.equal(example_inputs[0][0], saved_seed.x)
+    assert trt_inline.verify(path, isolate=False).ok
+
+
+def _weights_file(saved_seed: SavedSeed) -> Path:
+    path = saved_seed.root / "canonical_weights.pt2"
+    if not path.exists():
+        compiled = trt_inline.reference.compile(
+            ConvBnRelu().eval(), (saved_seed.x,), torch_executed_ops=["aten.convolution.default"]
+        )
+        trt_inline.save(compiled, path, arg_inputs=(saved_seed.x,))
+    return path
+
+
+@pytest.mark.parametrize("retrace", [True, False])
+def test_good_files_compute_the_same_through_the_canonical_path(
+    saved_seed: SavedSeed, tmp_path: Path, retrace: bool
+) -> None:
+    """Bitwise the same outputs as torch.export.load of the original, on engines, weights and dynamic sizes."""
+    case = scalar_cases()[0]
+    dynamic = tmp_path / "dynamic.pt2"
+    trt_inline.save(
+        compile_case(case), dynamic, arg_inputs=case.inputs, dynamic_shapes=case.dynamic_shapes, retrace=retrace
+    )
+    files = [
+        (saved_seed.good, [(saved_seed.x,)]),
+        (_weights_file(saved_seed), [(saved_seed.x,)]),
+        (dynamic, case.checks),
+    ]
+    for path, input_sets in files:
+        canonical = open_file(path).module
+        stock = torch.export.load(path).module()
+        assert canonical is not stock
+        for inputs in input_sets:
+            with torch.no_grad():
+                ours, theirs = as_list(canonical(*inputs)), as_list(stock(*inputs))
+            assert len(ours) == len(theirs)
+            for a, b in zip(ours, theirs, strict=True):
+                assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)), (path.name, inputs[0].shape)
+        report = trt_inline.verify(path)
+        assert report.ok, report.to_text()

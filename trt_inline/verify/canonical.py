@@ -1,0 +1,119 @@
+"""The canonical program: everything torch is given of a file from a stranger, written or checked by trt-inline.
+
+Wall one of verification (README, "Threat model"): torch never reads the
+stranger's archive. The strict reader (:mod:`trt_inline.verify.reader`) checks
+it and keeps what it checked; this module turns that into a fresh archive in the
+current layout and loads it through the current layout's deserializer
+(:func:`trt_inline.compat.deserialize_program`: ``ExportedProgramDeserializer``,
+the step ``torch.export.load`` ends in), never through ``torch.export.load``
+itself, whose fallbacks read older layouts:
+
+==========================  ====================================================  ======================
+part of the archive          what it is                                            bytes written by
+==========================  ====================================================  ======================
+``models/model.json``       the program document, rebuilt field by field           trt-inline
+                            (:func:`~trt_inline.verify.program_checks.canonical_document`)
+``data/weights/<name>``,    each tensor as its checked payload config declares     the file (raw tensor
+``data/constants/<name>``   it: a view of the original file at the checked          data, never parsed)
+                            offset, mapped, never copied
+``data/sample_inputs``      tensors read by :mod:`~trt_inline.verify.pickles`      trt-inline
+``extra/<name>``            trt-inline's own extra files, as text                  the file (checked
+                                                                                    where decoded)
+==========================  ====================================================  ======================
+
+Whatever else the original file holds is not in the canonical archive and so
+cannot reach torch. :meth:`Canonical.entries` lists what it holds (what tests
+compare against the original's entries). Payloads the user let through
+(``--allow-pickle``, ``--allow-native-code``) are the one exception: their bytes
+go to torch as they are, and the report says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from trt_inline import compat
+from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.verify import program_checks
+from trt_inline.verify.reader import Contents, TensorRecord, passthrough_loader
+
+__all__ = ["Canonical", "canonical_archive"]
+
+
+@dataclass
+class Canonical:
+    """The canonical archive of one file (see the module's table); :meth:`load` gives the ExportedProgram."""
+
+    source: str
+    document: bytes
+    weights: dict[str, Any]
+    constants: dict[str, Any]
+    sample_inputs: tuple[Any, ...] | None
+    extra: dict[str, str] = field(default_factory=dict)
+    # Whole torch.save blobs the user allowed to reach torch as they are (torch 2.5 ... 2.8 weight files).
+    blobs: dict[str, bytes] = field(default_factory=dict)
+
+    def entries(self) -> list[str]:
+        """The parts of the archive, named as the current layout names them."""
+        names = ["models/model.json"]
+        names += [f"data/weights/{name}" for name in self.weights]
+        names += [f"data/constants/{name}" for name in self.constants]
+        names += [f"data/pickled/{kind}" for kind in self.blobs]
+        names += ["data/sample_inputs/model.pt"] if self.sample_inputs is not None else []
+        return names + [f"extra/{name}" for name in self.extra]
+
+    def load(self, *, weights: bool = True) -> ExportedProgram:
+        """The ExportedProgram torch deserializes from this archive; ``weights=False``: tensors on the meta device.
+
+        Raises :class:`VerifyInputError` naming the file when torch cannot build it.
+        """
+        bases: dict[tuple[int, int], torch.Tensor] = {}
+        try:
+            state_dict: Any = self.blobs.get("weights") or {
+                name: _materialize(value, bases, weights) for name, value in self.weights.items()
+            }
+            constants: Any = self.blobs.get("constants") or {
+                name: _materialize(value, bases, weights) for name, value in self.constants.items()
+            }
+            return compat.deserialize_program(self.document, state_dict, constants, self.sample_inputs)
+        except RecursionError:
+            raise VerifyInputError(f"{self.source}: nested too deeply to be read") from None
+        except VerifyInputError:
+            raise
+        except Exception as exc:
+            raise VerifyInputError(
+                f"{self.source}: torch {torch.__version__} cannot build its program ({type(exc).__name__}: "
+                f"{first_line(exc)})"
+            ) from exc
+
+
+def _materialize(value: Any, bases: dict[tuple[int, int], torch.Tensor], weights: bool) -> Any:
+    if isinstance(value, TensorRecord):
+        if not weights:
+            return torch.empty_strided(value.sizes, value.strides, dtype=value.dtype, device="meta")
+        return value.tensor(bases)
+    load = passthrough_loader(value)
+    if load is not None:
+        return load()
+    if not weights and isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    return value
+
+
+def canonical_archive(contents: Contents) -> Canonical:
+    """The canonical archive of what the strict reader checked in one file."""
+    if contents.document is None:
+        raise VerifyInputError(f"{contents.path}: holds no program to load")
+    return Canonical(
+        str(contents.path),
+        program_checks.canonical_bytes(contents.document),
+        dict(contents.weights),
+        dict(contents.constants),
+        contents.sample_inputs,
+        dict(contents.extra),
+        dict(contents.blobs),
+    )

@@ -1,0 +1,579 @@
+"""The one strict reader of files from strangers: every byte ``verify``, ``inspect`` and ``diff`` use enters here.
+
+torch's loader reads a ``.pt2`` file in ways a check of the same bytes cannot
+follow: its zip reader matches names without case, it deserializes every entry
+under ``models/`` whatever its extension, it falls back to older layouts (and to
+``weights_only=False``) when the current one fails, and it writes names from
+the file into Python source. So torch is never given the file. This module reads
+it once, itself, and hands on only what it checked (:mod:`trt_inline.verify.canonical`
+builds the program torch deserializes from that):
+
+* the zip archive (:mod:`~trt_inline.verify.zip_layout`): one view every reader
+  must agree on, names unique without case, nothing compressed;
+* every entry accounted for: it is one of the entries the layout it belongs to
+  defines, in one folder, named exactly as torch names it; anything else is
+  refused, never skipped;
+* the program document (:mod:`~trt_inline.verify.program_checks`): strict JSON
+  (UTF-8, no repeated keys), checked against this torch's schema and rebuilt;
+* weights and constants: raw records at offsets checked against the payload
+  configs (themselves checked against the schema), mapped, never copied; or
+  ``torch.save`` blobs read by :mod:`~trt_inline.verify.pickles`, never unpickled;
+* sample inputs and the extra files trt-inline writes, read the same way, every
+  string in them escaped where it is decoded.
+
+Three layouts are read: the PT2 archive with raw weight records (torch 2.9+), the
+PT2 archive with pickled weights (torch 2.8), and the single-folder archive of
+torch 2.5 ... 2.7. A file that mixes them is refused.
+
+Pickled payloads beyond plain tensors (tensor subclasses, opaque objects) pass
+only with ``allow_pickle``, and TensorRT engines (native code) only with
+``allow_native_code``: those bytes then go to torch as they are, for a file the
+user trusts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trt_inline import compat, formats
+from trt_inline.errors import UnsafeArchiveError, VerifyInputError, decoded_text, printable
+from trt_inline.verify import pickles, program_checks
+from trt_inline.verify.views import BytesView, FileView, View
+from trt_inline.verify.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
+
+__all__ = ["Contents", "TensorRecord", "read_file"]
+
+# Markers a PT2 archive holds besides its payload (none of it read but the byte order and format).
+_PT2_MARKERS = frozenset(
+    {"archive_format", "archive_version", ".data/version", "byteorder", ".data/serialization_id", ".format_version",
+     ".storage_alignment"}
+)  # fmt: skip
+_PT2_PROGRAM = "models/model.json"
+_WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
+_CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
+_PICKLED_WEIGHTS = "data/weights/model.pt"
+_PICKLED_CONSTANTS = "data/constants/model.pt"
+_SAMPLE_INPUTS = "data/sample_inputs/model.pt"
+_RECORD = re.compile(r"^data/(weights|constants)/([A-Za-z0-9_]+)$")
+# torch 2.5 ... 2.7: one folder of named entries, written by Python's zipfile.
+_LEGACY = {
+    "serialized_exported_program.json": "program",
+    "serialized_state_dict.pt": "weights",
+    "serialized_constants.pt": "constants",
+    "serialized_example_inputs.pt": "sample inputs",
+    "version": "marker",
+}
+_LEGACY_EXTRA = "extra_files/"
+# The program document: what a model this size can hold (the engine programs of a reference backend included).
+_MAX_DOCUMENT = 1 << 30
+# Entry names torch writes: printable ASCII (a user's extra file may have a space in its name).
+_ENTRY_NAME = re.compile(r"^[\x20-\x5b\x5d-\x7e]+$")
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """A weight or constant as a payload config declares it: a strided view of a raw record, checked."""
+
+    view: View
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    storage_offset: int
+    requires_grad: bool
+    device: str
+    is_param: bool
+
+    def tensor(self, bases: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+        """The tensor (mapped from the file; ``bases`` shares one base per record, so aliases stay aliases)."""
+        if self.nbytes == 0:
+            base = torch.empty(0, dtype=self.dtype)
+        else:
+            key = (id(self.view), self.offset)
+            if key not in bases:
+                bases[key] = self.view.tensor(self.offset, self.nbytes, self.dtype)
+            base = bases[key]
+        if self.device == "meta":
+            value = torch.empty_strided(self.sizes, self.strides, dtype=self.dtype, device="meta")
+        elif base.numel() == 0:
+            value = torch.zeros(self.sizes, dtype=self.dtype)
+        else:
+            value = torch.as_strided(base, self.sizes, self.strides, self.storage_offset)
+        if self.device not in ("cpu", "meta"):
+            value = value.to(self.device)
+        if self.is_param:
+            return torch.nn.Parameter(value, requires_grad=self.requires_grad)
+        return value.requires_grad_(self.requires_grad) if self.requires_grad else value
+
+
+@dataclass
+class Contents:
+    """What the strict reader found in a file: only checked parts, ready to hand to torch.
+
+    ``document``: the canonical program document (None for a package that
+    carries no program). ``weights`` and ``constants``: by name, a
+    :class:`TensorRecord`, a tensor read from a ``torch.save`` blob, or bytes
+    the user allowed to reach torch as they are (``passthrough``). ``extra``:
+    the extra files trt-inline writes, as text. ``entries``: every entry's
+    (escaped) name and size, for ``inspect``.
+    """
+
+    path: Path
+    kind: str
+    layout: str
+    view: View
+    document: dict[str, Any] | None = None
+    weights: dict[str, Any] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)
+    sample_inputs: tuple[Any, ...] | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+    entries: list[tuple[str, int]] = field(default_factory=list)
+    # Names of what was left to torch as it is: pickles and engines the user allowed.
+    passthrough: list[str] = field(default_factory=list)
+    # Blobs torch must read itself (allowed pickles of torch 2.5 ... 2.8 weight files), by what they hold.
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    # Extra files of others: accounted for, never read, never handed to torch.
+    unread: list[str] = field(default_factory=list)
+
+
+def read_file(
+    path: str | os.PathLike[str],
+    *,
+    allow_pickle: bool = False,
+    allow_native_code: bool = False,
+    mutations: bool = False,
+) -> Contents:
+    """Read and check ``path``; :class:`VerifyInputError` (unusable) or :class:`UnsafeArchiveError` (refused).
+
+    ``mutations``: programs that write to their buffers are accepted (``aten::copy_`` is allowed).
+    """
+    file = _existing(path)
+    view = FileView(file)
+    if view.read(0, 4) != b"PK\x03\x04" or not _ends_as_zip(view):
+        raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
+    entries = check_layout(view, str(file))
+    if any(folded(e.name).endswith(("/code/__torch__.py", "/constants.pkl")) for e in entries):
+        raise VerifyInputError(
+            f"{file}: a TorchScript archive; verify reads ExportedProgram files and AOTInductor packages"
+        )
+    refuse_compressed(entries, str(file))
+    reader = _Reader(file, view, entries, allow_pickle, allow_native_code, mutations)
+    return reader.read()
+
+
+def _existing(path: str | os.PathLike[str]) -> Path:
+    file = Path(path)
+    if not file.exists():
+        raise VerifyInputError(f"{file}: no such file")
+    if file.is_dir():
+        raise VerifyInputError(f"{file}: is a directory")
+    if file.stat().st_size == 0:
+        raise VerifyInputError(f"{file}: empty file")
+    return file
+
+
+def _ends_as_zip(view: View) -> bool:
+    """Whether an end-of-archive record ends exactly at the end of the file (a truncated file does not)."""
+    tail = view.read(max(0, view.size - (1 << 16) - 22), min(view.size, (1 << 16) + 22))
+    position = tail.rfind(b"PK\x05\x06")
+    if position < 0 or len(tail) - position < 22:
+        return False
+    return position + 22 + int.from_bytes(tail[position + 20 : position + 22], "little") == len(tail)
+
+
+class _Reader:
+    def __init__(
+        self,
+        file: Path,
+        view: View,
+        entries: list[ZipEntry],
+        allow_pickle: bool,
+        allow_native_code: bool,
+        mutations: bool,
+    ) -> None:
+        self.file = file
+        self.view = view
+        self.entries = entries
+        self.allow_pickle = allow_pickle
+        self.allow_native_code = allow_native_code
+        self.mutations = mutations
+        self.by_name = {entry.name: entry for entry in entries}
+        self.claimed: set[str] = set()
+
+    # -- entries ---------------------------------------------------------------
+
+    def refuse(self, why: str) -> UnsafeArchiveError:
+        return UnsafeArchiveError(f"{self.file}: refused: {why}")
+
+    def where(self, name: str) -> str:
+        return f"{self.file}: archive entry {printable(name)}"
+
+    def entry(self, name: str) -> ZipEntry | None:
+        """The entry named exactly ``name`` (claimed: it is accounted for), or None."""
+        found = self.by_name.get(name)
+        if found is not None:
+            self.claimed.add(name)
+        return found
+
+    def data(self, entry: ZipEntry, limit: int = _MAX_DOCUMENT) -> bytes:
+        if entry.file_size > limit:
+            raise self.refuse(f"archive entry {printable(entry.name)!r} holds {entry.file_size} bytes (limit {limit})")
+        return self.view.read(entry.data_offset, entry.file_size)
+
+    def window(self, entry: ZipEntry) -> View:
+        return self.view.window(entry.data_offset, entry.file_size)
+
+    # -- the file --------------------------------------------------------------
+
+    def read(self) -> Contents:
+        for entry in self.entries:
+            if not _ENTRY_NAME.match(entry.name):
+                raise self.refuse(
+                    f"archive entry {printable(entry.name)!r} has a name with characters torch never writes"
+                )
+        roots = {entry.name.partition("/")[0] for entry in self.entries if "/" in entry.name}
+        top_level = [entry.name for entry in self.entries if "/" not in entry.name]
+        if len(roots) == 1 and not top_level:
+            contents = self._pt2(roots.pop() + "/")
+        elif not roots or set(roots) == {_LEGACY_EXTRA.rstrip("/")}:
+            contents = self._legacy()
+        else:
+            raise self.refuse("its entries are not in one folder (a PT2 archive keeps all of them under its root)")
+        self._all_claimed(contents)
+        contents.entries = [(printable(entry.name), entry.file_size) for entry in self.entries]
+        return contents
+
+    def _all_claimed(self, contents: Contents) -> None:
+        for entry in self.entries:
+            if entry.name not in self.claimed:
+                raise self._foreign(entry.name, contents.layout)
+
+    def _foreign(self, name: str, layout: str) -> UnsafeArchiveError:
+        return self.refuse(
+            f"archive entry {printable(name)!r} is not part of a {layout} (every entry must be one torch writes, "
+            "named as torch names it)"
+        )
+
+    def _only(self, root: str, known: Callable[[str], bool], layout: str) -> None:
+        """Refuse, before anything is read, an entry that is none of what ``layout`` holds."""
+        for entry in self.entries:
+            if not known(entry.name[len(root) :]):
+                raise self._foreign(entry.name, layout)
+
+    def _known(self, root: str, names: set[str]) -> None:
+        """Refuse entries a case-blind reader would take for one of ``names`` while not named so exactly."""
+        wanted = {folded(root + name): root + name for name in names}
+        for entry in self.entries:
+            exact = wanted.get(folded(entry.name))
+            if exact is not None and exact != entry.name:
+                raise self.refuse(
+                    f"archive entry {printable(entry.name)!r} is named {exact!r} but for case; torch's reader matches "
+                    "names without case"
+                )
+
+    def _pt2(self, root: str) -> Contents:
+        names = {entry.name[len(root) :] for entry in self.entries}
+        self._known(
+            root,
+            {*_PT2_MARKERS, _PT2_PROGRAM, _WEIGHTS_CONFIG, _CONSTANTS_CONFIG, _PICKLED_WEIGHTS, _PICKLED_CONSTANTS,
+             _SAMPLE_INPUTS},
+        )  # fmt: skip
+        package = any(folded(name).startswith(formats.AOTI_FOLDER) for name in names)
+        kind = formats.AOT_INDUCTOR if package else formats.EXPORTED_PROGRAM
+        for name in names:
+            if folded(name).startswith("models/") and name != _PT2_PROGRAM:
+                raise self.refuse(
+                    f"archive entry {printable(root + name)!r}: torch deserializes every entry under models/ as a "
+                    "program, and a file holds one, models/model.json"
+                )
+        pickled = any(name in names for name in (_PICKLED_WEIGHTS, _PICKLED_CONSTANTS))
+        layout = "PT2 archive with pickled weights (torch 2.8)" if pickled else "PT2 archive (torch 2.9+)"
+        fixed = {*_PT2_MARKERS, _PT2_PROGRAM, _SAMPLE_INPUTS}
+        fixed |= {_PICKLED_WEIGHTS, _PICKLED_CONSTANTS} if pickled else {_WEIGHTS_CONFIG, _CONSTANTS_CONFIG}
+        self._only(
+            root,
+            lambda name: (
+                name in fixed
+                or name.startswith((formats.EXTRA_FOLDER, formats.AOTI_FOLDER))
+                or (not pickled and bool(_RECORD.match(name)))
+            ),
+            layout,
+        )
+        for name in _PT2_MARKERS:
+            self.entry(root + name)
+        self._check_markers(root)
+        contents = Contents(self.file, kind, layout, self.view)
+        for name in names:
+            if name.startswith(formats.AOTI_FOLDER):
+                self.claimed.add(root + name)  # native code: read only by torch's package loader, never here
+            elif name.startswith(formats.EXTRA_FOLDER):
+                self._extra(root + name, name[len(formats.EXTRA_FOLDER) :], contents)
+        program = self.entry(root + _PT2_PROGRAM)
+        if program is None:
+            if not package:
+                raise VerifyInputError(f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model")
+            return contents
+        contents.document = self._document(program)
+        if pickled:
+            contents.weights = self._pickled_payload(root + _PICKLED_WEIGHTS, "weights", contents)
+            contents.constants = self._pickled_payload(root + _PICKLED_CONSTANTS, "constants", contents)
+        else:
+            contents.weights = self._configured(root, "weights", _WEIGHTS_CONFIG, contents)
+            contents.constants = self._configured(root, "constants", _CONSTANTS_CONFIG, contents)
+        contents.sample_inputs = self._sample_inputs(root + _SAMPLE_INPUTS, contents)
+        return contents
+
+    def _check_markers(self, root: str) -> None:
+        order = self.by_name.get(root + "byteorder")
+        if order is not None and self.data(order, 16) != b"little":
+            raise VerifyInputError(f"{self.file}: written on a big-endian machine")
+        form = self.by_name.get(root + "archive_format")
+        if form is not None and self.data(form, 16) != b"pt2":
+            raise self.refuse(f"its archive_format says {printable(self.data(form, 16).decode('latin-1'))!r}")
+
+    def _legacy(self) -> Contents:
+        self._known("", set(_LEGACY))
+        contents = Contents(self.file, formats.EXPORTED_PROGRAM, "torch 2.5 ... 2.7 archive", self.view)
+        self._only("", lambda name: name in _LEGACY or name.startswith(_LEGACY_EXTRA), contents.layout)
+        for entry in self.entries:
+            if entry.name.startswith(_LEGACY_EXTRA):
+                self._extra(entry.name, entry.name[len(_LEGACY_EXTRA) :], contents)
+        self.entry("version")
+        program = self.entry("serialized_exported_program.json")
+        if program is None:
+            raise VerifyInputError(
+                f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model in it"
+            )
+        contents.document = self._document(program)
+        contents.weights = self._pickled_payload("serialized_state_dict.pt", "weights", contents)
+        contents.constants = self._pickled_payload("serialized_constants.pt", "constants", contents)
+        contents.sample_inputs = self._sample_inputs("serialized_example_inputs.pt", contents)
+        return contents
+
+    # -- the program -------------------------------------------------------------
+
+    def _json(self, entry: ZipEntry) -> Any:
+        """Strict JSON: UTF-8 (torch's reader would also take UTF-16), no key given twice."""
+
+        def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+            keys = [key for key, _ in pairs]
+            if len(set(keys)) != len(keys):
+                raise ValueError("a key given twice in one object")
+            return dict(pairs)
+
+        try:
+            return json.loads(self.data(entry).decode("utf-8"), object_pairs_hook=unique)
+        except RecursionError:
+            raise VerifyInputError(f"{self.file}: nested too deeply to be read") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            # What this reader cannot read it cannot vouch for: refused, not left to torch's reader.
+            raise UnsafeArchiveError(
+                f"{self.where(entry.name)}: refused: not a readable program ({printable(str(exc))[:120]})"
+            ) from None
+
+    def _document(self, entry: ZipEntry) -> dict[str, Any]:
+        return program_checks.canonical_document(self._json(entry), self.file, entry.name, mutations=self.mutations)
+
+    # -- weights and constants ---------------------------------------------------------
+
+    def _configured(self, root: str, kind: str, config_name: str, contents: Contents) -> dict[str, Any]:
+        """Weights or constants of a PT2 archive with payload configs: every record as its config declares it."""
+        entry = self.entry(root + config_name)
+        if entry is None:
+            raise self.refuse(f"it has models/model.json but no {config_name}")
+        schema = compat.export_schema()
+        config = program_checks.canonical_document(
+            self._json(entry), self.file, entry.name, schema_class=schema.PayloadConfig
+        )["config"]
+        folder = f"{root}data/{kind}/"
+        result: dict[str, Any] = {}
+        for name, meta in config.items():
+            record_name = folder + meta["path_name"]
+            record = self.entry(record_name)
+            if record is None:
+                raise VerifyInputError(
+                    f"{self.file}: archive entry {printable(record_name)} is declared by a payload config but missing"
+                )
+            if meta["use_pickle"] or meta["tensor_meta"] is None:
+                result[name] = self._pickled_record(record, meta["path_name"], contents)
+            else:
+                result[name] = self._record(record, meta["tensor_meta"], meta["is_param"])
+        for other in self.by_name:
+            if other.startswith(folder) and other not in self.claimed and _RECORD.match(other[len(root) :]):
+                self.claimed.add(other)  # a record no config names: never read
+        return result
+
+    def _record(self, entry: ZipEntry, meta: dict[str, Any], is_param: bool) -> TensorRecord:
+        where = self.where(entry.name)
+        try:
+            dtype = compat.serialized_dtype(meta["dtype"])
+        except (KeyError, ValueError):
+            raise UnsafeArchiveError(f"{where}: refused: an unknown dtype") from None
+        sizes, strides = _ints(meta["sizes"], where), _ints(meta["strides"], where)
+        (offset,) = _ints([meta["storage_offset"]], where)
+        device = meta["device"]["type"] + (
+            f":{meta['device']['index']}" if meta["device"].get("index") is not None else ""
+        )
+        element = torch.empty((), dtype=dtype).element_size()
+        if len(sizes) != len(strides) or entry.file_size % element:
+            raise UnsafeArchiveError(f"{where}: refused: its size does not fit its dtype and shape")
+        numel = entry.file_size // element
+        if device != "meta" and all(sizes):
+            reach = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
+            if (numel == 0 and _count(sizes)) or (numel and reach >= numel):
+                raise UnsafeArchiveError(
+                    f"{where}: refused: a tensor of size {list(sizes)} reaching past its record of {numel} elements"
+                )
+        return TensorRecord(
+            self.view, entry.data_offset, entry.file_size, dtype, sizes, strides, offset,
+            bool(meta["requires_grad"]), device, is_param,
+        )  # fmt: skip
+
+    def _pickled_record(self, entry: ZipEntry, path_name: str, contents: Contents) -> Any:
+        """A payload the config marks as pickled: a tensor read here, else an engine or object the user allowed."""
+        where = self.where(entry.name)
+        if path_name.startswith(("tensor_", "weight_")):
+            try:
+                return pickles.read_torch_save(self.window(entry), where)
+            except UnsafeArchiveError as refused:
+                if not self.allow_pickle:
+                    raise UnsafeArchiveError(f"{refused}{_PICKLE_HINT}") from None
+        else:
+            self._allowed_object(entry, where)
+        contents.passthrough.append(printable(entry.name))
+        return _Passthrough(path_name, self.data(entry))
+
+    def _allowed_object(self, entry: ZipEntry, where: str) -> None:
+        """A custom or opaque object: a TensorRT engine with native code allowed, anything with pickles allowed."""
+        if self.allow_pickle:
+            return
+        engine = pickles.native_engine(self.window(entry))
+        if engine and self.allow_native_code:
+            return
+        if engine:
+            raise UnsafeArchiveError(
+                f"{where} refused: it holds a TensorRT engine, and deserializing a TensorRT plan runs native code "
+                "(pass --allow-native-code / allow_native_code=True only for a file from a trusted source)"
+            )
+        raise UnsafeArchiveError(f"{where} refused: it holds a pickled object{_PICKLE_HINT}")
+
+    def _pickled_payload(self, name: str, kind: str, contents: Contents) -> dict[str, Any]:
+        """Weights or constants kept as one ``torch.save`` blob (torch 2.5 ... 2.8)."""
+        entry = self.entry(name)
+        if entry is None:
+            raise self.refuse(f"it has a program but no {name}")
+        where = self.where(name)
+        try:
+            value = pickles.read_torch_save(self.window(entry), where)
+        except UnsafeArchiveError as refused:
+            engine = pickles.native_engine(self.window(entry)) if not self.allow_pickle else False
+            if not (self.allow_pickle or (engine and self.allow_native_code)):
+                hint = (
+                    ", and deserializing a TensorRT plan runs native code (pass --allow-native-code only for a file "
+                    "from a trusted source)"
+                    if engine
+                    else _PICKLE_HINT
+                )
+                raise UnsafeArchiveError(f"{refused}{hint}") from None
+            contents.passthrough.append(printable(name))
+            contents.blobs[kind] = self.data(entry)
+            return {}
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise UnsafeArchiveError(f"{where}: refused: {kind} that are not a mapping of names to tensors")
+        return dict(value)
+
+    def _sample_inputs(self, name: str, contents: Contents) -> tuple[Any, ...] | None:
+        entry = self.entry(name)
+        if entry is None or entry.file_size == 0:
+            return None
+        try:
+            value = pickles.read_torch_save(self.window(entry), self.where(name))
+        except UnsafeArchiveError as refused:
+            raise UnsafeArchiveError(f"{refused}{_PICKLE_HINT}") from None
+        if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict)):
+            raise UnsafeArchiveError(f"{self.where(name)}: refused: sample inputs that are not (args, kwargs)")
+        return value
+
+    # -- extra files --------------------------------------------------------------------
+
+    def _extra(self, name: str, short: str, contents: Contents) -> None:
+        """An extra file: trt-inline's own are read (as UTF-8 text); any other is accounted for and left unread."""
+        entry = self.entry(name)
+        assert entry is not None
+        if short in (formats.REFERENCE_IO_FILE, formats.PACKAGE_INFO_FILE):
+            try:
+                contents.extra[short] = self.data(entry).decode("utf-8")
+            except UnicodeDecodeError:
+                raise UnsafeArchiveError(f"{self.where(name)}: refused: not UTF-8 text") from None
+        elif folded(short) in (folded(formats.REFERENCE_IO_FILE), folded(formats.PACKAGE_INFO_FILE)):
+            raise self.refuse(f"archive entry {printable(name)!r} is named as trt-inline's own but for case")
+        else:
+            contents.unread.append(printable(name))
+
+
+_PICKLE_HINT = (
+    "; loading it could run code from the file (pass --allow-pickle / allow_pickle=True only for a file from a "
+    "trusted source)"
+)
+
+
+@dataclass(frozen=True)
+class _Passthrough:
+    """Bytes of a payload the user allowed to reach torch as they are (a pickle, an engine)."""
+
+    path_name: str
+    data: bytes
+
+
+def _ints(values: Any, where: str) -> tuple[int, ...]:
+    """Integers of a serialized size, stride or offset (``{"as_int": n}``); symbolic ones refused for a payload."""
+    result = []
+    for value in values:
+        number = value.get("as_int") if isinstance(value, dict) else None
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            raise UnsafeArchiveError(f"{where}: refused: a payload whose shape is not concrete non-negative integers")
+        result.append(number)
+    return tuple(result)
+
+
+def _count(sizes: tuple[int, ...]) -> int:
+    total = 1
+    for size in sizes:
+        total *= size
+    return total
+
+
+def decode_base64(text: str, what: str) -> BytesView:
+    """Bytes an extra file carries as base64 (reference I/O), as a view for :func:`pickles.read_torch_save`."""
+    try:
+        return BytesView(base64.b64decode(text.encode("ascii"), validate=True))
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise VerifyInputError(f"{what} is not base64: {decoded_text(str(exc), 120)}") from exc
+
+
+def passthrough_loader(value: Any) -> Callable[[], Any] | None:
+    """How a passed-through payload becomes what torch expects (None for anything read here)."""
+    if not isinstance(value, _Passthrough):
+        return None
+    if value.path_name.startswith("custom_obj_"):
+        return lambda: compat.load_script_object(value.data)
+    if value.path_name.startswith("opaque_obj_"):
+        import pickle
+
+        return lambda: pickle.loads(value.data)
+    import io
+
+    return lambda: torch.load(io.BytesIO(value.data), weights_only=False)

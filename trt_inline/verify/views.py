@@ -1,0 +1,116 @@
+"""The bytes of an untrusted file, as the strict reader reaches them: mapped, never copied whole.
+
+A :class:`FileView` maps the file once (copy-on-write: a program that writes to
+a weight changes its own page, never the file) and hands out bytes at offsets
+and tensors over ranges of the mapping, so that a 20 GB file costs address space
+and page cache rather than anonymous memory. Where a file cannot be mapped, it is
+read range by range instead, and the view says so. A :class:`BytesView` does the
+same over bytes already in memory (an archive nested in an extra file), and a
+window of either is a view of its own (an archive nested in an entry).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import torch
+
+__all__ = ["BytesView", "FileView", "View", "Window"]
+
+
+class View:
+    """Bytes ``[0, size)`` of a file, read at offsets, and tensors over ranges of them."""
+
+    size: int
+
+    def read(self, offset: int, length: int) -> bytes:
+        raise NotImplementedError
+
+    def tensor(self, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+        """A 1-D tensor over bytes ``[offset, offset + nbytes)``, without copying where it can."""
+        raise NotImplementedError
+
+    def window(self, offset: int, size: int) -> Window:
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise ValueError(f"a window {offset}+{size} outside a view of {self.size} bytes")
+        return Window(self, offset, size)
+
+
+def _aligned(offset: int, dtype: torch.dtype) -> bool:
+    return offset % max(1, torch.empty((), dtype=dtype).element_size()) == 0
+
+
+class FileView(View):
+    """An open file, mapped copy-on-write where the system can map it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        with open(self.path, "rb") as handle:
+            self.size = os.fstat(handle.fileno()).st_size
+            self._handle: Any = None
+            self.mapped: mmap.mmap | None = None
+            self.unmapped_reason: str | None = None
+            try:
+                self.mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
+            except (OSError, ValueError) as exc:
+                self.unmapped_reason = f"{type(exc).__name__}: {exc}"
+        if self.mapped is None:
+            self._handle = open(self.path, "rb")
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ValueError(f"bytes {offset}+{length} outside a file of {self.size} bytes")
+        if self.mapped is not None:
+            return self.mapped[offset : offset + length]
+        self._handle.seek(offset)
+        return bytes(self._handle.read(length))
+
+    def tensor(self, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+        if self.mapped is not None and nbytes and _aligned(offset, dtype):
+            element = torch.empty((), dtype=dtype).element_size()
+            return torch.frombuffer(self.mapped, dtype=dtype, count=nbytes // element, offset=offset)
+        return _from_bytes(self.read(offset, nbytes), dtype)
+
+
+class BytesView(View):
+    """Bytes in memory (decoded from an entry), read at offsets."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytearray(data)
+        self.size = len(data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ValueError(f"bytes {offset}+{length} outside {self.size} bytes")
+        return bytes(self.data[offset : offset + length])
+
+    def tensor(self, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+        return _from_bytes(self.read(offset, nbytes), dtype)
+
+
+class Window(View):
+    """Bytes ``[offset, offset + size)`` of another view, addressed from 0."""
+
+    def __init__(self, base: View, offset: int, size: int) -> None:
+        self.base = base
+        self.offset = offset
+        self.size = size
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ValueError(f"bytes {offset}+{length} outside a window of {self.size} bytes")
+        return self.base.read(self.offset + offset, length)
+
+    def tensor(self, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise ValueError(f"bytes {offset}+{nbytes} outside a window of {self.size} bytes")
+        return self.base.tensor(self.offset + offset, nbytes, dtype)
+
+
+def _from_bytes(data: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor owning a copy of ``data`` (a range that cannot be mapped, or is not aligned for its dtype)."""
+    if not data:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype)
