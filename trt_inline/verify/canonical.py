@@ -93,14 +93,13 @@ class Canonical:
 
 def _materialize(value: Any, bases: dict[tuple[int, int], torch.Tensor], weights: bool) -> Any:
     if isinstance(value, TensorRecord):
-        if not weights:
-            return torch.empty_strided(value.sizes, value.strides, dtype=value.dtype, device="meta")
-        return value.tensor(bases)
+        return value.tensor(bases, meta=not weights)
     load = passthrough_loader(value)
     if load is not None:
         return load()
     if not weights and isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return torch.nn.Parameter(meta, value.requires_grad) if isinstance(value, torch.nn.Parameter) else meta
     return value
 
 

@@ -95,8 +95,14 @@ class TensorRecord:
     device: str
     is_param: bool
 
-    def tensor(self, bases: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
-        """The tensor (mapped from the file; ``bases`` shares one base per record, so aliases stay aliases)."""
+    def tensor(self, bases: dict[tuple[int, int], torch.Tensor], *, meta: bool = False) -> torch.Tensor:
+        """The tensor (mapped from the file; ``bases`` shares one base per record, so aliases stay aliases).
+
+        ``meta``: its shape and dtype only, on the meta device (nothing of the file read).
+        """
+        if meta:
+            value = torch.empty_strided(self.sizes, self.strides, dtype=self.dtype, device="meta")
+            return torch.nn.Parameter(value, requires_grad=self.requires_grad) if self.is_param else value
         if self.nbytes == 0:
             base = torch.empty(0, dtype=self.dtype)
         else:
@@ -291,6 +297,8 @@ class _Reader:
         )  # fmt: skip
         package = any(folded(name).startswith(formats.AOTI_FOLDER) for name in names)
         kind = formats.AOT_INDUCTOR if package else formats.EXPORTED_PROGRAM
+        if not package and not any(folded(name).startswith("models/") for name in names):
+            raise VerifyInputError(f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model in it")
         for name in names:
             if folded(name).startswith("models/") and name != _PT2_PROGRAM:
                 raise self.refuse(
