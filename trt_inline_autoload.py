@@ -11,34 +11,12 @@ automatic activation off.
 
 from __future__ import annotations
 
-import os
 import warnings
 from types import ModuleType
 
-EXPORTER = "torch_tensorrt.dynamo._exporter"
-COMPILE = "torch_tensorrt._compile"
-DISABLE_ENV = "TRT_INLINE_DISABLE"
+from trt_inline_switches import COMPILE, DISABLE_ENV, EXPORTER, disabled_by_env, env_flag
 
-
-_FALSE = ("0", "false", "no", "off")
-_TRUE = ("1", "true", "yes", "on")
-
-
-def env_flag(name: str, *, default: bool) -> bool:
-    """A boolean environment switch: 1/true/yes/on or 0/false/no/off (any case); unset, empty or other: ``default``.
-
-    The one parser of trt-inline's switches (``TRT_INLINE_DISABLE``, ``TRT_INLINE_REFERENCE_IO``).
-    """
-    value = os.environ.get(name, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    return default
-
-
-def disabled_by_env() -> bool:
-    return env_flag(DISABLE_ENV, default=False)
+__all__ = ["COMPILE", "DISABLE_ENV", "EXPORTER", "disabled_by_env", "env_flag", "register"]
 
 
 def _on_exporter_import(exporter: ModuleType) -> None:

@@ -56,13 +56,13 @@ def _fork_lingering(marker: str) -> None:
     """A child process that sleeps, then writes the marker: it must never exist, or not outlive the job."""
     pid = os.fork()
     if pid == 0:
-        time.sleep(3)
+        time.sleep(1)
         _write(marker, "outlived the job")
         os._exit(0)
 
 
 def _spawn(marker: str) -> None:
-    subprocess.Popen(["/bin/sh", "-c", f"sleep 3; echo outlived > {marker}"])
+    subprocess.Popen(["/bin/sh", "-c", f"sleep 1; echo outlived > {marker}"])
 
 
 def _exec(marker: str) -> None:

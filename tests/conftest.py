@@ -168,6 +168,18 @@ def _children_forked_from_one_interpreter(request: pytest.FixtureRequest) -> Ite
         yield
 
 
+@pytest.fixture
+def fresh_children() -> Iterator[None]:
+    """In this test, ``verify``/``inspect`` children start as fresh interpreters, as the ``trt-inline`` command does."""
+    from trt_inline.verify import isolation
+
+    token = isolation._reusable.set(None)
+    try:
+        yield
+    finally:
+        isolation._reusable.reset(token)
+
+
 @dataclass
 class SavedSeed:
     """The seed scenario compiled once and saved with (``good``) and without (``bare``) reference I/O."""

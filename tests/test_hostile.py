@@ -27,9 +27,6 @@ from hostile import CASES, ESCAPE, INSPECTED, SECRET, Case, Traps, read_entries,
 from trt_inline import cli
 from trt_inline.verify.isolation import reusing_interpreter
 
-# The limits, crashes and traps are checked on fresh interpreters, the path the trt-inline command takes.
-FRESH_INTERPRETERS = True
-
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -117,15 +114,24 @@ _LIMITS = [c for c in CASES if c.kind in ("crashes", "exhaustion") and c.args]
 
 
 @pytest.mark.parametrize("case", _LIMITS, ids=[case.name for case in _LIMITS])
-def test_children_forked_from_one_interpreter_keep_every_limit(case: Case, run_case: RunCase) -> None:
-    """``reusing_interpreter``: the crash, the memory and the time limit stop a forked child just as a fresh one."""
+def test_a_fresh_interpreter_keeps_every_limit(case: Case, run_case: RunCase, fresh_children: None) -> None:
+    """The crash, the memory and the time limit on the path the ``trt-inline`` command takes (the cases above ran
+    forked from this module's interpreter)."""
+    code, out, err = run_case(case)
+    assert code == 2 and case.expect in err, (case.name, out, err)
+
+
+def test_the_interpreter_children_are_forked_from_outlives_them(run_case: RunCase, fresh_children: None) -> None:
+    """``reusing_interpreter``: a child that crashed leaves it serving the next; it is stopped when the block ends."""
+    case = next(c for c in _LIMITS if c.kind == "crashes")
+    before = set(_interpreters_of_this_process())  # this module's own interpreter
     with reusing_interpreter():
         code, out, err = run_case(case)
         again, _, second = run_case(case)  # the interpreter survives its child's end, and serves the next
-        assert _interpreters_of_this_process(), "the children were forked from the block's interpreter"
+        assert set(_interpreters_of_this_process()) - before, "the children were forked from the block's interpreter"
     assert code == again == 2, (case.name, out, err)
     assert case.expect in err and case.expect in second, err
-    assert _interpreters_of_this_process() == [], "the interpreter is stopped when the block ends"
+    assert set(_interpreters_of_this_process()) == before, "the block's interpreter is stopped when the block ends"
 
 
 def _interpreters_of_this_process() -> list[str]:

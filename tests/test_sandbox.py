@@ -146,7 +146,7 @@ def _assert_contained(outside: Outside, results: dict[str, str]) -> None:
     assert broken == {}, broken
     # The request came over a pipe: nothing in the job's folder but what the job itself wrote.
     assert "request" not in results["own folder holds"], results["own folder holds"]
-    time.sleep(3.5)  # what a lingering process would have waited before writing the marker
+    time.sleep(1.5)  # what a lingering process would have waited before writing the marker
     assert not outside.marker.exists(), outside.marker.read_text()
     assert outside.victim.read_text() == "untouched"
     assert not (outside.root / "outside.txt").exists()

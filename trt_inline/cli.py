@@ -66,7 +66,7 @@ def _entry_point() -> str | None:
 def doctor() -> list[Finding]:
     import torch
 
-    import trt_inline_autoload
+    import trt_inline_switches
     from trt_inline import plugin
 
     findings = [Finding("torch", torch.__version__)]
@@ -86,8 +86,8 @@ def doctor() -> list[Finding]:
     )
     findings.append(_sandbox_finding())
     autoload_off = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1"
-    if trt_inline_autoload.disabled_by_env():
-        autoload = f"off ({trt_inline_autoload.DISABLE_ENV}={os.environ[trt_inline_autoload.DISABLE_ENV]})"
+    if trt_inline_switches.disabled_by_env():
+        autoload = f"off ({trt_inline_switches.DISABLE_ENV}={os.environ[trt_inline_switches.DISABLE_ENV]})"
     elif autoload_off:
         autoload = "off (TORCH_DEVICE_BACKEND_AUTOLOAD=0): call trt_inline.install()"
     else:

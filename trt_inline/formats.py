@@ -13,8 +13,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-# The switch the import hook reads is parsed where the hook (which runs before trt_inline can be imported) is.
-from trt_inline_autoload import DISABLE_ENV, env_flag
+# The switches' names and their one parser live where the entry point, which runs before trt_inline can be
+# imported, reads them too.
+from trt_inline_switches import DISABLE_ENV, env_flag
 
 __all__ = [
     "AOTI_FOLDER",

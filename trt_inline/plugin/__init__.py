@@ -81,9 +81,9 @@ def _decided_to_patch() -> bool:
     """An explicit install/uninstall wins; otherwise the environment's opt-out decides."""
     if _state.wanted is not None:
         return _state.wanted
-    import trt_inline_autoload
+    import trt_inline_switches
 
-    return not trt_inline_autoload.disabled_by_env()
+    return not trt_inline_switches.disabled_by_env()
 
 
 def _patch(exporter: ModuleType) -> None:

@@ -298,7 +298,9 @@ class _Reader:
         package = any(folded(name).startswith(formats.AOTI_FOLDER) for name in names)
         kind = formats.AOT_INDUCTOR if package else formats.EXPORTED_PROGRAM
         if not package and not any(folded(name).startswith("models/") for name in names):
-            raise VerifyInputError(f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model in it")
+            raise VerifyInputError(
+                f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model in it"
+            )
         for name in names:
             if folded(name).startswith("models/") and name != _PT2_PROGRAM:
                 raise self.refuse(

@@ -1,0 +1,41 @@
+"""What must be known before ``trt_inline`` itself can be imported: the environment switches and watched modules.
+
+The ``torch.backends`` entry point (:mod:`trt_inline_autoload`) runs while torch
+is still being imported, so it cannot import the ``trt_inline`` package (which
+imports torch); the package's own modules read the same names and the same
+parser from here. This module imports nothing but the standard library, and
+nothing imports back from it: no import circle passes through it.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["COMPILE", "DISABLE_ENV", "EXPORTER", "disabled_by_env", "env_flag"]
+
+# The Torch-TensorRT modules whose import the entry point waits for.
+EXPORTER = "torch_tensorrt.dynamo._exporter"
+COMPILE = "torch_tensorrt._compile"
+# TRT_INLINE_DISABLE=1: the plugin does not activate at import torch.
+DISABLE_ENV = "TRT_INLINE_DISABLE"
+
+_FALSE = ("0", "false", "no", "off")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def env_flag(name: str, *, default: bool) -> bool:
+    """A boolean environment switch: 1/true/yes/on or 0/false/no/off (any case); unset, empty or other: ``default``.
+
+    The one parser of trt-inline's switches (``TRT_INLINE_DISABLE``, ``TRT_INLINE_REFERENCE_IO``).
+    """
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return default
+
+
+def disabled_by_env() -> bool:
+    """Whether ``TRT_INLINE_DISABLE`` turns the automatic activation off."""
+    return env_flag(DISABLE_ENV, default=False)
