@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import importlib.util
 import os
 import signal
 import sys
@@ -229,9 +228,8 @@ def _python_paths() -> set[str]:
         if not isinstance(file, str) or not os.path.isabs(file):
             continue
         # A package's top folder (lazy submodule imports), or a single-file module itself.
-        top = name.partition(".")[0]
-        spec = importlib.util.find_spec(top) if top in sys.modules else None
-        locations = list(getattr(spec, "submodule_search_locations", None) or []) if spec else []
+        top = sys.modules.get(name.partition(".")[0])
+        locations = [p for p in getattr(top, "__path__", None) or [] if isinstance(p, str)]
         paths.update(locations or [file])
     with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
         for line in maps:

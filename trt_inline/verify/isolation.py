@@ -716,10 +716,12 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     module_name, function_name = request["job"]
     job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
     tensors = torch.load(io.BytesIO(payload), weights_only=True)
-    applied = None
-    if request["arguments"].get("allow_native_code"):
-        from trt_inline import compat
+    from trt_inline import compat
 
+    applied = None
+    # What loading a program imports, imported now: nothing is imported in the sandbox that could be before.
+    compat.import_loaders()
+    if request["arguments"].get("allow_native_code"):
         compat.prepare_package_loading()
     if request.get("sandbox", True):
         from trt_inline import sandbox
