@@ -96,8 +96,8 @@ def main() -> int:
                     run_isolated("sandbox", {}, None, Limits(60, 2 << 30), where="bench", sandbox=False)
                     unsandboxed.append(time.perf_counter() - started)
                 cost = statistics.median(seconds) - statistics.median(unsandboxed)
-                print(f"  {label:<22} {statistics.median(seconds):.3f} s (without: {statistics.median(unsandboxed):.3f} s; "
-                      f"{cost * 1000:+.0f} ms)")  # fmt: skip
+                with_s, without_s = statistics.median(seconds), statistics.median(unsandboxed)
+                print(f"  {label:<22} {with_s:.3f} s (without: {without_s:.3f} s; {cost * 1000:+.0f} ms)")
     return 0
 
 

@@ -46,13 +46,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Test files by what they cost (seconds on one worker, measured), the longest first: pytest-xdist hands
+# whole files to the workers in collection order, and starting with the longest keeps either worker
+# from being left with one long file at the end.
+_LONGEST_FIRST = (
+    "test_plugin.py", "test_fuzz.py", "test_packages.py", "test_fuzz_dynamic.py", "test_hostile.py",
+    "test_plugin_packages.py", "test_verify.py", "test_scalars.py", "test_end_to_end.py", "test_sandbox.py",
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _rank(item.path.name))
     if config.getoption("--memory"):
         return
     skip = pytest.mark.skip(reason="the 1 GiB memory-budget test runs with --memory (.ci/run passes it)")
     for item in items:
         if "memory" in item.keywords:
             item.add_marker(skip)
+
+
+def _rank(name: str) -> int:
+    return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -151,19 +165,16 @@ def _seeded() -> None:
     torch.manual_seed(0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _children_forked_from_one_interpreter(request: pytest.FixtureRequest) -> Iterator[None]:
-    """``verify``/``inspect`` children forked from one clean interpreter per test module.
+@pytest.fixture(scope="session", autouse=True)
+def _children_forked_from_one_interpreter() -> Iterator[None]:
+    """``verify``/``inspect``/``diff`` children forked from one clean interpreter per test worker.
 
-    Each child is as isolated as a fresh interpreter (``reusing_interpreter``);
-    this saves starting one and importing torch per file. A module that sets
-    ``FRESH_INTERPRETERS = True`` (the hostile files) gets a fresh interpreter
-    per child, as the ``trt-inline`` command does, and so do the tests that run
-    the command as a process of its own.
+    Each child is as isolated as a fresh interpreter (``reusing_interpreter``:
+    its own session, sandbox, limits and folder); this saves starting one and
+    importing torch per file. A change of a start-up variable starts a new one.
+    Tests of the path the ``trt-inline`` command takes use ``fresh_children``,
+    and so do the tests that run the command as a process of its own.
     """
-    if getattr(request.module, "FRESH_INTERPRETERS", False):
-        yield
-        return
     with reusing_interpreter():
         yield
 

@@ -31,11 +31,12 @@ from trt_inline.errors import IsolationError
 from trt_inline.verify import isolation
 from trt_inline.verify.isolation import Limits, reusing_interpreter, run_isolated
 
-FRESH_INTERPRETERS = True
-
-pytestmark = pytest.mark.skipif(
-    bool(sandbox.status().missing), reason=f"this system cannot set up the sandbox: {sandbox.status().missing}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        bool(sandbox.status().missing), reason=f"this system cannot set up the sandbox: {sandbox.status().missing}"
+    ),
+    pytest.mark.usefixtures("fresh_children"),  # the path the trt-inline command takes, unless a test says otherwise
+]
 
 _CONTAINED = (
     "read a secret file outside",
