@@ -142,7 +142,8 @@ class Case:
     name: str
     kind: str  # the threat-model family it belongs to
     build: Callable[[Path, Path, Traps], Path]
-    expect: str
+    # What the stderr line says; one of several where torch versions differ (a field an older schema lacks).
+    expect: str | tuple[str, ...]
     args: tuple[str, ...] = ()
     command: str = "verify"
 
@@ -414,8 +415,10 @@ def _case_folded_entry(good: Path, out: Path, traps: Traps) -> Path:
     """A second sample-inputs entry, named as the first but for case, holding a planted pickle."""
     entries = read_entries(good)
     name = _sample_inputs(entries)
-    folder, _, base = name.rpartition("/")
-    return write_entries(out, [(f"{folder}/{base.upper()}", _torch_saved(_Plant(traps.marker))), *entries.items()])
+    folder, slash, base = name.rpartition("/")
+    return write_entries(
+        out, [(f"{folder}{slash}{base.upper()}", _torch_saved(_Plant(traps.marker))), *entries.items()]
+    )
 
 
 def _second_program(good: Path, out: Path, traps: Traps) -> Path:
@@ -424,7 +427,7 @@ def _second_program(good: Path, out: Path, traps: Traps) -> Path:
     name = _model_json(entries)
     document = json.loads(entries[name])
     document["range_constraints"][f"__import__('os').system('touch {traps.marker}')"] = {"min_val": 2, "max_val": 8}
-    folder = name.rpartition("/")[0]
+    folder = name.rpartition("/")[0] or "models"  # torch 2.5 ... 2.7 keep their program at the top level
     entries[f"{folder}/evil.JSON"] = json.dumps(document).encode()
     return write_entries(out, entries)
 
@@ -443,6 +446,27 @@ def _older_layout(good: Path, out: Path, traps: Traps) -> Path:
             ("version", b"8.20"),
         ],
     )
+
+
+def _opaque_object(good: Path, out: Path, traps: Traps) -> Path:
+    """A constant torch would ``pickle.loads`` (an opaque object, torch 2.9+) or, in older layouts, the constants
+    blob it would unpickle with ``weights_only=False``."""
+    entries = read_entries(good)
+    config = next((n for n in entries if n.endswith("_constants_config.json")), None)
+    if config is None:
+        name = next(n for n in entries if n.endswith(("data/constants/model.pt", "serialized_constants.pt")))
+        entries[name] = _torch_saved(_Plant(traps.marker))
+        return write_entries(out, entries)
+    document = json.loads(entries[config])
+    document["config"]["planted"] = {
+        "path_name": "opaque_obj_0",
+        "is_param": False,
+        "use_pickle": True,
+        "tensor_meta": None,
+    }
+    entries[config] = json.dumps(document).encode()
+    entries[f"{config.rpartition('/')[0]}/opaque_obj_0"] = pickle.dumps(_Plant(traps.marker))
+    return write_entries(out, entries)
 
 
 def _carriage_return_in_buffer_name(good: Path, out: Path, traps: Traps) -> Path:
@@ -510,7 +534,12 @@ CASES: tuple[Case, ...] = (
     Case("graph node calls aten::from_file", "operators", _graph_reads_a_file, "node relu calls aten::from_file"),
     Case("graph target walks to os.system", "operators", _graph_walks_attributes, "not an operator name"),
     Case("size expression run by sympify", "python in the program", _size_expression_runs_python, "size expression"),
-    Case("guard code executed by torch", "python in the program", _guard_runs_python, "a guard"),
+    Case(
+        "guard code executed by torch",
+        "python in the program",
+        _guard_runs_python,
+        ("a guard", "has no field 'guards_code'"),
+    ),
     Case(
         "placeholder name in generated code",
         "python in the program",
@@ -537,8 +566,14 @@ CASES: tuple[Case, ...] = (
     Case("deep nesting", "exhaustion", _deep_nesting, "nested too deeply"),
     Case("DATA.PKL beside data.pkl in sample inputs", "case", _case_folded_pickle, "differ only in case"),
     Case("an entry named as the sample inputs but for case", "case", _case_folded_entry, "differ only in case"),
-    Case("a second program, models/evil.JSON", "programs", _second_program, "every entry under models/"),
+    Case(
+        "a second program, models/evil.JSON",
+        "programs",
+        _second_program,
+        ("every entry under models/", "not in one folder"),
+    ),
     Case("torch 2.7's layout with serialized_constants.json", "older layout", _older_layout, "not part of a torch"),
+    Case("an opaque object torch would pickle.loads", "pickles", _opaque_object, "refused"),
     Case("carriage return in a lifted buffer's name", "generated code", _carriage_return_in_buffer_name, "dotted path"),
     Case("carriage return in a pytree key", "generated code", _carriage_return_in_pytree_key, "pytree key"),
     Case("output spec mutating the caller's input", "what runs", _input_mutation, "writes to the caller's input"),

@@ -4,18 +4,20 @@
 graph) and one record per tensor storage (``data/<key>``). torch reads the
 pickle with an unpickler, restricted or not. Here it is evaluated by a small
 pickle machine of our own that knows only plain data (``None``, booleans,
-numbers, strings, bytes, tuples, lists, dicts, sets) and the four globals a
+numbers, strings, bytes, tuples, lists, dicts, sets) and the globals a
 ``torch.save`` of tensors uses, each replaced by a function of ours that checks
 its arguments:
 
-==================================  =================================================
-global in the pickle                what it builds here
-==================================  =================================================
-``torch._utils._rebuild_tensor_v2`` a view of a storage record, bounds checked
-``torch._utils._rebuild_parameter`` ``torch.nn.Parameter`` of such a tensor
-``collections.OrderedDict``         an empty ``OrderedDict`` (to be filled by items)
-``torch.<Dtype>Storage``            the storage's dtype, in a persistent id
-==================================  =================================================
+================================================  ==================================================
+global in the pickle                              what it builds here
+================================================  ==================================================
+``torch._utils._rebuild_tensor_v2``               a view of a storage record, bounds checked
+``torch._utils._rebuild_parameter``               ``torch.nn.Parameter`` of such a tensor
+``torch._utils._rebuild_meta_tensor_no_storage``  a tensor on the meta device (shape and dtype only)
+``collections.OrderedDict``                       an empty ``OrderedDict`` (to be filled by items)
+``torch.<Dtype>Storage``                          the storage's dtype, in a persistent id
+``torch.<dtype>``                                 a dtype, as data
+================================================  ==================================================
 
 Anything else (another global, ``BUILD``, ``NEWOBJ``, ``INST``, extension
 codes, a persistent id that is not a storage) is :class:`UnsafeArchiveError`,
@@ -59,6 +61,13 @@ _MARK = object()
 class _Global:
     module: str
     name: str
+
+
+@dataclass(frozen=True)
+class _Dtype:
+    """A dtype a pickle names as a global (``torch.float32``): data, not a callable."""
+
+    dtype: torch.dtype
 
 
 class _Storage:
@@ -113,6 +122,17 @@ def _rebuild_tensor(
     return tensor.requires_grad_(requires_grad) if requires_grad and tensor.is_floating_point() else tensor
 
 
+def _rebuild_meta_tensor(dtype: Any, size: Any, stride: Any, requires_grad: Any, *rest: Any) -> Any:
+    """A tensor on the meta device (shape and dtype, no data): what a package's carried program holds."""
+    if not isinstance(dtype, _Dtype) or not isinstance(requires_grad, bool) or rest:
+        raise UnsafeArchiveError("a meta tensor with a malformed dtype or requires_grad")
+    dims, steps = _ints(size, "size"), _ints(stride, "stride")
+    if len(dims) != len(steps):
+        raise UnsafeArchiveError("a meta tensor whose size and stride differ in length")
+    tensor = torch.empty_strided(dims, steps, dtype=dtype.dtype, device="meta")
+    return tensor.requires_grad_(requires_grad) if requires_grad and tensor.is_floating_point() else tensor
+
+
 def _rebuild_parameter(data: Any, requires_grad: Any, hooks: Any) -> Any:
     if not isinstance(data, torch.Tensor) or not isinstance(requires_grad, bool) or hooks not in (None, {}):
         raise UnsafeArchiveError("a parameter built from something other than a plain tensor")
@@ -130,6 +150,7 @@ def _ints(value: Any, what: str) -> list[int]:
 _CALLABLES: dict[tuple[str, str], Callable[..., Any]] = {
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"): _rebuild_meta_tensor,
     ("collections", "OrderedDict"): lambda *args: collections.OrderedDict() if not args else _refuse_arguments(),
 }
 
@@ -277,9 +298,17 @@ def _key(value: Any) -> Any:
     raise UnsafeArchiveError("a dict key or set item that is not plain data")
 
 
-def _global(module: str, attribute: str) -> _Global:
+@functools.cache
+def _dtypes() -> dict[str, torch.dtype]:
+    """``float32`` -> ``torch.float32``: every dtype torch names at its top level."""
+    return {name: value for name in dir(torch) if isinstance(value := getattr(torch, name, None), torch.dtype)}
+
+
+def _global(module: str, attribute: str) -> _Global | _Dtype:
     if (module, attribute) in _CALLABLES or (module == "torch" and attribute in _storage_dtypes()):
         return _Global(module, attribute)
+    if module == "torch" and attribute in _dtypes():
+        return _Dtype(_dtypes()[attribute])
     raise UnsafeArchiveError(f"it calls {printable(module)}.{printable(attribute)}")
 
 

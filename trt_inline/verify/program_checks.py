@@ -33,6 +33,7 @@ import ast
 import dataclasses
 import enum
 import json
+import math
 import re
 import types
 import typing
@@ -266,7 +267,8 @@ class _Walker:
                 raise _Refused(where, f"expected true or false, found {type(value).__name__}")
             return value
         if annotation is int:
-            if not isinstance(value, int) or isinstance(value, bool):
+            # torch 2.5 writes an unbounded range as an infinite float where its schema says int.
+            if (not isinstance(value, int) or isinstance(value, bool)) and value not in (math.inf, -math.inf):
                 raise _Refused(where, f"expected an integer, found {type(value).__name__}")
             return value
         if annotation is float:
