@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trt_inline import progress
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.logs import debug_to_stderr
 
@@ -333,6 +334,11 @@ def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) 
         "(default: twice the file's size plus 2 GiB)",
     )
     parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="report each phase of long work on stderr (the default when stderr is a terminal; never with --json)",
+    )
+    parser.add_argument(
         "--no-sandbox",
         action="store_true",
         help="open the file in a child process without the OS sandbox (no namespaces, Landlock or seccomp), "
@@ -452,11 +458,18 @@ def _quiet(debug: bool) -> Iterator[None]:
             logging.disable(previous)
 
 
+def _shows_progress(args: argparse.Namespace) -> bool:
+    """Progress lines on stderr: asked for, or stderr a terminal; never with --json."""
+    if getattr(args, "json", False) or not hasattr(args, "progress"):
+        return False
+    return bool(args.progress) or sys.stderr.isatty()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        with _quiet(args.debug):
+        with _quiet(args.debug), progress.printing(_shows_progress(args)):
             code: int = args.run(args)
         return code
     except Exception as exc:

@@ -34,6 +34,7 @@ __all__ = [
     "aoti_compile_and_package",
     "aoti_packages",
     "aoti_load_package",
+    "aoti_loader_folders",
     "assert_scalar_op",
     "backed_size_oblivious",
     "buffer_persistent",
@@ -539,6 +540,13 @@ def prepare_package_loading() -> None:
         from torch._inductor import cpu_vec_isa
 
         cpu_vec_isa.pick_vec_isa()
+
+
+def aoti_loader_folders() -> tuple[str, ...]:
+    """Folders AOTInductor's package loader writes to whatever ``TMPDIR`` says: torch 2.8's C++ loader
+    extracts into a hard-coded ``/tmp/XXXXXX``; 2.9 and later honour ``TMPDIR``."""
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return ("/tmp",) if version < (2, 9) and aoti_packages() is None else ()
 
 
 def aoti_load_package(path: str) -> Callable[..., Any]:

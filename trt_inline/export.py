@@ -21,7 +21,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import compat, formats, package
+from trt_inline import compat, formats, package, progress
 from trt_inline.embedding import DEFAULT_REFERENCE_LIMIT_BYTES, embeds_boundaries, reference_extra_files
 from trt_inline.errors import SaveError
 from trt_inline.flat_program import drop_provenance, exported_program_from_graph
@@ -111,16 +111,19 @@ def save(
             "embed_reference='boundaries' is for ExportedProgram files: a package's engines run inside its compiled "
             "code, where no engine boundary can be observed; save an exported_program file to compare engines"
         )
+    progress.report(f"flattening into one program for {target}")
     program = to_exported_program(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
     )
     extra_files: dict[str, str] = {}
     if embed_reference and (arg_inputs is not None or kwarg_inputs):
+        progress.report("running the module on the sample inputs for the reference I/O")
         runnable = module.module() if isinstance(module, ExportedProgram) else module
         extra_files = reference_extra_files(
             runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes, boundaries=boundaries
         )
     if output_format == formats.AOT_INDUCTOR:
+        progress.report("compiling the program into an AOTInductor package")
         seconds = package.compile_package(program, target, extra_files)
         log.info("compiled %s with AOTInductor in %.1f s", target, seconds)
     else:
@@ -134,5 +137,6 @@ def write_program(program: ExportedProgram, target: Path, extra_files: dict[str,
     Tensors are written from their own memory (:func:`trt_inline.compat.streaming_tensor_writes`).
     """
     # Through a file object: the archive's root folder is then a fixed name, not the temporary one.
+    progress.report(f"writing {target}")
     with formats.atomic_write(target) as tmp, open(tmp, "wb") as handle, compat.streaming_tensor_writes():
         torch.export.save(program, handle, extra_files=extra_files or None)

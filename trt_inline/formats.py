@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +29,7 @@ __all__ = [
     "REFERENCE_IO_ENV",
     "REFERENCE_IO_FILE",
     "atomic_write",
+    "format_size",
     "env_flag",
     "plugin_embeds_reference_io",
     "plugin_reference_mode",
@@ -64,15 +65,38 @@ def plugin_reference_mode() -> bool | str:
     return env_flag(REFERENCE_IO_ENV, default=True)
 
 
+def _created_beside(target: Path) -> str:
+    """A new, empty file with a random name beside ``target``, created with mode 0666 and so the umask applied.
+
+    (``tempfile.mkstemp`` creates 0600: a file saved for a serving container's other user would be unreadable.)
+    """
+    for _ in range(100):
+        path = os.path.join(target.parent, f".{target.name}.{secrets.token_hex(6)}{target.suffix or '.tmp'}")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
+def format_size(size: int) -> str:
+    """``1.5 GiB``, ``312 MiB``, ``12 KiB``, ``7 B``: the one way trt-inline writes a number of bytes."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.3g} {unit}"
+    return f"{size} B"
+
+
 @contextlib.contextmanager
 def atomic_write(target: Path) -> Iterator[Path]:
     """A temporary path beside ``target`` to write; renamed onto ``target`` when the block succeeds.
 
     An interrupted or failed write never leaves a truncated file where a good
-    one was, and leaves no temporary file behind.
+    one was, and leaves no temporary file behind. The file gets the permissions
+    ``open()`` (and ``torch.export.save``) would give it: 0666 less the umask.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".tmp", dir=target.parent)
-    os.close(fd)
+    tmp = _created_beside(target)
     try:
         yield Path(tmp)
         os.replace(tmp, target)

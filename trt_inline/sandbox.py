@@ -62,11 +62,14 @@ class Policy:
     ``loopback``: a network namespace whose only interface is loopback, and TCP on
     it (a rank set's collectives); needs namespaces. ``devices``: the GPU's device
     files. ``namespaces``: use them where the system allows (tests turn this off
-    to check the walls without them).
+    to check the walls without them). ``writable``: folders it may also write
+    (a loader of native code the user allowed that writes where ``TMPDIR`` does
+    not say).
     """
 
     private: Path
     readable: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
     loopback: bool = False
     devices: bool = False
     namespaces: bool = True
@@ -242,6 +245,7 @@ def _python_paths() -> set[str]:
 def _rules(policy: Policy) -> dict[str, int]:
     rules = dict.fromkeys(_python_paths(), _READ)
     rules.update(dict.fromkeys(policy.readable, _READ))
+    rules.update(dict.fromkeys(policy.writable, _READ_WRITE))
     rules.update({"/dev/null": _FS_READ_FILE | _FS_WRITE_FILE, "/etc/ld.so.cache": _FS_READ_FILE})
     rules.update(dict.fromkeys(("/dev/urandom", "/dev/random", "/dev/zero", "/proc/cpuinfo"), _FS_READ_FILE))
     rules.update({"/proc/self": _READ, "/sys/devices/system/cpu": _READ, str(policy.private): _READ_WRITE})

@@ -30,7 +30,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, formats
+from trt_inline import allowed_ops, formats, progress
 from trt_inline.errors import VerifyInputError, printable
 from trt_inline.package import output_kinds_of
 from trt_inline.verify.canonical import Canonical, canonical_archive
@@ -80,6 +80,7 @@ class LoadedFile:
         if self.program is None:
             raise VerifyInputError(f"{self.path}: holds no program to run")
         if self._module is None:
+            progress.report("checking what runs: the module the program builds, against the allowed operators")
             module = self.program.module()
             check_runnable(module, self.path)
             self._module = module

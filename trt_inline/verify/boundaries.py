@@ -28,7 +28,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from trt_inline import engines
+from trt_inline import engines, progress
 from trt_inline.engines import is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.graph_table import Region, Vocabulary
@@ -165,10 +165,12 @@ class _Tracer(torch.fx.Interpreter):
         self.recorded = recorded
         self.words = Vocabulary(module.graph)
         self.calls: list[EngineCall] = []
+        self.engine_count = sum(1 for n in module.graph.nodes if is_engine_call(n))
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if not is_engine_call(n):
             return super().run_node(n)
+        progress.report("running the program engine by engine", (len(self.calls) + 1, self.engine_count))
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         result = super().run_node(n)
         index = len(self.calls)

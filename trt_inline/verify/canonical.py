@@ -36,8 +36,9 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from trt_inline import compat
+from trt_inline import compat, progress
 from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.formats import format_size
 from trt_inline.verify import program_checks
 from trt_inline.verify.reader import Contents, TensorRecord, passthrough_loader
 
@@ -72,6 +73,13 @@ class Canonical:
         Raises :class:`VerifyInputError` naming the file when torch cannot build it.
         """
         bases: dict[tuple[int, int], torch.Tensor] = {}
+        records = [v for v in (*self.weights.values(), *self.constants.values()) if isinstance(v, TensorRecord)]
+        size = format_size(sum(record.nbytes for record in records))
+        progress.report(
+            f"building its program: {len(records)} tensors, {size} mapped"
+            if weights
+            else f"building its program without weights ({len(records)} tensors, {size} not read)"
+        )
         try:
             state_dict: Any = self.blobs.get("weights") or {
                 name: _materialize(value, bases, weights) for name, value in self.weights.items()

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trt_inline import progress
 from trt_inline.errors import (
     IsolationError,
     RefusedOperatorError,
@@ -65,15 +66,16 @@ from trt_inline.errors import (
     UnsafeArchiveError,
     VerifyInputError,
     bounded_strings,
+    decoded_text,
     first_line,
 )
+from trt_inline.formats import format_size
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ChildResult",
     "Limits",
     "default_memory_limit",
-    "format_size",
     "parse_size",
     "reusing_interpreter",
     "run_isolated",
@@ -87,6 +89,8 @@ _POLL_SECONDS = 0.02
 # plus the outputs themselves where the caller asked to save them.
 _MAX_RESULT_BYTES = 256 << 20
 _RESULT_FD = 3
+_PROGRESS_FD = 4
+_MAX_PROGRESS_LINE = 8192
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KIB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MIB": 1 << 20}
 _UNITS |= {"G": 1 << 30, "GB": 1000**3, "GIB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TIB": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
@@ -105,13 +109,6 @@ def parse_size(text: str | int) -> int:
     if size <= 0:
         raise VerifyInputError(f"memory limit {text!r}: must be more than 0 bytes")
     return size
-
-
-def format_size(size: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= factor:
-            return f"{size / factor:.3g} {unit}"
-    return f"{size} B"
 
 
 def default_memory_limit(path: str | os.PathLike[str] | None) -> int:
@@ -200,6 +197,7 @@ def run_isolated(
     import torch
 
     sandbox_required(sandbox)
+    progress.report(f"{where}: starting a {'sandboxed ' if sandbox else ''}child process to open it")
     module, function = JOBS[job]
     payload = io.BytesIO()
     torch.save(tensors, payload)
@@ -219,7 +217,7 @@ def run_isolated(
     try:
         # Its temporary files (torch's own, a package's extracted library) stay in its own folder.
         (work / "tmp").mkdir()
-        with _Pipes(message) as pipes:
+        with _Pipes(message, where) as pipes:
             zygote = _zygote_for_now()
             if zygote is not None:
                 outcome = zygote.run(work, pipes, limits)
@@ -238,13 +236,19 @@ class _Pipes:
     Each descriptor is closed once (a number closed twice may by then be another file's).
     """
 
-    def __init__(self, message: bytes) -> None:
+    def __init__(self, message: bytes, where: str) -> None:
         self.request_read, self.request_write = os.pipe()
         self.result_read, self.result_write = os.pipe()
+        self.progress_read, self.progress_write = os.pipe()
         self.message = message
+        self.where = where
         self.result = bytearray()
         self.overflow = False
-        self._open = {self.request_read, self.request_write, self.result_read, self.result_write}
+        self._progress = bytearray()
+        self._open = {
+            self.request_read, self.request_write, self.result_read, self.result_write, self.progress_read,
+            self.progress_write,
+        }  # fmt: skip
         self._lock = threading.Lock()
         self._writer = threading.Thread(target=self._write, daemon=True)
 
@@ -266,13 +270,14 @@ class _Pipes:
                 view = view[os.write(self.request_write, view[: 1 << 20]) :]
         self._close(self.request_write)
 
-    def child_ends(self) -> tuple[int, int]:
-        """The ends the child keeps; the parent closes its copies once the child has them."""
-        return self.request_read, self.result_write
+    def child_ends(self) -> tuple[int, int, int]:
+        """The ends the child keeps (request, result, progress); the parent closes its copies once it has them."""
+        return self.request_read, self.result_write, self.progress_write
 
     def handed_over(self) -> None:
         self._close(self.request_read)
         self._close(self.result_write)
+        self._close(self.progress_write)
 
     def _take(self, chunk: bytes) -> None:
         if len(self.result) + len(chunk) > _MAX_RESULT_BYTES:
@@ -281,10 +286,31 @@ class _Pipes:
             self.result += chunk
 
     def drain(self, timeout: float) -> None:
-        """Read what the child has written of its result, waiting at most ``timeout`` seconds."""
-        ready, _, _ = select.select([self.result_read], [], [], timeout)
-        if ready:
+        """Read what the child has written of its result and progress, waiting at most ``timeout`` seconds."""
+        watched = [self.result_read] + ([self.progress_read] if self.progress_read in self._open else [])
+        ready, _, _ = select.select(watched, [], [], timeout)
+        if self.result_read in ready:
             self._take(os.read(self.result_read, 1 << 20))
+        if self.progress_read in ready:
+            self._progress_lines(os.read(self.progress_read, 1 << 16))
+
+    def _progress_lines(self, chunk: bytes) -> None:
+        """Report again each line of progress the child sent: untrusted, so escaped and cut (never a crash)."""
+        if not chunk:
+            self._close(self.progress_read)
+            return
+        self._progress += chunk
+        while b"\n" in self._progress:
+            line, _, rest = bytes(self._progress).partition(b"\n")
+            self._progress = bytearray(rest)
+            try:
+                message, step = json.loads(line)
+                counted = (int(step[0]), int(step[1])) if step else None
+            except (ValueError, TypeError, IndexError):
+                continue
+            progress.report(f"{self.where}: {decoded_text(str(message), 400)}", counted)
+        if len(self._progress) > _MAX_PROGRESS_LINE:
+            self._progress.clear()
 
     def finish(self) -> None:
         """Read the rest once the child has ended (its write end is closed: EOF comes)."""
@@ -300,6 +326,7 @@ class _Pipes:
     def __exit__(self, *exc: object) -> None:
         self.handed_over()
         self._close(self.result_read)
+        self._close(self.progress_read)
         self._close(self.request_write)  # unblocks the writer if the child never read
         self._writer.join(timeout=5)
 
@@ -348,16 +375,20 @@ def _run_fresh(work: Path, pipes: _Pipes, limits: Limits) -> _Ended:
     command = _interpreter_command(
         "from trt_inline.verify.isolation import child_main; child_main(sys.argv[2])", str(work)
     )
-    request_read, result_write = pipes.child_ends()
+    request_read, result_write, progress_write = pipes.child_ends()
     with open(work / "stderr.txt", "wb") as stderr:
         process = subprocess.Popen(
             command,
             stdin=request_read,
             stdout=stderr,
             stderr=stderr,
-            pass_fds=(result_write,),
+            pass_fds=(result_write, progress_write),
             start_new_session=True,
-            env={**_child_environment(work), "TRT_INLINE_RESULT_FD": str(result_write)},
+            env={
+                **_child_environment(work),
+                "TRT_INLINE_RESULT_FD": str(result_write),
+                "TRT_INLINE_PROGRESS_FD": str(progress_write),
+            },
         )
     pipes.handed_over()
     try:
@@ -428,7 +459,7 @@ from trt_inline.verify.isolation import child_main
 compat.import_loaders()
 channel = socket.socket(fileno=int(sys.argv[2]))
 while True:
-    message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 2)
+    message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 3)
     if not message:
         break
     folder, environment = json.loads(message)
@@ -443,8 +474,10 @@ while True:
         os.dup2(output, 1)
         os.dup2(output, 2)
         os.dup2(descriptors[1], 3)
-        os.closerange(4, 1 << 16)
+        os.dup2(descriptors[2], 4)
+        os.closerange(5, 1 << 16)
         os.environ["TRT_INLINE_RESULT_FD"] = "3"
+        os.environ["TRT_INLINE_PROGRESS_FD"] = "4"
         tempfile.tempdir = None
         child_main(folder)
     for descriptor in descriptors:
@@ -673,11 +706,18 @@ def child_main(folder: str) -> None:
     """Entry point of the child: request, sandbox and limits, the job, its result on the result pipe. Never returns."""
     work = Path(folder)
     result_fd = int(os.environ.get("TRT_INLINE_RESULT_FD", _RESULT_FD))
+    progress_fd = int(os.environ.get("TRT_INLINE_PROGRESS_FD", _PROGRESS_FD))
     request: dict[str, Any] = {}
     tensors_out = b""
+
+    def send_progress(message: str, step: tuple[int, int] | None) -> None:
+        with contextlib.suppress(OSError):
+            os.write(progress_fd, json.dumps([message, step]).encode() + b"\n")
+
     try:
         request, tensors = _read_request()
-        value, tensors_out, applied = _child_job(work, request, tensors)
+        with progress.listening(send_progress):
+            value, tensors_out, applied = _child_job(work, request, tensors)
         peak = _own_status("VmHWM")
         result = {"value": value, "base_rss": request["base_rss"], "peak_rss": peak, "sandbox": applied}
     except MemoryError:
@@ -730,7 +770,11 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         readable = tuple(request.get("files", ()))
         if request.get("imports"):
             readable += tuple(entry for entry in sys.path if os.path.isabs(entry) and os.path.isdir(entry))
-        policy = sandbox.Policy(work, readable, devices=cuda, namespaces=bool(request.get("namespaces", True)))
+        # Native code the user allowed may bring a loader that writes outside its folder (torch 2.8's: /tmp).
+        writable = compat.aoti_loader_folders() if request["arguments"].get("allow_native_code") else ()
+        policy = sandbox.Policy(
+            work, readable, writable, devices=cuda, namespaces=bool(request.get("namespaces", True))
+        )
         applied = sandbox.enter(policy).describe()
     request["base_rss"] = _own_resident()
     memory = int(request["memory"])

@@ -45,8 +45,9 @@ from typing import Any
 
 import torch
 
-from trt_inline import compat, formats
+from trt_inline import compat, formats, progress
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, decoded_text, printable
+from trt_inline.formats import format_size
 from trt_inline.verify import pickles, program_checks
 from trt_inline.verify.views import BytesView, FileView, View
 from trt_inline.verify.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
@@ -94,6 +95,8 @@ class TensorRecord:
     requires_grad: bool
     device: str
     is_param: bool
+    # Why the record cannot hold what its config declares; raised when the data is used (inspect reads none).
+    problem: str | None = None
 
     def tensor(self, bases: dict[tuple[int, int], torch.Tensor], *, meta: bool = False) -> torch.Tensor:
         """The tensor (mapped from the file; ``bases`` shares one base per record, so aliases stay aliases).
@@ -103,6 +106,8 @@ class TensorRecord:
         if meta:
             value = torch.empty_strided(self.sizes, self.strides, dtype=self.dtype, device="meta")
             return torch.nn.Parameter(value, requires_grad=self.requires_grad) if self.is_param else value
+        if self.problem is not None:
+            raise UnsafeArchiveError(self.problem)
         if self.nbytes == 0:
             base = torch.empty(0, dtype=self.dtype)
         else:
@@ -168,6 +173,9 @@ def read_file(
     view = FileView(file)
     if view.read(0, 4) != b"PK\x03\x04" or not _ends_as_zip(view):
         raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
+    if view.unmapped_reason is not None:
+        progress.report(f"{file} cannot be mapped here ({view.unmapped_reason}): its records are read instead")
+    progress.report(f"reading the archive ({format_size(view.size)})")
     entries = check_layout(view, str(file))
     if any(folded(e.name).endswith(("/code/__torch__.py", "/constants.pkl")) for e in entries):
         raise VerifyInputError(
@@ -393,6 +401,7 @@ class _Reader:
             ) from None
 
     def _document(self, entry: ZipEntry) -> dict[str, Any]:
+        progress.report(f"checking its program against torch's schema ({format_size(entry.file_size)})")
         return program_checks.canonical_document(self._json(entry), self.file, entry.name, mutations=self.mutations)
 
     # -- weights and constants ---------------------------------------------------------
@@ -435,19 +444,12 @@ class _Reader:
         device = meta["device"]["type"] + (
             f":{meta['device']['index']}" if meta["device"].get("index") is not None else ""
         )
-        element = torch.empty((), dtype=dtype).element_size()
-        if len(sizes) != len(strides) or entry.file_size % element:
-            raise UnsafeArchiveError(f"{where}: refused: its size does not fit its dtype and shape")
-        numel = entry.file_size // element
-        if device != "meta" and all(sizes):
-            reach = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
-            if (numel == 0 and _count(sizes)) or (numel and reach >= numel):
-                raise UnsafeArchiveError(
-                    f"{where}: refused: a tensor of size {list(sizes)} reaching past its record of {numel} elements"
-                )
+        if len(sizes) != len(strides):
+            raise UnsafeArchiveError(f"{where}: refused: a shape and strides of different lengths")
+        problem = _record_problem(entry.file_size, dtype, sizes, strides, offset, device, where)
         return TensorRecord(
             self.view, entry.data_offset, entry.file_size, dtype, sizes, strides, offset,
-            bool(meta["requires_grad"]), device, is_param,
+            bool(meta["requires_grad"]), device, is_param, problem,
         )  # fmt: skip
 
     def _pickled_record(self, entry: ZipEntry, path_name: str, contents: Contents) -> Any:
@@ -557,6 +559,28 @@ def _ints(values: Any, where: str) -> tuple[int, ...]:
             raise UnsafeArchiveError(f"{where}: refused: a payload whose shape is not concrete non-negative integers")
         result.append(number)
     return tuple(result)
+
+
+def _record_problem(
+    nbytes: int,
+    dtype: torch.dtype,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    device: str,
+    where: str,
+) -> str | None:
+    """Why a record cannot hold the tensor its config declares (checked when its data is used), or None."""
+    element = torch.empty((), dtype=dtype).element_size()
+    if nbytes % element:
+        return f"{where}: refused: {nbytes} bytes are not a whole number of {dtype} elements"
+    numel = nbytes // element
+    if device == "meta" or not all(sizes):
+        return None
+    reach = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
+    if (numel == 0 and _count(sizes)) or (numel and reach >= numel):
+        return f"{where}: refused: a tensor of size {list(sizes)} reaching past its record of {numel} elements"
+    return None
 
 
 def _count(sizes: tuple[int, ...]) -> int:

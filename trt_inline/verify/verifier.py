@@ -10,14 +10,14 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops
+from trt_inline import allowed_ops, progress
 from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line
-from trt_inline.formats import atomic_write
+from trt_inline.formats import atomic_write, format_size
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import recording, trace_program
 from trt_inline.verify.compare import compare_output, run_on, tolerance_for
-from trt_inline.verify.isolation import Limits, format_size, run_isolated
+from trt_inline.verify.isolation import Limits, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.pickles import read_torch_save
 from trt_inline.verify.random_inputs import draw_inputs
@@ -399,7 +399,9 @@ def _verify_here(
     else:
         assert module is not None  # only a package can lack its program
         runnable = module
+    progress.report("running the program on the reference inputs")
     got = run_on(runnable, args, kwargs, device)
+    progress.report(f"comparing {len(got)} outputs")
     if save_outputs is not None:
         save_tensors(tensors_only(got, "outputs"), save_outputs)
     if kept is not None:
@@ -493,6 +495,7 @@ def _random_runs(
             "random inputs are drawn within the program's declared ranges: this package carries no ExportedProgram"
         )
     for iteration, draw in enumerate(draw_inputs(program, count, seed, sample)):
+        progress.report("running on random inputs", (iteration + 1, count))
         problem = None
         try:
             outputs = run_on(runnable, draw.inputs, {}, device)
