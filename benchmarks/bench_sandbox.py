@@ -74,9 +74,8 @@ def main() -> int:
                         extra.append((report.child_peak_extra_bytes or 0) / (1 << 20))
                         assert report.ok, report.to_text()
                 times[mode, walls] = statistics.median(seconds)
-                print(
-                    f"{mode:<10} {'on' if walls else 'off':<8} {times[mode, walls]:>8.3f} {statistics.median(extra):>23.1f}"
-                )
+                peak = statistics.median(extra)
+                print(f"{mode:<10} {'on' if walls else 'off':<8} {times[mode, walls]:>8.3f} {peak:>23.1f}")
         for mode in ("fresh", "forked"):
             print(f"sandbox cost, {mode}: {times[mode, True] - times[mode, False]:+.3f} s per file "
                   f"({times[mode, True] / times[mode, False]:.2f}x)")  # fmt: skip
