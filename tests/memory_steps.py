@@ -5,12 +5,14 @@
 engines, every weight in an engine), runs ``STEP`` and prints one JSON line:
 the step's peak resident memory above the resident memory just before it (the
 compiled module and its inputs for a save; ``import trt_inline`` for a load or a
-verify), the tensor bytes of the module, the file's size and the seconds taken.
+verify), and of that the peaks of anonymous memory (heap, copies) and of
+file-backed memory (mapped weights, sampled every few milliseconds), the tensor
+bytes of the module, the file's size and the seconds taken.
 
 Peak memory is the kernel's high-water mark (``VmHWM``), reset before the step
-through ``/proc/self/clear_refs``; for ``verify`` it is the child process that
-loads and runs the file, as :func:`trt_inline.verify` reports it, above that
-child's own resident memory once its imports are done.
+through ``/proc/self/clear_refs``; for ``verify`` and ``inspect`` it is the child
+process that loads the file, as it reports it, above that child's own resident
+memory once its imports are done.
 
 Steps (the file each writes or reads is ``FOLDER/<name>``):
 
@@ -20,9 +22,12 @@ Steps (the file each writes or reads is ``FOLDER/<name>``):
   ``torch_tensorrt`` is importable; else reported as not run.
 * ``package``: ``trt_inline.save(output_format="aot_inductor")`` (``model.package.pt2``).
 * ``package-floor``: AOTInductor's own compile of the plain model (``plain.package.pt2``).
-* ``load``: ``torch.export.load`` of ``model.pt2`` and one call of its module.
-* ``load-floor``: the same for ``plain.pt2`` (what torch's own loader costs).
+* ``load``: ``trt_inline.load`` of ``model.pt2`` (weights mapped) and one call of its module.
+* ``load-stock``: ``torch.export.load`` of ``model.pt2`` and one call of its module.
+* ``load-floor``: ``torch.export.load`` of ``plain.pt2`` (what torch's own loader costs).
 * ``verify``: ``trt_inline.verify`` of ``model.pt2`` against its embedded reference I/O.
+* ``verify-per-engine``: the same, engine by engine (``per_engine=True``; the saves embed boundary data).
+* ``inspect``: ``trt-inline inspect``'s child on ``model.pt2`` (the program without its weights).
 
 The benchmark (``benchmarks/bench_memory.py``) and the memory test both run it.
 """
@@ -40,7 +45,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-STEPS = ("floor", "save", "save-no-retrace", "package", "package-floor", "load", "load-floor", "verify")
+STEPS = (
+    "floor", "save", "save-no-retrace", "package", "package-floor", "load", "load-stock", "load-floor", "verify",
+    "verify-per-engine", "inspect",
+)  # fmt: skip
+READ_STEPS = ("load", "load-stock", "load-floor", "verify", "verify-per-engine", "inspect")
 
 
 def resident() -> int:
@@ -112,26 +121,36 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
     warnings.filterwarnings("ignore")
     result: dict[str, Any] = {"step": step, "layers": layers, "width": width}
     action: Callable[[], Any]
-    if step in ("load", "load-floor", "verify"):
+    if step in READ_STEPS:
         path = folder / ("plain.pt2" if step == "load-floor" else "model.pt2")
         result["file_bytes"] = path.stat().st_size
-        if step != "verify":
+        if step in ("load", "load-stock", "load-floor"):
+            opener = trt_inline.load if step == "load" else torch.export.load
 
             def action() -> Any:
-                program = torch.export.load(path)
+                program = opener(path)
                 with torch.no_grad():
                     return program, program.module()(*program.example_inputs[0])
+
+        elif step == "inspect":
+
+            def action() -> Any:
+                from trt_inline.verify.isolation import Limits, run_isolated
+
+                arguments = {"path": str(path), "allow_pickle": False, "allow_native_code": False, "allow_ops": []}
+                limits = Limits.for_file(path, None, None)
+                return run_isolated("inspect", arguments, None, limits, where=str(path), files=(str(path),))
 
         else:
 
             def action() -> Any:
-                report = trt_inline.verify(path, memory_limit=4 * path.stat().st_size + (2 << 30))
+                report = trt_inline.verify(path, per_engine=step == "verify-per-engine")
                 if not report.ok:
                     raise RuntimeError(f"verify failed: {report.to_text()}")
                 return report
 
         _measure(action, result)
-        if step in ("load", "load-floor"):
+        if step in ("load", "load-stock", "load-floor"):
             program, outputs = result.pop("value")
             expected = torch.load(folder / f"{path.stem}.expected.pt", weights_only=True)
             result["max_abs_diff"] = float((outputs - expected).abs().max())
@@ -160,7 +179,9 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
         else:
             target = folder / "model.pt2"
             retrace = step == "save"
-            action = lambda: trt_inline.save(compiled, target, arg_inputs=inputs, retrace=retrace)  # noqa: E731
+            action = lambda: trt_inline.save(  # noqa: E731
+                compiled, target, arg_inputs=inputs, retrace=retrace, embed_reference="boundaries"
+            )
     _measure(action, result)
     result.pop("value", None)
     result["file_bytes"] = target.stat().st_size
@@ -172,23 +193,28 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
 
 
 def _measure(action: Callable[[], Any], result: dict[str, Any]) -> dict[str, Any]:
+    from trt_inline.verify.isolation import MemorySampler
+
     gc.collect()
     before = resident()
     reset_peak()
     start = time.perf_counter()
-    value = action()
+    with MemorySampler() as sampler:
+        value = action()
     result["seconds"] = time.perf_counter() - start
     result["peak_extra_bytes"] = peak_resident() - before
+    result["peak_anonymous_bytes"], result["peak_file_bytes"] = sampler.peaks()
     result["value"] = value
-    if result["step"] == "verify":
-        # The file is loaded and run in a child; its own peak above its imports is what loading costs.
+    if result["step"] in ("verify", "verify-per-engine", "inspect"):
+        # The file is loaded and run in a child; its own peaks above its imports are what loading costs.
         result["parent_extra_bytes"] = result["peak_extra_bytes"]
-        child = getattr(value, "child_peak_extra_bytes", None)
-        if child is None:  # a trt_inline that does not report it: the child's peak above this process's imports
-            import resource
-
-            child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 - before
-        result["peak_extra_bytes"] = child
+        if result["step"] == "inspect":
+            result["peak_extra_bytes"] = max(0, value.peak_rss - value.base_rss)
+            result["peak_anonymous_bytes"], result["peak_file_bytes"] = value.peak_anonymous, value.peak_file
+        else:
+            result["peak_extra_bytes"] = value.child_peak_extra_bytes
+            result["peak_anonymous_bytes"] = value.child_peak_anonymous_bytes
+            result["peak_file_bytes"] = value.child_peak_file_bytes
     return result
 
 

@@ -26,7 +26,7 @@ from trt_inline.export import save, to_exported_program
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall
-from trt_inline.verify import VerifyReport, diff, verify
+from trt_inline.verify import VerifyReport, diff, load, verify
 
 __version__ = "0.1.0"
 
@@ -47,6 +47,7 @@ __all__ = [
     "inline_trt_modules",
     "install",
     "is_active",
+    "load",
     "reference",
     "save",
     "to_exported_program",

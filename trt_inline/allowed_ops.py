@@ -124,18 +124,23 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _extra_allowed: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "trt_inline_allowed_ops", default=frozenset()
 )
+# Every registered operator allowed: a file the caller trusts (``trt_inline.load``).
+_EVERY_OPERATOR = "*"
 
 
 @contextlib.contextmanager
-def allowing(names: Iterable[str], *, native_code: bool = False) -> Iterator[None]:
+def allowing(names: Iterable[str], *, native_code: bool = False, every_operator: bool = False) -> Iterator[None]:
     """Within the block, also allow ``names`` (``ns::op`` or ``ns::op.overload``), and TensorRT engines if asked.
 
-    What a user passes as ``allow_ops`` / ``--allow-op`` for a file they trust.
+    What a user passes as ``allow_ops`` / ``--allow-op`` for a file they trust;
+    ``every_operator``: any registered operator (a file loaded as trusted).
     A context variable, so that the engine op's kernel, called by torch, sees it.
     """
     extra = set(names)
-    if native_code:
+    if native_code or every_operator:
         extra |= {op.name for op in engines.ENGINE_OPS if op.native_code}
+    if every_operator:
+        extra.add(_EVERY_OPERATOR)
     token = _extra_allowed.set(_extra_allowed.get() | frozenset(extra))
     try:
         yield
@@ -145,7 +150,8 @@ def allowing(names: Iterable[str], *, native_code: bool = False) -> Iterator[Non
 
 def allows(name: str) -> bool:
     """Whether ``name`` (``ns::op``) is allowed beyond the allow-list at this point (:func:`allowing`)."""
-    return name in _extra_allowed.get()
+    extra = _extra_allowed.get()
+    return name in extra or _EVERY_OPERATOR in extra
 
 
 def allowed_now() -> frozenset[str]:
@@ -185,7 +191,7 @@ def _check_op(op: compat.OpOverload) -> None:
     name = compat.op_schema_name(op) or ""
     full = f"{name}.{compat.op_overload_name(op)}"
     extra = _extra_allowed.get()
-    if name in extra or full in extra:
+    if name in extra or full in extra or _EVERY_OPERATOR in extra:
         return
     if is_native_engine_op(name):
         raise RefusedOperatorError(_native_refusal(full))

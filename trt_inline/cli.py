@@ -330,8 +330,8 @@ def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) 
     parser.add_argument(
         "--memory-limit",
         metavar="SIZE",
-        help="memory the child process may use beyond an interpreter with torch, e.g. 2GiB "
-        "(default: twice the file's size plus 2 GiB)",
+        help="memory the child process may use beyond an interpreter with torch and the file it maps, e.g. 2GiB "
+        "(default: 2 GiB and half the file's size, at most 80%% of the memory available)",
     )
     parser.add_argument(
         "--progress",

@@ -34,6 +34,7 @@ from trt_inline.verify.archive import (
     EXPORTED_PROGRAM,
     LoadedFile,
     classify_file,
+    load,
     load_exported_program,
     open_file,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "describe_value",
     "diff",
     "encode_reference_io",
+    "load",
     "load_exported_program",
     "open_file",
     "structural_problems",

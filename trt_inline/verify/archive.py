@@ -43,6 +43,7 @@ __all__ = [
     "EXPORTED_PROGRAM",
     "LoadedFile",
     "classify_file",
+    "load",
     "load_exported_program",
     "open_file",
 ]
@@ -142,6 +143,25 @@ def _loaded(contents: Contents, weights: bool) -> LoadedFile:
         contents.path, contents.kind, program, reference, kinds, contents.entries, canonical, contents.layout,
         contents.passthrough, contents.unread,
     )  # fmt: skip
+
+
+def load(path: str | os.PathLike[str]) -> ExportedProgram:
+    """The ExportedProgram a ``.pt2`` file holds, its weights mapped from the file rather than read into memory.
+
+    ``torch.export.load`` reads every weight into the process's own memory; this
+    maps them (copy-on-write: the file never changes), so that loading a file of
+    W bytes costs address space and page cache, not W of anonymous memory. For a
+    file you trust: pickled payloads, TensorRT engines, buffer mutations and every
+    registered operator are accepted, and it loads in this process. It reads the
+    file with the same strict reader as ``verify`` (a file that reader refuses,
+    ``torch.export.load`` may still read). Raises :class:`VerifyInputError` naming
+    the file.
+    """
+    with allowed_ops.allowing((), every_operator=True):
+        contents = read_file(path, allow_pickle=True, allow_native_code=True, mutations=True)
+        if contents.document is None:
+            raise VerifyInputError(f"{contents.path}: an AOTInductor package that carries no ExportedProgram")
+        return canonical_archive(contents).load(weights=contents.kind == EXPORTED_PROGRAM)
 
 
 def load_exported_program(

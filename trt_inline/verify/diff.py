@@ -85,8 +85,9 @@ def diff(
             return VerifyReport.from_dict(report_dict)
         return VerifyReport.from_dict(result)
     if memory_limit is None:
+        # Working room and half of each file (both are mapped), within what the machine has.
         size_b = os.path.getsize(path_b) if os.path.isfile(path_b) else 0
-        memory_limit = default_memory_limit(path_a) + 2 * size_b
+        memory_limit = max(default_memory_limit(path_a), default_memory_limit(path_b)) + size_b // 2
     if save_outputs is not None:
         save_target(save_outputs)
     limits = Limits.for_file(path_a, timeout, memory_limit)

@@ -70,11 +70,14 @@ from trt_inline.errors import (
     first_line,
 )
 from trt_inline.formats import format_size
+from trt_inline.verify.views import unmappable
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ChildResult",
     "Limits",
+    "MemorySampler",
+    "available_memory",
     "default_memory_limit",
     "parse_size",
     "reusing_interpreter",
@@ -84,6 +87,7 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 3600.0
 _BASE_MEMORY = 2 << 30
+_MIN_MEMORY = 512 << 20
 _POLL_SECONDS = 0.02
 # What the parent reads back of the child's report: a report is a few lines per output and problem,
 # plus the outputs themselves where the caller asked to save them.
@@ -111,10 +115,30 @@ def parse_size(text: str | int) -> int:
     return size
 
 
+def available_memory() -> int:
+    """Memory the system can give a new process now without swapping (``MemAvailable``); 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def default_memory_limit(path: str | os.PathLike[str] | None) -> int:
-    """Twice the file's size plus 2 GiB: loading and running a program needs about its size again, and working room."""
+    """What a child may use beyond its imports, by default: 2 GiB of working room and half the file's size.
+
+    Weights are mapped from the file, not counted here (the address-space limit
+    adds the file itself); what is counted is what is not mapped: activations,
+    boundary data, copies of records that cannot be mapped. Never more than 80%
+    of the memory available now, so that the limit, not the kernel, stops a child.
+    """
     size = os.path.getsize(path) if path is not None and os.path.isfile(path) else 0
-    return 2 * size + _BASE_MEMORY
+    wanted = _BASE_MEMORY + size // 2
+    available = available_memory()
+    return max(min(wanted, available * 4 // 5), _MIN_MEMORY) if available else wanted
 
 
 @dataclass(frozen=True)
@@ -143,6 +167,10 @@ class ChildResult:
     base_rss: int  # bytes, the child's resident set once its imports were done, before the job
     sandbox: str | None  # what the sandbox set up, in words; None: it ran without one
     tensors: bytes  # what the job returned besides its JSON value (torch.save bytes; untrusted)
+    # The job's peak anonymous memory (its own: heap, copies) and file-backed memory (mapped weights),
+    # sampled while it ran, above what it held once its imports were done; 0 where not measured.
+    peak_anonymous: int = 0
+    peak_file: int = 0
 
 
 # The jobs a child can run, by name: (module, function). The function takes the request's
@@ -154,6 +182,19 @@ JOBS: dict[str, tuple[str, str]] = {
     "diff": ("trt_inline.verify.diff", "diff_job"),
     "sandbox": ("trt_inline.verify.isolation", "sandbox_job"),
 }
+
+
+def _fits(files: tuple[str, ...], limits: Limits, where: str) -> None:
+    """Refuse, before anything is read, a file that must be read into memory (it cannot be mapped) past the limit."""
+    for file in files:
+        size = os.path.getsize(file) if os.path.isfile(file) else 0
+        why_not = unmappable(file) if size > limits.memory else None
+        if why_not is not None:
+            raise IsolationError(
+                f"{where}: {file} cannot be mapped here ({why_not}), so opening it reads its {format_size(size)} into "
+                f"memory, past the memory limit of {format_size(limits.memory)} (--memory-limit raises it; "
+                f"{format_size(available_memory())} are available)"
+            )
 
 
 def sandbox_required(sandbox: bool) -> None:
@@ -197,6 +238,7 @@ def run_isolated(
     import torch
 
     sandbox_required(sandbox)
+    _fits(files, limits, where)
     progress.report(f"{where}: starting a {'sandboxed ' if sandbox else ''}child process to open it")
     module, function = JOBS[job]
     payload = io.BytesIO()
@@ -686,6 +728,7 @@ def _outcome(ended: _Ended, limits: Limits, where: str) -> ChildResult:
         base if isinstance(base, int) else 0,
         first_line(Exception(sandbox)) if isinstance(sandbox, str) else None,
         tensors,
+        *(max(0, n) if isinstance(n, int) else 0 for n in (result.get("peak_anonymous"), result.get("peak_file"))),
     )
 
 
@@ -719,7 +762,10 @@ def child_main(folder: str) -> None:
         with progress.listening(send_progress):
             value, tensors_out, applied = _child_job(work, request, tensors)
         peak = _own_status("VmHWM")
-        result = {"value": value, "base_rss": request["base_rss"], "peak_rss": peak, "sandbox": applied}
+        result = {
+            "value": value, "base_rss": request["base_rss"], "peak_rss": peak, "sandbox": applied,
+            "peak_anonymous": request.get("peak_anonymous", 0), "peak_file": request.get("peak_file", 0),
+        }  # fmt: skip
     except MemoryError:
         result = _memory_error(request)
     except RecursionError:
@@ -784,7 +830,9 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     else:
         limit = _own_address_space() + memory + int(request.get("mapped", 0))
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    value = job(request["arguments"], tensors)
+    with MemorySampler() as sampler:
+        value = job(request["arguments"], tensors)
+    request["peak_anonymous"], request["peak_file"] = sampler.peaks()
     returned = b""
     if isinstance(value, tuple):
         value, extra = value
@@ -793,6 +841,37 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         returned = buffer.getvalue()
     # Strings from the file leave the child escaped and cut (the parent does it again: it trusts nothing here).
     return bounded_strings(value), returned, applied
+
+
+class MemorySampler:
+    """A thread reading this process's anonymous and file-backed resident memory every few milliseconds: the
+    kernel keeps the peak of their sum only. Peaks are above what the process held when the sampler started."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._base = (_own_status("RssAnon"), _own_status("RssFile"))
+        self._peak = self._base
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self._sample()
+
+    def _sample(self) -> None:
+        now = (_own_status("RssAnon"), _own_status("RssFile"))
+        self._peak = (max(self._peak[0], now[0]), max(self._peak[1], now[1]))
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def peaks(self) -> tuple[int, int]:
+        return self._peak[0] - self._base[0], self._peak[1] - self._base[1]
 
 
 def sandbox_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:

@@ -138,6 +138,9 @@ class VerifyReport:
     # Where the file was loaded in a child process: that child's peak resident memory above
     # its resident memory once its imports were done (what loading and running the file cost).
     child_peak_extra_bytes: int | None = None
+    # Of that run, the peaks of anonymous memory (heap, copies) and of file-backed memory (mapped weights).
+    child_peak_anonymous_bytes: int | None = None
+    child_peak_file_bytes: int | None = None
     # Per-engine comparison (``--per-engine``, or an output mismatch with boundary data embedded).
     boundaries: list[BoundaryRow] = field(default_factory=list)
     divergence: Divergence | None = None
@@ -170,6 +173,8 @@ class VerifyReport:
             expected_source=str(data["expected_source"]),
             allow_pickle=bool(data["allow_pickle"]),
             child_peak_extra_bytes=data.get("child_peak_extra_bytes"),
+            child_peak_anonymous_bytes=data.get("child_peak_anonymous_bytes"),
+            child_peak_file_bytes=data.get("child_peak_file_bytes"),
             boundaries=[BoundaryRow.from_dict(row) for row in data.get("boundaries", [])],
             divergence=None if data.get("divergence") is None else Divergence(**data["divergence"]),
             random_runs=list(data.get("random_runs", [])),

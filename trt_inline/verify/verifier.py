@@ -238,10 +238,12 @@ def report_of_child(
     if save_outputs is not None:
         save_tensors(_outputs_of_child(result.tensors, where), save_outputs)
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
+    report.child_peak_anonymous_bytes, report.child_peak_file_bytes = result.peak_anonymous, result.peak_file
     walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
     report.notes.append(
         f"loaded and run in a child process ({walls}; limits {limits.describe()}; its peak resident memory "
-        f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports)"
+        f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports: "
+        f"{format_size(result.peak_anonymous)} anonymous, {format_size(result.peak_file)} mapped from files)"
     )
     return report
 

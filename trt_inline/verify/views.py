@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BytesView", "FileView", "View", "Window"]
+__all__ = ["BytesView", "FileView", "View", "Window", "unmappable"]
 
 
 class View:
@@ -40,6 +40,15 @@ class View:
 
 def _aligned(offset: int, dtype: torch.dtype) -> bool:
     return offset % max(1, torch.empty((), dtype=dtype).element_size()) == 0
+
+
+def unmappable(path: str | os.PathLike[str]) -> str | None:
+    """Why this system cannot map the file (then its records are read into memory), or None."""
+    try:
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY):
+            return None
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 class FileView(View):

@@ -1,0 +1,167 @@
+"""Reading files larger than memory: weights mapped, inspect without weights, progress, memory errors, file mode.
+
+(The 1 GiB budgets are in ``tests/test_memory.py``, run with ``--memory``.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pty
+import select
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, SavedSeed
+from hostile import read_entries, write_entries
+
+import trt_inline
+from trt_inline import cli
+from trt_inline.errors import IsolationError
+from trt_inline.verify import isolation
+
+
+def _truncated_records(good: Path, target: Path) -> tuple[Path, list[str]]:
+    """``good`` with every raw tensor record cut to half its bytes (the zip itself stays whole)."""
+    entries = read_entries(good)
+    records = [n for n in entries if "/data/constants/tensor_" in n or "/data/weights/weight_" in n]
+    records = [n for n in records if len(entries[n]) > 1]
+    for name in records:
+        entries[name] = entries[name][: len(entries[name]) // 2]
+    return write_entries(target, entries), records
+
+
+def test_inspect_reads_no_tensor_record(
+    saved_seed: SavedSeed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Records cut short: inspect shows the graph (it maps and reads none of them); verify refuses, naming one."""
+    path, records = _truncated_records(saved_seed.good, tmp_path / "truncated.pt2")
+    if not records:
+        pytest.skip(f"torch {torch.__version__} keeps tensors in one torch.save blob, not in raw records")
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "engine 0" in out and "execute_engine" in out, out
+    assert cli.main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "reaching past its record" in err and any(r in err for r in records), err
+
+
+def _mapped_from(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process mapped from ``path`` (``/proc/self/maps``)."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() == str(path.resolve()):
+                start, end = (int(bound, 16) for bound in fields[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+def test_a_loaded_file_runs_on_weights_mapped_from_it(saved_seed: SavedSeed) -> None:
+    """``trt_inline.load``: every tensor constant lies in a mapping of the file; it computes as torch's load does."""
+    program = trt_inline.load(saved_seed.good)
+    stock = torch.export.load(saved_seed.good)
+    with torch.no_grad():
+        ours, theirs = program.module()(saved_seed.x), stock.module()(saved_seed.x)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    constants = [t for t in program.constants.values() if isinstance(t, torch.Tensor) and t.numel()]
+    assert constants, "the engines' payloads are constants"
+    ranges = _mapped_from(saved_seed.good)
+    assert ranges, "the file is mapped"
+    outside = [t.shape for t in constants if not any(start <= t.data_ptr() < end for start, end in ranges)]
+    assert outside == [], f"constants read into memory rather than mapped: {outside}"
+
+
+def _run_with_stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """The CLI as a process whose stderr is a pseudo-terminal (stdout piped): (exit code, stdout, stderr)."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trt_inline", *args], stdout=subprocess.PIPE, stderr=terminal, cwd=REPO
+    )
+    os.close(terminal)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([controller], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal's other side closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = process.communicate(timeout=300)[0].decode()
+    os.close(controller)
+    return process.returncode, out, seen.decode(errors="replace")
+
+
+def test_progress_on_a_terminal_and_never_when_piped_or_json(saved_seed: SavedSeed) -> None:
+    code, out, err = _run_with_stderr_on_a_terminal("verify", str(saved_seed.good))
+    assert code == 0 and out.startswith("PASS"), out + err
+    lines = [line for line in err.splitlines() if line.startswith("trt-inline: [")]
+    assert any("reading the archive" in line for line in lines), err
+    assert any("running the program on the reference inputs" in line for line in lines), err
+
+    code, out, err = _run_with_stderr_on_a_terminal("verify", str(saved_seed.good), "--json")
+    assert code == 0 and out.lstrip().startswith("{"), out
+    assert "trt-inline: [" not in err, err
+
+    piped = subprocess.run(
+        [sys.executable, "-m", "trt_inline", "verify", str(saved_seed.good)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    asked = cli.main(["verify", str(saved_seed.good), "--progress"])
+    assert asked == 0
+
+
+def test_progress_reaches_python_through_the_logger(
+    saved_seed: SavedSeed, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with caplog.at_level(logging.INFO, logger="trt_inline.progress"):
+        assert trt_inline.verify(saved_seed.good).ok
+    messages = [r.getMessage() for r in caplog.records if r.name == "trt_inline.progress"]
+    assert any("reading the archive" in m for m in messages), messages
+    assert capsys.readouterr().err == "", "the library prints nothing"
+    assert cli.main(["verify", str(saved_seed.good), "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert "checking what runs" in err and err.count("\n") >= 4, err
+
+
+def test_a_file_that_cannot_fit_is_refused_before_it_is_read(
+    saved_seed: SavedSeed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file that must be read into memory (it cannot be mapped) past the limit: refused at once, with the figures."""
+    monkeypatch.setattr(isolation, "unmappable", lambda path: "a file system without mmap")
+    with pytest.raises(IsolationError, match=r"cannot be mapped here \(a file system without mmap\)") as refused:
+        trt_inline.verify(saved_seed.good, memory_limit=1000)
+    assert "past the memory limit of 1000 B (--memory-limit raises it" in str(refused.value)
+
+
+def test_the_default_memory_limit_follows_what_the_machine_has(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    big = tmp_path / "big.pt2"
+    with open(big, "wb") as handle:
+        handle.truncate(40 << 30)  # sparse: 40 GiB of size, nothing on disk
+    monkeypatch.setattr(isolation, "available_memory", lambda: 24 << 30)
+    assert isolation.default_memory_limit(big) == (24 << 30) * 4 // 5, "at most 80% of what is available"
+    monkeypatch.setattr(isolation, "available_memory", lambda: 256 << 30)
+    assert isolation.default_memory_limit(big) == (2 << 30) + (20 << 30), "2 GiB and half the file"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_saved_files_get_the_mode_torch_export_save_gives(saved_seed: SavedSeed, tmp_path: Path, umask: int) -> None:
+    previous = os.umask(umask)
+    try:
+        trt_inline.save(saved_seed.compiled, tmp_path / "ours.pt2", arg_inputs=(saved_seed.x,))
+        torch.export.save(torch.export.load(saved_seed.good), tmp_path / "torch.pt2")
+    finally:
+        os.umask(previous)
+    ours, theirs = ((tmp_path / name).stat().st_mode & 0o777 for name in ("ours.pt2", "torch.pt2"))
+    assert ours == theirs == 0o666 & ~umask, (oct(ours), oct(theirs))
+    assert zipfile.is_zipfile(tmp_path / "ours.pt2")
