@@ -74,7 +74,7 @@ class Canonical:
         """
         bases: dict[tuple[int, int], torch.Tensor] = {}
         records = [v for v in (*self.weights.values(), *self.constants.values()) if isinstance(v, TensorRecord)]
-        size = format_size(sum(record.nbytes for record in records))
+        size = format_size(sum({(id(r.view), r.offset): r.nbytes for r in records}.values()))  # aliases once
         progress.report(
             f"building its program: {len(records)} tensors, {size} mapped"
             if weights
