@@ -186,8 +186,9 @@ def larger_than_ram(folder: Path) -> int:
         seconds = time.perf_counter() - started
         tail = [line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "  note: loaded"))]
         progress = [line for line in done.stderr.splitlines() if line.startswith("trt-inline: [")]
+        reads = seconds / (size / rate)
         print(
-            f"\n$ trt-inline {' '.join(command[:1])} ({seconds:.0f} s, {seconds / (size / rate):.2f}x one read of the file; exit {done.returncode})"
+            f"\n$ trt-inline {command[0]} ({seconds:.0f} s, {reads:.2f}x one read of the file; exit {done.returncode})"
         )
         for line in progress + tail:
             print(f"  {line}")
