@@ -83,7 +83,7 @@ def _row(label: str, step: str, result: dict[str, float], base: float, unit: str
 def chains(layers_list: list[int], packages: bool) -> None:
     steps = [*SAVE_STEPS, *(PACKAGE_STEPS if packages else ()), *READ_STEPS]
     print(
-        f"{'model':>9} {'step':<18} {'peak MiB':>9} {'anon MiB':>9} {'file MiB':>9} {'anon multiple':>16}"
+        f"{'model':>9} {'step':<18} {'peak MiB':>9} {'anon MiB':>9} {'file MiB':>9} {'anon multiple':<16}"
         f"{'seconds':>7} {'per byte':>10}"
     )
     first_seconds: dict[str, float] = {}

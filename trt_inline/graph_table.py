@@ -42,7 +42,7 @@ def describe_file(loaded: LoadedFile) -> str:
     lines = [
         f"AOTInductor package: model {', '.join(models)}; {len(native)} AOTInductor files, shared library "
         + (", ".join(libraries) or "none"),
-        f"reference I/O: {'embedded' if loaded.reference is not None else 'none'}; "
+        f"reference I/O: {'embedded' if loaded.has_reference else 'none'}; "
         f"outputs: {', '.join(loaded.output_kinds) or 'not recorded'}",
     ]
     if loaded.program is None:

@@ -73,6 +73,8 @@ class LoadedFile:
     layout: str = ""
     passthrough: list[str] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)
+    # Whether the file embeds reference I/O (``reference`` is None when it was not decoded: ``inspect``).
+    has_reference: bool = False
     _module: torch.fx.GraphModule | None = None
 
     @property
@@ -108,7 +110,7 @@ def open_file(
     runnable module and its reference engines call must be allowed
     (:mod:`trt_inline.allowed_ops`, extended by ``allow_ops``; TensorRT engines
     only with ``allow_native_code``). ``weights=False`` loads the program with
-    its tensors on the meta device (``inspect``). Raises
+    its tensors on the meta device and leaves its reference I/O undecoded (``inspect``). Raises
     :class:`VerifyInputError` (one line, naming the file) for anything
     unusable, :class:`UnsafeArchiveError` for a refusal.
     """
@@ -132,16 +134,16 @@ def _loaded(contents: Contents, weights: bool) -> LoadedFile:
     canonical = canonical_archive(contents) if contents.document is not None else None
     program = canonical.load(weights=weights and contents.kind == EXPORTED_PROGRAM) if canonical else None
     reference = None
-    text = contents.extra.get(REFERENCE_IO_FILE)
+    text = contents.extra_text(REFERENCE_IO_FILE) if weights else None
     if text:
         try:
             reference = decode_reference_io(text)
         except VerifyInputError as exc:
             raise VerifyInputError(f"{contents.path}: {exc}") from exc
-    kinds = [printable(kind) for kind in output_kinds_of(contents.extra.get(formats.PACKAGE_INFO_FILE))]
+    kinds = [printable(kind) for kind in output_kinds_of(contents.extra_text(formats.PACKAGE_INFO_FILE))]
     return LoadedFile(
         contents.path, contents.kind, program, reference, kinds, contents.entries, canonical, contents.layout,
-        contents.passthrough, contents.unread,
+        contents.passthrough, contents.unread, REFERENCE_IO_FILE in contents.extra,
     )  # fmt: skip
 
 

@@ -54,7 +54,7 @@ class Canonical:
     weights: dict[str, Any]
     constants: dict[str, Any]
     sample_inputs: tuple[Any, ...] | None
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: list[str] = field(default_factory=list)
     # Whole torch.save blobs the user allowed to reach torch as they are (torch 2.5 ... 2.8 weight files).
     blobs: dict[str, bytes] = field(default_factory=dict)
 
@@ -121,6 +121,6 @@ def canonical_archive(contents: Contents) -> Canonical:
         dict(contents.weights),
         dict(contents.constants),
         contents.sample_inputs,
-        dict(contents.extra),
+        sorted(contents.extra),
         dict(contents.blobs),
     )

@@ -136,7 +136,8 @@ class Contents:
     carries no program). ``weights`` and ``constants``: by name, a
     :class:`TensorRecord`, a tensor read from a ``torch.save`` blob, or bytes
     the user allowed to reach torch as they are (``passthrough``). ``extra``:
-    the extra files trt-inline writes, as text. ``entries``: every entry's
+    the entries of the extra files trt-inline writes, read as text when first asked
+    for (:meth:`extra_text`: ``inspect`` never reads the reference I/O). ``entries``: every entry's
     (escaped) name and size, for ``inspect``.
     """
 
@@ -148,7 +149,7 @@ class Contents:
     weights: dict[str, Any] = field(default_factory=dict)
     constants: dict[str, Any] = field(default_factory=dict)
     sample_inputs: tuple[Any, ...] | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, ZipEntry] = field(default_factory=dict)
     entries: list[tuple[str, int]] = field(default_factory=list)
     # Names of what was left to torch as it is: pickles and engines the user allowed.
     passthrough: list[str] = field(default_factory=list)
@@ -156,6 +157,18 @@ class Contents:
     blobs: dict[str, bytes] = field(default_factory=dict)
     # Extra files of others: accounted for, never read, never handed to torch.
     unread: list[str] = field(default_factory=list)
+
+    def extra_text(self, name: str) -> str | None:
+        """One of trt-inline's extra files as text (UTF-8), or None where the file has none."""
+        entry = self.extra.get(name)
+        if entry is None:
+            return None
+        try:
+            return self.view.read(entry.data_offset, entry.file_size).decode("utf-8")
+        except UnicodeDecodeError:
+            raise UnsafeArchiveError(
+                f"{self.path}: archive entry {printable(entry.name)}: refused: not UTF-8"
+            ) from None
 
 
 def read_file(
@@ -526,10 +539,9 @@ class _Reader:
         entry = self.entry(name)
         assert entry is not None
         if short in (formats.REFERENCE_IO_FILE, formats.PACKAGE_INFO_FILE):
-            try:
-                contents.extra[short] = self.data(entry).decode("utf-8")
-            except UnicodeDecodeError:
-                raise UnsafeArchiveError(f"{self.where(name)}: refused: not UTF-8 text") from None
+            if entry.file_size > _MAX_DOCUMENT:
+                raise self.refuse(f"archive entry {printable(name)!r} holds {entry.file_size} bytes")
+            contents.extra[short] = entry
         elif folded(short) in (folded(formats.REFERENCE_IO_FILE), folded(formats.PACKAGE_INFO_FILE)):
             raise self.refuse(f"archive entry {printable(name)!r} is named as trt-inline's own but for case")
         else:
