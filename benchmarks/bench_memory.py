@@ -108,10 +108,13 @@ def chains(layers_list: list[int], packages: bool) -> None:
 
 # The larger-than-RAM run: one process builds and saves (weights mapped from a sparse file), then the CLI reads.
 _BUILD = """
-import sys, time, torch, trt_inline
+import mmap, sys, time, warnings, torch, trt_inline
 source, target, layers, width = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 per_layer = width * width + width
-weights = torch.from_file(source, shared=False, size=layers * per_layer, dtype=torch.float32)
+with open(source, "rb") as handle:  # shared and read-only: no commit charge, pages the kernel can drop
+    mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+warnings.simplefilter("ignore")
+weights = torch.frombuffer(mapping, dtype=torch.float32, count=layers * per_layer)
 class Chain(torch.nn.Module):
     def __init__(self):
         super().__init__()

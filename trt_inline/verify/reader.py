@@ -187,7 +187,9 @@ def read_file(
     if view.read(0, 4) != b"PK\x03\x04" or not _ends_as_zip(view):
         raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
     if view.unmapped_reason is not None:
-        progress.report(f"{file} cannot be mapped here ({view.unmapped_reason}): its records are read instead")
+        progress.report(f"it cannot be mapped here ({view.unmapped_reason}): its records are read instead")
+    elif view.read_only:
+        progress.report("it is larger than the memory the system commits to a private mapping: mapped read-only")
     progress.report(f"reading the archive ({format_size(view.size)})")
     entries = check_layout(view, str(file))
     if any(folded(e.name).endswith(("/code/__torch__.py", "/constants.pkl")) for e in entries):

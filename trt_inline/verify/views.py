@@ -3,16 +3,21 @@
 A :class:`FileView` maps the file once (copy-on-write: a program that writes to
 a weight changes its own page, never the file) and hands out bytes at offsets
 and tensors over ranges of the mapping, so that a 20 GB file costs address space
-and page cache rather than anonymous memory. Where a file cannot be mapped, it is
-read range by range instead, and the view says so. A :class:`BytesView` does the
+and page cache rather than anonymous memory. A file larger than the memory the
+system will commit to a copy-on-write mapping (Linux counts its whole size) is
+mapped read-only instead: its tensors must not be written to (the operators a file
+from a stranger may call never write to their arguments). Where a file cannot be
+mapped at all, it is read range by range, and the view says so. A :class:`BytesView` does the
 same over bytes already in memory (an archive nested in an extra file), and a
 window of either is a view of its own (an archive nested in an entry).
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -45,7 +50,7 @@ def _aligned(offset: int, dtype: torch.dtype) -> bool:
 def unmappable(path: str | os.PathLike[str]) -> str | None:
     """Why this system cannot map the file (then its records are read into memory), or None."""
     try:
-        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY):
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ):
             return None
     except (OSError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -61,9 +66,18 @@ class FileView(View):
             self._handle: Any = None
             self.mapped: mmap.mmap | None = None
             self.unmapped_reason: str | None = None
+            self.read_only = False
             try:
-                self.mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) if self.size else None
-            except (OSError, ValueError) as exc:
+                self.mapped = _map(handle.fileno(), mmap.ACCESS_COPY) if self.size else None
+            except OSError as exc:
+                if exc.errno != errno.ENOMEM:
+                    self.unmapped_reason = f"{type(exc).__name__}: {exc}"
+                else:  # more than the system commits to a private mapping: shared and read-only costs no commit
+                    try:
+                        self.mapped, self.read_only = _map(handle.fileno(), mmap.ACCESS_READ), True
+                    except OSError as again:
+                        self.unmapped_reason = f"{type(again).__name__}: {again}"
+            except ValueError as exc:
                 self.unmapped_reason = f"{type(exc).__name__}: {exc}"
         if self.mapped is None:
             self._handle = open(self.path, "rb")
@@ -79,8 +93,14 @@ class FileView(View):
     def tensor(self, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
         if self.mapped is not None and nbytes and _aligned(offset, dtype):
             element = torch.empty((), dtype=dtype).element_size()
-            return torch.frombuffer(self.mapped, dtype=dtype, count=nbytes // element, offset=offset)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a read-only mapping: torch warns that writing is undefined
+                return torch.frombuffer(self.mapped, dtype=dtype, count=nbytes // element, offset=offset)
         return _from_bytes(self.read(offset, nbytes), dtype)
+
+
+def _map(descriptor: int, access: int) -> mmap.mmap:
+    return mmap.mmap(descriptor, 0, access=access)
 
 
 class BytesView(View):
