@@ -21,6 +21,7 @@ opened like any other.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from trt_inline.verify.canonical import Canonical, canonical_archive
 from trt_inline.verify.program_checks import check_runnable
 from trt_inline.verify.reader import Contents, read_file
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
+from trt_inline.verify.views import FileView
 
 __all__ = [
     "AOTI_PACKAGE",
@@ -75,7 +77,12 @@ class LoadedFile:
     unread: list[str] = field(default_factory=list)
     # Whether the file embeds reference I/O (``reference`` is None when it was not decoded: ``inspect``).
     has_reference: bool = False
+    view: FileView | None = None
     _module: torch.fx.GraphModule | None = None
+
+    def reading_ahead(self) -> contextlib.AbstractContextManager[None]:
+        """Around a run of the program: its file read ahead (:meth:`FileView.reading_ahead`)."""
+        return self.view.reading_ahead() if self.view is not None else contextlib.nullcontext()
 
     @property
     def module(self) -> torch.fx.GraphModule:
@@ -144,6 +151,7 @@ def _loaded(contents: Contents, weights: bool) -> LoadedFile:
     return LoadedFile(
         contents.path, contents.kind, program, reference, kinds, contents.entries, canonical, contents.layout,
         contents.passthrough, contents.unread, REFERENCE_IO_FILE in contents.extra,
+        contents.view if isinstance(contents.view, FileView) else None,
     )  # fmt: skip
 
 

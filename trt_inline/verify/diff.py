@@ -154,8 +154,10 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             draws = draw_inputs(program_a, arguments["random_inputs"], arguments["seed"], args)
             sets += [(draw, draw.inputs, {}) for draw in draws]
         for iteration, (draw, run_args, run_kwargs) in enumerate(sets):
-            trace_b = trace_program(module_b, run_args, run_kwargs, device)
-            trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
+            with opened[1].reading_ahead():
+                trace_b = trace_program(module_b, run_args, run_kwargs, device)
+            with opened[0].reading_ahead():
+                trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
             reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
             rows, divergence = localize(trace_a, reference, atol, rtol)
             if draw is None:

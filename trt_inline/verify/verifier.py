@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -402,7 +403,8 @@ def _verify_here(
         assert module is not None  # only a package can lack its program
         runnable = module
     progress.report("running the program on the reference inputs")
-    got = run_on(runnable, args, kwargs, device)
+    with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
+        got = run_on(runnable, args, kwargs, device)
     progress.report(f"comparing {len(got)} outputs")
     if save_outputs is not None:
         save_tensors(tensors_only(got, "outputs"), save_outputs)
@@ -421,10 +423,11 @@ def _verify_here(
     if per_engine or (mismatch and recorded is not None):
         packaged = loaded is not None and loaded.kind == AOTI_PACKAGE
         try:
-            _compare_boundaries(
-                report, module, recorded, args, kwargs, want, device, atol, rtol,
-                automatic=not per_engine, packaged=packaged,
-            )  # fmt: skip
+            with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
+                _compare_boundaries(
+                    report, module, recorded, args, kwargs, want, device, atol, rtol,
+                    automatic=not per_engine, packaged=packaged,
+                )  # fmt: skip
         except VerifyInputError as exc:
             if per_engine:
                 raise

@@ -14,15 +14,21 @@ window of either is a view of its own (an archive nested in an entry).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
+import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 __all__ = ["BytesView", "FileView", "View", "Window", "unmappable"]
+
+# Files smaller than this are not read ahead: their pages come in as fast either way.
+_READ_AHEAD_FROM = 64 << 20
 
 
 class View:
@@ -81,6 +87,35 @@ class FileView(View):
                 self.unmapped_reason = f"{type(exc).__name__}: {exc}"
         if self.mapped is None:
             self._handle = open(self.path, "rb")
+
+    @contextlib.contextmanager
+    def reading_ahead(self) -> Iterator[None]:
+        """While the block runs, a thread reads the file from start to end, into the page cache.
+
+        A program reads its weights in the order they were saved, through the
+        mapping, page fault by page fault: about half the disk's rate, measured.
+        Read ahead in large sequential reads, the pages are there when it gets to
+        them; of a file larger than memory, the pages it has used are the oldest,
+        and the first the kernel drops.
+        """
+        if self.mapped is None or self.size < _READ_AHEAD_FROM:
+            yield
+            return
+        stop = threading.Event()
+
+        def read_ahead() -> None:
+            chunk = bytearray(16 << 20)
+            with contextlib.suppress(OSError), open(self.path, "rb", buffering=0) as handle:
+                while not stop.is_set() and handle.readinto(chunk):
+                    pass
+
+        thread = threading.Thread(target=read_ahead, name="trt-inline-read-ahead", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size:
