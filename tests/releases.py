@@ -73,6 +73,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
     ]
     if minor(torch_version) < (2, 9):
         allowed.append(r"writes no payload configs")  # measured on 2.8.0 too
+        allowed.append(r"keeps tensors in one torch\.save blob")  # no raw records to cut short
     if minor(torch_version) < (2, 8):
         allowed += [r"AOTInductor packages: ", r"traces without size-oblivious sizes"]
     elif minor(torch_version) < (2, 10):
