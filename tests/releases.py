@@ -86,7 +86,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
     if not record.aot_inductor:
         allowed.append(r"has no output_format='aot_inductor'")
     if not record.retrace_inlines:
-        allowed.append(r"retraces the compiled module directly")
+        allowed += [r"retraces the compiled module directly", r"export\(\) does not re-export the inlined graph"]
     if not record.wires_by_name:
         allowed.append(r"already wires fallback inputs by position")
     if record.lift_persistent:
@@ -96,6 +96,26 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
 
 class Unavailable(Exception):
     """The release's wheel could not be fetched (no package index reachable)."""
+
+
+# The files of a release's wheel the tests read (extracted once per release into the cache).
+RELEASE_MEMBERS = (
+    "dynamo/_exporter.py", "_compile.py", "dynamo/partitioning/common.py", "dynamo/__init__.py", "dynamo/_refit.py",
+)  # fmt: skip
+
+
+def exporter_imports(source: str) -> str:
+    """The statements of a module's source that import names from the exporter (``from ..._exporter import``).
+
+    Wherever they are (``torch_tensorrt.dynamo`` imports ``export`` inside an
+    ``if``), they come out as top-level statements, relative imports made absolute.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "_exporter":
+            names = ", ".join(a.name if a.asname is None else f"{a.name} as {a.asname}" for a in node.names)
+            found.append(f"from torch_tensorrt.dynamo._exporter import {names}")
+    return "\n".join(found) + "\n"
 
 
 def release_file(version: str, member: str) -> str:
@@ -121,7 +141,7 @@ def release_file(version: str, member: str) -> str:
                 reason = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
                 raise Unavailable(f"cannot download torch-tensorrt=={version}: {reason}")
         with zipfile.ZipFile(wheels[0]) as wheel:
-            for name in ("dynamo/_exporter.py", "_compile.py", "dynamo/partitioning/common.py"):
+            for name in RELEASE_MEMBERS:
                 target = CACHE / version / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(wheel.read(f"torch_tensorrt/{name}"))
@@ -251,7 +271,13 @@ def package_tree(
         "ENABLED_FEATURES = SimpleNamespace(torch_tensorrt_runtime=False, fx_frontend=False,\n"
         "    torchscript_frontend=False, dynamo_frontend=True, windows_cross_compile=False)\n"
     )
+    # The release's own `from ..._exporter import ...` bindings of the modules that have them (the public
+    # `torch_tensorrt.dynamo.export`, refit's `inline_torch_modules`); their other imports need TensorRT.
     (package / "dynamo" / "__init__.py").write_text("")
+    if with_save:
+        dynamo_init = exporter_imports(release_file(version, "dynamo/__init__.py"))
+        (package / "dynamo" / "__init__.py").write_text(dynamo_init)
+        (package / "dynamo" / "_refit.py").write_text(exporter_imports(release_file(version, "dynamo/_refit.py")))
     partitioning = ""
     if minor(version) <= (2, 5):
         partitioning = extract(release_file(version, "dynamo/partitioning/common.py"), ["run_shape_analysis"])

@@ -33,6 +33,7 @@ import trt_inline
 import trt_inline_autoload
 from trt_inline import passes, plugin
 from trt_inline.plugin import adapters
+from trt_inline.releases import EXPORTER_NAMES_BOUND_ELSEWHERE
 
 TESTS = Path(__file__).resolve().parent
 RELEASE = releases.release_for_torch()
@@ -87,6 +88,16 @@ def test_the_release_record_says_what_the_release_source_does() -> None:
     assert set(RELEASE.replaced) - {"copy"} <= stock, set(RELEASE.replaced) - stock
     # The module global `copy` is replaced where transform deep-copies the compiled module with it.
     assert ("import copy" in exporter and "gm = copy.deepcopy(gm)" in exporter) == ("copy" in RELEASE.replaced)
+    # `export` is replaced where it re-exports the inlined graph (and so where retrace=True inlines).
+    export = next(n for n in ast.parse(exporter).body if isinstance(n, ast.FunctionDef) and n.name == "export")
+    retraces = "torch.export.export" in (ast.get_source_segment(exporter, export) or "")
+    assert retraces == ("export" in RELEASE.replaced) == RELEASE.retrace_inlines
+    # The modules that bind exporter functions by name when imported: the plugin rebinds exactly these.
+    for module_name, names in EXPORTER_NAMES_BOUND_ELSEWHERE.items():
+        member = module_name.removeprefix("torch_tensorrt.").replace(".", "/")
+        member = f"{member}/__init__.py" if module_name == "torch_tensorrt.dynamo" else f"{member}.py"
+        imported = releases.exporter_imports(releases.release_file(RELEASE.version, member))
+        assert imported == "".join(f"from torch_tensorrt.dynamo._exporter import {n}\n" for n in names), imported
 
 
 def package_tree(root: Path, version: str, exporter_source: str) -> Path:

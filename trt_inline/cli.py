@@ -114,6 +114,11 @@ def doctor() -> list[Finding]:
         findings.append(Finding(label, "NOT ACTIVE although autoload is on", ok=False))
     for name, why in sorted(plugin.refused_replacements().items()):
         findings.append(Finding(f"left stock: {name}", f"the replacement failed its preflight ({why})", ok=False))
+    for module_name in plugin.BOUND_ELSEWHERE:  # import them, so that each door reports what it runs
+        with contextlib.suppress(Exception):
+            importlib.import_module(module_name)
+    for door, runs in plugin.doors().items():
+        findings.append(Finding(f"door: {door}", runs, ok=not (plugin.is_active() and runs == "stock")))
     return findings
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib
 import operator
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,7 @@ __all__ = [
     "engine_op",
     "engine_output_users",
     "engine_signature",
+    "engine_submodule_name",
     "is_accelerated_call",
     "is_engine_attribute",
     "is_engine_call",
@@ -77,8 +78,13 @@ __all__ = [
 # Submodule names Torch-TensorRT's partitioners give (and the reference backend copies).
 ACC_PREFIX = "_run_on_acc_"
 FALLBACK_PREFIX = "_run_on_gpu_"
-# The attribute an inlined engine object is stored under: "<submodule>_engine", as the stock exporter names it.
-_ENGINE_ATTRIBUTE = re.compile(rf"^{ACC_PREFIX}\d+_engine(_\d+)?$")
+# The attribute an inlined engine object is stored under: "<submodule>_engine", as the stock exporter names it,
+# for each partitioner's submodule names: `_run_on_acc_3` (global and fast partitioners), `_run_on_acc_tensorrt_3`
+# (hierarchical: the backend's name first), `_run_on_acc_3_resource_split_1` (an engine the resource partitioner
+# split), each with the `_1`, `_2` ... suffix that keeps an attribute name unique.
+_ENGINE_ATTRIBUTE = re.compile(
+    rf"{ACC_PREFIX}(?:[A-Za-z][A-Za-z0-9]*_)?[0-9]+(?:_resource_split_[0-9]+)?_engine(?:_[0-9]+)?"
+)
 
 
 @dataclass(frozen=True)
@@ -250,7 +256,7 @@ def engine_output_users(node: torch.fx.Node) -> tuple[dict[int, list[torch.fx.No
 
 
 def is_accelerated_call(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """A ``call_module`` of an engine, or of a submodule the partitioner named ``_run_on_acc_N``."""
+    """A ``call_module`` of an engine, or of a submodule a partitioner named ``_run_on_acc_...``."""
     if node.op != "call_module":
         return False
     return str(node.target).startswith(ACC_PREFIX) or backend_of(gm.get_submodule(str(node.target))) is not None
@@ -269,7 +275,31 @@ def output_specs(module: torch.nn.Module) -> list[tuple[torch.dtype, torch.devic
 
 def is_engine_attribute(target: str) -> bool:
     """Whether an attribute (a lifted constant's target) holds an inlined engine, by the exporters' naming."""
-    return bool(_ENGINE_ATTRIBUTE.match(target.rpartition(".")[2]))
+    # fullmatch: `$` would also match before a trailing newline, and `\d` any Unicode digit.
+    return bool(_ENGINE_ATTRIBUTE.fullmatch(target.rpartition(".")[2]))
+
+
+def engine_submodule_name(call_node: torch.fx.Node, lifted: Mapping[str, str] | None = None) -> str | None:
+    """The submodule an engine call's engine was inlined from, by the attribute it is stored under.
+
+    ``lifted`` maps a program's placeholders to the constants they lift (an
+    ``ExportedProgram`` reads its engines through placeholders). None where the
+    engine travels in the call's arguments or under a name no exporter gives.
+    """
+    op = engine_op(call_node)
+    if op is None or op.engine_arg is None or len(call_node.args) <= op.engine_arg:
+        return None
+    holder = call_node.args[op.engine_arg]
+    if not isinstance(holder, torch.fx.Node):
+        return None
+    if holder.op == "get_attr":
+        target = str(holder.target)
+    elif holder.op == "placeholder":
+        target = (lifted or {}).get(holder.name, str(holder.target))
+    else:
+        return None
+    name = target.rpartition(".")[2]
+    return name.rsplit("_engine", 1)[0] if is_engine_attribute(name) else None
 
 
 def unique_attr_name(gm: torch.nn.Module, base: str) -> str:

@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from trt_inline import formats
-from trt_inline.engines import engine_inputs, is_engine_call
+from trt_inline.engines import engine_inputs, engine_submodule_name, is_engine_call
 from trt_inline.errors import printable
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile
 from trt_inline.verify.report import describe_value
@@ -174,6 +174,11 @@ def describe_program(program: ExportedProgram) -> str:
     kinds = _input_kinds(program)
     words = Vocabulary(graph, kinds)
     engine_index, producer = words.engine_index, words.producer
+    lifted = {
+        spec.arg.name: spec.target
+        for spec in program.graph_signature.input_specs
+        if spec.target is not None and isinstance(getattr(spec.arg, "name", None), str)
+    }
 
     def consumers(node: torch.fx.Node) -> str:
         names = [u.name if u.op != "output" else "OUTPUT" for u in node.users]
@@ -187,7 +192,9 @@ def describe_program(program: ExportedProgram) -> str:
         if node.op == "placeholder" and kinds.get(node.name) == "user input":
             lines.append(row("input", node.name, _shape(node), f"-> {consumers(node)}"))
         elif is_engine_call(node):
-            lines.append(row(f"engine {engine_index[node]}", node.name, "", str(node.target)))
+            submodule = engine_submodule_name(node, lifted)
+            target = f"{node.target} ({submodule})" if submodule else str(node.target)
+            lines.append(row(f"engine {engine_index[node]}", node.name, "", target))
             for position, arg in enumerate(engine_inputs(node)):
                 lines.append(row(f"  in[{position}]", "", "", f"<- {producer(arg)}"))
             for user in node.users:

@@ -301,6 +301,10 @@ class _InputSizes:
         return symbolic.build(graph, expr, lambda _: size)  # type: ignore[no-any-return]
 
 
+# The submodule torch 2.9+'s ExportedProgram.module() checks the inputs with (a GuardsFn).
+_GUARDS = "_guards_fn"
+
+
 def _move_attribute(
     gm: torch.fx.GraphModule,
     fallback_module: torch.nn.Module,
@@ -321,6 +325,10 @@ def _move_attribute(
     if id(value) in moved:
         return moved[id(value)]
     name = unique_attr_name(gm, f"{fallback_name}_{target}")
+    if target == _GUARDS and isinstance(value, compat.guard_call_types()) and not hasattr(gm, _GUARDS):
+        # Where ExportedProgram.module() keeps it: refit matches a re-partitioned module's children
+        # against a loaded program's, which hold the input guard as `_guards_fn`.
+        name = _GUARDS
     persistent = compat.buffer_persistent(owner, leaf)
     if isinstance(value, torch.nn.Parameter):
         gm.register_parameter(name, value)
@@ -354,8 +362,9 @@ def inline_torch_modules(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     fallback's ``getitem(call, i)`` users are replaced by output ``i``; an output
     that is a placeholder passed through becomes the call's argument. Attributes
     the copied nodes read (parameters, buffers, constants, ``call_module``
-    targets such as ``_guards_fn``) move to ``gm`` under names that cannot
-    collide, and the copies are retargeted.
+    targets) move to ``gm`` under names that cannot collide, and the copies are
+    retargeted; the input guard (``_guards_fn``) keeps its name, as a loaded
+    program's module has it.
     """
     log_graph(log, "before inline_torch_modules", gm)
     moved: dict[int, str] = {}

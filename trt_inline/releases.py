@@ -31,6 +31,7 @@ from trt_inline_switches import EXPORTER as EXPORTER_MODULE
 __all__ = [
     "COMPILE_MODULE",
     "EXPORTER_MODULE",
+    "EXPORTER_NAMES_BOUND_ELSEWHERE",
     "FUTURE_TORCH",
     "RELEASES",
     "Release",
@@ -56,6 +57,8 @@ _WHY = {
     "lift": "writes buffer specs without `persistent`, which torch >= 2.3 refuses",
     "lift (wrapped)": "passes `_guards_fn` calls and settled assertions to the serializer",
     "create_trt_exp_program": "records ranges for input sizes only and no sample inputs",
+    "export": "re-exports the inlined graph (retrace) without size-oblivious tracing: a scalar an engine returns, "
+    "equated with an input size, narrows a Dim(min=1) to 2 and the file rejects batch 1",
     "copy": "transform deep-copies every weight and engine (a second copy of the model in memory; an engine "
     "module without __deepcopy__ is deserialized again)",
 }
@@ -101,6 +104,18 @@ def _replaced(*names: str) -> Mapping[str, str]:
 _CROSS_COMPILE_FLAG = ("gm", "cross_compile_flag")
 _CROSS_COMPILE = ("gm", "cross_compile_module")
 _BY_NAME = _replaced("inline_trt_modules", "lift", "create_trt_exp_program")
+# From 2.11 `export()` re-exports the inlined graph with torch.export.export (retrace=True, dynamo.export).
+_BY_NAME_RETRACING = _replaced("inline_trt_modules", "lift", "create_trt_exp_program", "export")
+
+# Modules of Torch-TensorRT that bind an exporter function by name when they are imported (`from
+# torch_tensorrt.dynamo._exporter import ...`): replacing the exporter's attribute does not reach them, so the
+# plugin rebinds these names too (and puts the stock ones back). Read in 2.5.0 ... 2.14.0 and upstream main.
+EXPORTER_NAMES_BOUND_ELSEWHERE: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "torch_tensorrt.dynamo": ("export",),  # the public `torch_tensorrt.dynamo.export`
+        "torch_tensorrt.dynamo._refit": ("inline_torch_modules",),  # refit of a loaded program
+    }
+)
 
 RELEASES: tuple[Release, ...] = (
     Release(
@@ -129,21 +144,21 @@ RELEASES: tuple[Release, ...] = (
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
     ),
     Release(
-        "2.11.0", "2.11.0", _CROSS_COMPILE, _BY_NAME,
+        "2.11.0", "2.11.0", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=False,
     ),
     Release(
-        "2.12.1", "2.12.1", _CROSS_COMPILE, _BY_NAME,
+        "2.12.1", "2.12.1", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
     ),
     Release(
-        "2.13.0", "2.13.0", _CROSS_COMPILE, _BY_NAME,
+        "2.13.0", "2.13.0", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
         engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
     ),
     Release(
         "2.14.0", "2.14.1", ("gm", "cross_compile_module", "expose_aliased_mutations"),
-        _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program"),
+        _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program", "export"),
         wires_by_name=False, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
         lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
     ),

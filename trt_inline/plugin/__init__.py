@@ -42,6 +42,7 @@ __all__ = [
     "EXPORTER",
     "REFERENCE_IO_ENV",
     "PatchError",
+    "doors",
     "enabled",
     "install",
     "is_active",
@@ -55,6 +56,7 @@ __all__ = [
 EXPORTER = releases.EXPORTER_MODULE
 COMPILE = releases.COMPILE_MODULE
 TARGETS = (EXPORTER, COMPILE)
+BOUND_ELSEWHERE = releases.EXPORTER_NAMES_BOUND_ELSEWHERE
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,34 @@ def _patch(exporter: ModuleType) -> None:
     _state.originals, _state.replacements, _state.refused = originals, replacements, refused
     if replacements:
         log.info("patched %s: %s", exporter.__name__, ", ".join(sorted(replacements)))
+    for module_name in BOUND_ELSEWHERE:
+        if module_name in sys.modules:
+            _rebind(sys.modules[module_name], to_replacements=True)
+
+
+def _rebind(module: ModuleType, *, to_replacements: bool) -> None:
+    """Point a module's own binding of an exporter function (``from ..._exporter import name``) at ours or stock.
+
+    Only a binding that holds the other one of the pair is changed: a name the
+    user rebound to something else is theirs.
+    """
+    changed = []
+    for name in BOUND_ELSEWHERE.get(module.__name__, ()):
+        stock, ours = _state.originals.get(name), _state.replacements.get(name)
+        if stock is None or ours is None:
+            continue
+        old, new = (stock, ours) if to_replacements else (ours, stock)
+        if module.__dict__.get(name) is old:
+            module.__dict__[name] = new
+            changed.append(name)
+    if changed:
+        log.info("%s %s.%s", "rebound" if to_replacements else "restored stock", module.__name__, ", ".join(changed))
 
 
 def _restore() -> None:
+    for module_name in BOUND_ELSEWHERE:
+        if module_name in sys.modules:
+            _rebind(sys.modules[module_name], to_replacements=False)
     exporter = sys.modules.get(EXPORTER)
     restored = []
     if exporter is not None:
@@ -154,8 +181,10 @@ def _on_import(module: ModuleType) -> None:
     try:
         if module.__name__ == COMPILE:
             _patch_save(module)
-        else:
+        elif module.__name__ == EXPORTER:
             _patch(module)
+        elif is_active():  # a module binding exporter functions by name, imported after the exporter
+            _rebind(module, to_replacements=True)
     except Exception as exc:  # a failed patch must never break importing torch_tensorrt
         warnings.warn(
             f"trt-inline: could not patch {module.__name__} ({type(exc).__name__}: {exc}); "
@@ -169,7 +198,7 @@ def _register_hook() -> None:
     if not _state.hook_registered:
         import wrapt
 
-        for name in TARGETS:
+        for name in (*TARGETS, *BOUND_ELSEWHERE):
             wrapt.register_post_import_hook(_on_import, name)
         _state.hook_registered = True
 
@@ -211,6 +240,51 @@ def replaced_functions() -> list[str]:
     """Names of the functions currently replaced (``save`` is torch_tensorrt.save)."""
     names = sorted(_state.replacements) if is_active() else []
     return names + (["save"] if _state.save is not None else [])
+
+
+def doors() -> dict[str, str]:
+    """``{door: what it runs now}`` for each Torch-TensorRT entry point that flattens a graph.
+
+    The doors: ``save`` (``torch_tensorrt.save``), ``dynamo.export``
+    (``torch_tensorrt.dynamo.export``), ``cross-compile``
+    (``save_cross_compiled_exported_program``), ``refit``
+    (``refit_module_weights`` of a loaded program).
+
+    ``torch_tensorrt.save`` (every output format that flattens: exported
+    program, AOTInductor, ExecuTorch from 2.13) and cross-compiling reach the
+    passes through the exporter's module globals; ``torch_tensorrt.dynamo.export``
+    and refit bind exporter functions by name, so their own bindings are read.
+    A door whose module is not imported yet says so (the import hook patches it then).
+    """
+    active = is_active()
+    through_exporter = "trt-inline's passes" if active else "stock"
+    if sys.modules.get(EXPORTER) is None:
+        through_exporter = "not imported yet"
+
+    def bound(module_name: str, name: str) -> str:
+        module = sys.modules.get(module_name)
+        if module is None:
+            return "not imported yet"
+        if name not in module.__dict__:
+            return "absent in this release"
+        ours = _state.replacements.get(name)
+        if ours is not None and module.__dict__[name] is ours and active:
+            return "trt-inline's passes"
+        return "stock"
+
+    save = through_exporter
+    if _state.save is not None and active:
+        save += ", reference I/O embedded"
+    export = through_exporter if "torch_tensorrt.dynamo" in sys.modules else "not imported yet"
+    if "export" in _state.replacements:
+        export = bound("torch_tensorrt.dynamo", "export")
+    # Short keys: doctor prints them as labels (`door: refit`); the README's table says what each door is.
+    return {
+        "save": save,
+        "dynamo.export": export,
+        "cross-compile": through_exporter,
+        "refit": bound("torch_tensorrt.dynamo._refit", "inline_torch_modules"),
+    }
 
 
 def refused_replacements() -> dict[str, str]:

@@ -15,6 +15,7 @@ share them). This module builds each replacement:
   serializer cannot take, from 2.14 (:func:`lift_serializable`).
 * ``create_trt_exp_program``: :func:`completing_program` (ranges of every symbol, sample inputs).
 * ``copy`` (the module ``transform`` deep-copies with): :func:`sharing_copy_module`.
+* ``export`` (2.11+, where it re-exports the inlined graph): :func:`size_oblivious_export`.
 """
 
 from __future__ import annotations
@@ -224,6 +225,28 @@ def completing_program(stock_create: Callable[..., Any]) -> Callable[..., Any]:
     return create_trt_exp_program
 
 
+def size_oblivious_export(stock_export: Callable[..., Any]) -> Callable[..., Any]:
+    """The exporter's ``export`` (``torch_tensorrt.dynamo.export``), re-exporting size-obliviously.
+
+    From 2.11 ``export`` inlines with ``transform`` and, unless
+    ``use_legacy_exporter`` is set, re-exports the flat graph with
+    ``torch.export.export``. There a scalar an engine returns, equated with an
+    input size, inherits that size's internal range ``[2, max]``: a
+    ``Dim(min=1)`` is narrowed to 2 and the program rejects batch 1. The
+    re-export is traced size-obliviously, as :func:`trt_inline.save` traces it
+    (the legacy exporter is not traced and is left as it is).
+    """
+
+    @functools.wraps(stock_export)
+    def export(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("use_legacy_exporter"):
+            return stock_export(*args, **kwargs)
+        with compat.backed_size_oblivious():
+            return stock_export(*args, **kwargs)
+
+    return export
+
+
 def name_user_inputs(program: Any) -> None:
     """Name the root call signature's inputs after their placeholders, where it has none and takes them positionally."""
     entry = next((e for e in program.module_call_graph if e.fqn == ""), None)
@@ -284,6 +307,7 @@ _REPLACEMENTS: dict[str, Callable[[ModuleType, releases.Release, Any], Any]] = {
     "lift": lambda exporter, release, stock: lift_serializable(stock) if release.lift_persistent else lift,
     "create_trt_exp_program": lambda exporter, release, stock: completing_program(stock),
     "copy": lambda exporter, release, stock: sharing_copy_module(),
+    "export": lambda exporter, release, stock: size_oblivious_export(stock),
 }
 
 

@@ -140,14 +140,7 @@ def as_boundaries(trace: ProgramTrace) -> list[EngineBoundary]:
 
 def _label(call_node: torch.fx.Node, index: int) -> str:
     """The engine's submodule name, read from the attribute its engine is stored under, where there is one."""
-    op = engines.engine_op(call_node)
-    if op is not None and op.engine_arg is not None and len(call_node.args) > op.engine_arg:
-        holder = call_node.args[op.engine_arg]
-        if isinstance(holder, torch.fx.Node) and holder.op in ("get_attr", "placeholder"):
-            name = str(holder.target).rpartition(".")[2]
-            if engines.is_engine_attribute(name):
-                return name.rsplit("_engine", 1)[0]
-    return f"engine {index}"
+    return engines.engine_submodule_name(call_node) or f"engine {index}"
 
 
 def _fits(recorded: torch.Tensor, actual: Any) -> bool:

@@ -1,0 +1,188 @@
+"""Torch-TensorRT's other public doors to the passes: ``torch_tensorrt.dynamo.export`` and refit.
+
+``torch_tensorrt.dynamo`` and ``dynamo/_refit.py`` bind exporter functions by
+name when they are imported (``from torch_tensorrt.dynamo._exporter import
+export`` / ``inline_torch_modules``): the test shell of the installed torch's
+release carries exactly those statements of the release's own files
+(``tests/releases.py``), around its real exporter. Each case runs as a user
+would, in a process of its own; files are loaded in another fresh process and
+compared bit for bit with the compiled module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import releases
+import torch
+from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
+from test_plugin import RELEASE, release_tree, run_python
+
+_BINDINGS = """
+    import json, os, torch
+    import torch_tensorrt, torch_tensorrt.dynamo, torch_tensorrt.dynamo._refit as refit
+    import torch_tensorrt.dynamo._exporter as ex
+    import trt_inline
+    from trt_inline import passes, plugin
+
+    def state():
+        return {"refit": refit.inline_torch_modules is passes.inline_torch_modules,
+                "export_is_the_exporters": torch_tensorrt.dynamo.export is ex.export,
+                "export_wrapped": hasattr(torch_tensorrt.dynamo.export, "__wrapped__")}  # functools.wraps
+
+    states = [state()]
+    if os.environ.get("TRT_INLINE_DISABLE"):
+        trt_inline.install()      # after every binding was made with the stock functions
+        states.append(state())
+    trt_inline.uninstall()
+    states.append(state())
+    trt_inline.install()
+    states.append(state())
+    print(json.dumps({"states": states, "doors": plugin.doors()}))
+"""
+
+
+@pytest.mark.parametrize("when", ["at import", "install() after import"])
+def test_dynamo_export_and_refit_bindings_follow_install_and_uninstall(tmp_path: Path, when: str) -> None:
+    tree = release_tree(tmp_path)
+    proc = run_python(_BINDINGS, tree, disable=when != "at import")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert RELEASE is not None
+    # `export` is replaced where it re-exports the inlined graph (2.11+); elsewhere it reaches the passes stock.
+    active = {"refit": True, "export_is_the_exporters": True, "export_wrapped": RELEASE.retrace_inlines}
+    stock = {"refit": False, "export_is_the_exporters": True, "export_wrapped": False}
+    expected = [active, stock, active] if when == "at import" else [stock, active, stock, active]
+    assert report["states"] == expected
+    assert report["doors"] == {
+        "save": "trt-inline's passes, reference I/O embedded",
+        "dynamo.export": "trt-inline's passes",
+        "cross-compile": "trt-inline's passes",
+        "refit": "trt-inline's passes",
+    }
+
+
+_EXPORT = """
+    import json, sys, torch
+    import torch_tensorrt, torch_tensorrt.dynamo, trt_inline   # the real package imports dynamo itself
+    from models import FlattenRows
+
+    folder, release_retraces = sys.argv[1], sys.argv[2] == "retraces"
+    if sys.argv[3] == "unwrapped":  # the plugin's passes, the release's own export(): the door as it was
+        import torch_tensorrt.dynamo._exporter as ex
+        torch_tensorrt.dynamo.export = ex.export = ex.export.__wrapped__
+    batch = torch.export.Dim("batch", min=1, max=8)
+    x = torch.randn(4, 3, 2)
+    compiled = trt_inline.reference.compile(
+        FlattenRows(), (x,), torch_executed_ops=["aten.view.default"], dynamic_shapes=({0: batch},)
+    )
+    if release_retraces:
+        program = torch_tensorrt.dynamo.export(compiled, arg_inputs=[x], dynamic_shapes=({0: batch},))
+    else:  # the legacy exporter: 2.5's export takes the inputs, 2.6 ... 2.10's only the module
+        import inspect
+        takes_inputs = "inputs" in inspect.signature(torch_tensorrt.dynamo.export).parameters
+        export = torch_tensorrt.dynamo.export
+        program = export(compiled, [x]) if takes_inputs else export(compiled)
+    path = f"{folder}/exported.pt2"
+    torch.export.save(program, path)
+    checks = [(torch.randn(n, 3, 2),) for n in (1, 5, 8)]
+    with torch.no_grad():
+        torch.save((checks, [compiled(*c) for c in checks]), f"{folder}/expected.pt")
+    errors = {}
+    for inputs in checks:   # in this process too: what a stock file does at each size
+        try:
+            torch.export.load(path).module()(*inputs)
+        except Exception as exc:
+            errors[inputs[0].shape[0]] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    asserts = [str(n.args[1]) for n in program.graph.nodes if "_assert_scalar" in str(n.target)]
+    print(json.dumps({"path": path, "errors": errors, "asserts": asserts}))
+"""
+
+
+def _export(tmp_path: Path, *, unwrapped: bool) -> dict[str, object]:
+    tree = release_tree(tmp_path)
+    if releases.minor(torch.__version__) < (2, 8):  # a scalar equated with a Dim(min=1) size: see the README
+        pytest.skip(f"torch {torch.__version__} traces without size-oblivious sizes")
+    assert RELEASE is not None
+    mode = "retraces" if RELEASE.retrace_inlines else "legacy"
+    proc = run_python(_EXPORT, tree, str(tmp_path), mode, "unwrapped" if unwrapped else "wrapped")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_dynamo_export_of_a_scalar_crossing_accepts_batch_one(tmp_path: Path) -> None:
+    """``torch_tensorrt.dynamo.export`` + ``torch.export.save``: batch 1, 5 and 8 in a fresh process, bit for bit."""
+    report = _export(tmp_path, unwrapped=False)
+    assert report["errors"] == {}
+    assert not [a for a in report["asserts"] if ">= 2" in a], report["asserts"]  # type: ignore[union-attr]
+    path = Path(str(report["path"]))
+    program = torch.export.load(path)
+    assert not [n for n in program.graph.nodes if n.op == "call_module"]
+    assert any(n.target is torch.ops.trt_inline.execute_engine.default for n in program.graph.nodes)
+    checks, outputs = torch.load(tmp_path / "expected.pt", weights_only=True)
+    runs = load_runs_in_fresh_process(tmp_path, [path], checks)[str(path)]
+    for inputs, want, loaded in zip(checks, outputs, runs, strict=True):
+        assert loaded["call_modules"] == []
+        assert max_abs_diff(loaded["outputs"], as_list(want)) == 0.0, inputs[0].shape
+
+
+def test_without_the_export_replacement_the_file_rejects_batch_one(tmp_path: Path) -> None:
+    """The plugin's passes with the release's own ``export()``: the re-export narrows the batch to ``[2, 8]``."""
+    if RELEASE is not None and not RELEASE.retrace_inlines:
+        pytest.skip(f"Torch-TensorRT {RELEASE.version}: export() does not re-export the inlined graph")
+    report = _export(tmp_path, unwrapped=True)
+    errors = report["errors"]
+    assert isinstance(errors, dict) and list(errors) == ["1"], errors
+    assert ">= 2" in errors["1"], errors
+
+
+_REFIT_MATCHING = """
+    import json, sys, torch
+    import torch_tensorrt, trt_inline
+    import torch_tensorrt.dynamo._refit as refit
+    from models import CrossedHalves
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    model = CrossedHalves().eval()
+    compiled = trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.relu.default"])
+    path = f"{sys.argv[1]}/refit.pt2"
+    torch_tensorrt.save(compiled, path, output_format="exported_program", arg_inputs=[x], retrace=False)
+
+    # refit_module_weights(loaded program, new weights): what it matches before refitting any engine.
+    compiled_module = torch.export.load(path).module()
+    held = [*compiled_module.__dict__, *compiled_module._buffers]   # TensorRT engines sit in __dict__
+    compiled_submodules_map = {name.replace("_engine", ""): None for name in held if "engine" in name}
+    compiled_submodules_map.update(dict.fromkeys(name for name, _ in compiled_module.named_children()))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    new_partitioned_module = trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.relu.default"])
+    refit.inline_torch_modules(new_partitioned_module)
+    new_partitioned_module.delete_all_unused_submodules()
+    print(json.dumps({
+        "ours": refit.inline_torch_modules.__module__,
+        "loaded": sorted(compiled_submodules_map),
+        "new": sorted(name for name, _ in new_partitioned_module.named_children()),
+    }))
+"""
+
+
+def test_refit_matches_a_trt_inline_file_with_a_new_partition(tmp_path: Path) -> None:
+    """Refit's structural check of a loaded trt-inline file: the engines it finds equal the new partition's.
+
+    The refit of each engine needs TensorRT (the GPU suite); this is the part of
+    ``refit_module_weights`` that runs before it, with the release's own binding
+    of ``inline_torch_modules``.
+    """
+    tree = release_tree(tmp_path)
+    proc = run_python(_REFIT_MATCHING, tree, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ours"] == "trt_inline.passes"
+    engines = [name for name in report["new"] if name.startswith("_run_on_acc_")]
+    assert len(engines) == 3, report
+    assert report["loaded"] == report["new"], report
