@@ -30,7 +30,7 @@ _WRAPPER = (
 )
 
 
-def _good_file(folder: Path) -> Path:
+def good_file(folder: Path) -> Path:
     import warnings
 
     import torch
@@ -57,7 +57,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         root = args.out or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
-        good = _good_file(root)
+        good = good_file(root)
         print(f"{'case':<48} {'rc':>3} {'peak MiB':>9} {'s':>6}  safe  stderr")
         for index, case in enumerate((*CASES, *INSPECTED)):
             folder = root / f"case_{index:02d}"

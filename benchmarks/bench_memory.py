@@ -55,20 +55,21 @@ NEEDS = {
 }
 
 
-def available_memory() -> int:
+def _meminfo(field: str) -> int:
+    """A ``/proc/meminfo`` figure in bytes (this process imports no torch, so not trt_inline's reader)."""
     with open("/proc/meminfo") as meminfo:
         for line in meminfo:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def available_memory() -> int:
+    return _meminfo("MemAvailable")
 
 
 def total_memory() -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _meminfo("MemTotal")
 
 
 def _row(label: str, step: str, result: dict[str, float], base: float, unit: str, growth: str) -> str:

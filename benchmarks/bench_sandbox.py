@@ -17,27 +17,12 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-
-
-def _good_file(folder: Path) -> Path:
-    import torch
-    from models import RELU, ConvBnRelu
-
-    import trt_inline
-
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 8, 8)
-    compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=[RELU])
-    good = folder / "good.pt2"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        trt_inline.save(compiled, good, arg_inputs=(x,))
-    return good
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_hostile import good_file  # noqa: E402 - the same good file bench_hostile crafts from
 
 
 def main() -> int:
@@ -56,7 +41,7 @@ def main() -> int:
         print(f"the sandbox cannot be set up here: {', '.join(missing)}")
         return 1
     with tempfile.TemporaryDirectory() as scratch:
-        good = _good_file(Path(scratch))
+        good = good_file(Path(scratch))
         print(f"verify of {good.name} ({good.stat().st_size / 1024:.0f} KiB), median of {args.runs}")
         print(f"{'children':<10} {'sandbox':<8} {'seconds':>8} {'peak above imports MiB':>23}")
         times: dict[tuple[str, bool], float] = {}

@@ -91,9 +91,10 @@ _EXPORT = """
     with torch.no_grad():
         torch.save((checks, [compiled(*c) for c in checks]), f"{folder}/expected.pt")
     errors = {}
-    for inputs in checks:   # in this process too: what a stock file does at each size
+    loaded = torch.export.load(path).module()
+    for inputs in checks:   # in this process too: what the file does at each size
         try:
-            torch.export.load(path).module()(*inputs)
+            loaded(*inputs)
         except Exception as exc:
             errors[inputs[0].shape[0]] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     asserts = [str(n.args[1]) for n in program.graph.nodes if "_assert_scalar" in str(n.target)]

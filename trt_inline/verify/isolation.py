@@ -115,16 +115,21 @@ def parse_size(text: str | int) -> int:
     return size
 
 
-def available_memory() -> int:
-    """Memory the system can give a new process now without swapping (``MemAvailable``); 0 where unknown."""
+def _proc_kib_field(path: str, field: str) -> int:
+    """The ``<field>: N kB`` figure of a ``/proc`` file, in bytes; 0 where unknown."""
     try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def available_memory() -> int:
+    """Memory the system can give a new process now without swapping (``MemAvailable``); 0 where unknown."""
+    return _proc_kib_field("/proc/meminfo", "MemAvailable")
 
 
 def default_memory_limit(path: str | os.PathLike[str] | None) -> int:
@@ -652,14 +657,7 @@ def _tail(path: Path, limit: int = 1 << 20) -> str:
 
 
 def _resident(pid: int | str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _proc_kib_field(f"/proc/{pid}/status", "VmRSS")
 
 
 def _group_resident(group: int) -> int:
@@ -890,14 +888,7 @@ def _own_resident() -> int:
 def _own_status(field: str) -> int:
     """A memory figure of this process in bytes (``/proc/self``: in a PID namespace of its own, its pid is not
     the one /proc knows it by)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(f"{field}:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _proc_kib_field("/proc/self/status", field)
 
 
 def _is_allocation_failure(exc: BaseException) -> bool:
