@@ -44,6 +44,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--memory", action="store_true", help="run the 1 GiB memory-budget test (tests/test_memory.py; .ci/run does)"
     )
+    parser.addoption(
+        "--tensor-parallel",
+        action="store_true",
+        help="run the torchrun rank-set tests (tests/test_tensor_parallel.py, about a minute; .ci/run does)",
+    )
 
 
 # Test files by what they cost (seconds on one worker, measured), the longest first: pytest-xdist hands
@@ -57,12 +62,17 @@ _LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: _rank(item.path.name))
-    if config.getoption("--memory"):
-        return
-    skip = pytest.mark.skip(reason="the 1 GiB memory-budget test runs with --memory (.ci/run passes it)")
-    for item in items:
-        if "memory" in item.keywords:
-            item.add_marker(skip)
+    for option, marker, reason in (
+        ("--memory", "memory", "the 1 GiB memory-budget test runs with --memory (.ci/run passes it)"),
+        ("--tensor-parallel", "tensor_parallel", "the torchrun rank-set tests run with --tensor-parallel (.ci/run "
+         "passes it)"),
+    ):  # fmt: skip
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 def _rank(name: str) -> int:

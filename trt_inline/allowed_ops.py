@@ -15,6 +15,10 @@ ATen operators                  ``aten::*`` with a functional schema (no ``Tenso
                                 one of :data:`PRIVATE_ATEN`; never :data:`REFUSED_ATEN`
                                 nor a name containing ``sparse``, ``nested`` or ``_unsafe``
                                 (but ``_unsafe_view``)
+collectives                     :data:`~trt_inline.distributed.manifest.COLLECTIVE_OPS`
+                                outside :func:`allowing` blocks (a process running what
+                                it compiled), inside one only with ``collectives=True``
+                                (a rank set's verification)
 engine operators                ``trt_inline::execute_engine``; the TensorRT ones
                                 (:data:`trt_inline.engines.ENGINE_OPS`) only where native
                                 code is allowed: a TensorRT plan is native code
@@ -42,6 +46,7 @@ from typing import Any
 import torch
 
 from trt_inline import compat, engines
+from trt_inline.distributed.manifest import COLLECTIVE_OPS
 from trt_inline.errors import RefusedOperatorError, printable
 
 __all__ = [
@@ -126,14 +131,24 @@ _extra_allowed: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 )
 # Every registered operator allowed: a file the caller trusts (``trt_inline.load``).
 _EVERY_OPERATOR = "*"
+# Whether collectives may run: None outside any allowing() block (a process running what it compiled).
+_collectives_allowed: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "trt_inline_collectives_allowed", default=None
+)
 
 
 @contextlib.contextmanager
-def allowing(names: Iterable[str], *, native_code: bool = False, every_operator: bool = False) -> Iterator[None]:
+def allowing(
+    names: Iterable[str], *, native_code: bool = False, every_operator: bool = False, collectives: bool = False
+) -> Iterator[None]:
     """Within the block, also allow ``names`` (``ns::op`` or ``ns::op.overload``), and TensorRT engines if asked.
 
     What a user passes as ``allow_ops`` / ``--allow-op`` for a file they trust;
     ``every_operator``: any registered operator (a file loaded as trusted).
+    Collectives (:data:`COLLECTIVE_OPS`) run outside any such block (a program
+    the process compiled itself); inside one only with ``collectives=True`` (a
+    rank set's verification, whose process group is the job's own) or
+    ``every_operator``, here or in an enclosing block.
     A context variable, so that the engine op's kernel, called by torch, sees it.
     """
     extra = set(names)
@@ -142,9 +157,11 @@ def allowing(names: Iterable[str], *, native_code: bool = False, every_operator:
     if every_operator:
         extra.add(_EVERY_OPERATOR)
     token = _extra_allowed.set(_extra_allowed.get() | frozenset(extra))
+    collectives_token = _collectives_allowed.set(bool(_collectives_allowed.get()) or collectives or every_operator)
     try:
         yield
     finally:
+        _collectives_allowed.reset(collectives_token)
         _extra_allowed.reset(token)
 
 
@@ -155,8 +172,10 @@ def allows(name: str) -> bool:
 
 
 def allowed_now() -> frozenset[str]:
-    """The operators allowed beyond the allow-list at this point (:func:`allowing`)."""
-    return _extra_allowed.get()
+    """The operators allowed beyond the allow-list at this point (:func:`allowing`), collectives included."""
+    return _extra_allowed.get() | (
+        frozenset(COLLECTIVE_OPS) if _collectives_allowed.get() is not False else frozenset()
+    )
 
 
 def qualified_name(target: Any) -> str:
@@ -193,6 +212,10 @@ def _check_op(op: compat.OpOverload) -> None:
     extra = _extra_allowed.get()
     if name in extra or full in extra or _EVERY_OPERATOR in extra:
         return
+    if name in COLLECTIVE_OPS:
+        if _collectives_allowed.get() is False:
+            raise RefusedOperatorError(_collective_refusal(full))
+        return
     if is_native_engine_op(name):
         raise RefusedOperatorError(_native_refusal(full))
     if name == engines.REFERENCE_OP.name:
@@ -206,6 +229,14 @@ def _native_refusal(full: str) -> str:
     return (
         f"calls {full}, a TensorRT engine: deserializing and running a TensorRT plan runs native code "
         "(pass --allow-native-code / allow_native_code=True only for a file from a trusted source)"
+    )
+
+
+def _collective_refusal(full: str) -> str:
+    return (
+        f"calls {full}, a collective of a tensor-parallel rank set: it runs only where every rank runs too; "
+        "verify the rank set (trt-inline verify --ranks N 'model_rank{rank}_of_{world_size}.pt2', or the same "
+        "under torchrun)"
     )
 
 
@@ -253,6 +284,11 @@ def _lookup(namespace: str, opname: str, overload: str) -> compat.OpOverload:
     try:
         packet = getattr(getattr(torch.ops, namespace), opname)
     except (AttributeError, RuntimeError) as exc:
+        if f"{namespace}::{opname}" in COLLECTIVE_OPS:
+            raise RefusedOperatorError(
+                f"names {wanted}, a collective that torch_tensorrt registers (Torch-TensorRT's fused NCCL ops): "
+                "it runs only where torch_tensorrt imports, on CUDA"
+            ) from exc
         raise RefusedOperatorError(f"names {wanted}, which is not registered in this process") from exc
     if not isinstance(packet, compat.OpOverloadPacket) or overload not in compat.op_overloads(packet):
         raise RefusedOperatorError(f"names {wanted}, which is not a registered operator")

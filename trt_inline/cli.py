@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import importlib
 import importlib.metadata
+import json
 import logging
 import os
 import sys
@@ -249,6 +250,12 @@ def _run_diff(args: argparse.Namespace) -> int:
 def _run_verify(args: argparse.Namespace) -> int:
     from trt_inline.verify import verify
 
+    if args.ranks is not None:
+        from trt_inline.distributed.rank_set import launch
+
+        return launch(args.ranks, _without_ranks(sys.argv[1:] if args.argv is None else args.argv), debug=args.debug)
+    if rank_set_job():
+        return _run_rank_set(args)
     _check_outputs(args)
     if (args.inputs is None) != (args.expected is None):
         raise VerifyInputError("--inputs and --expected go together")
@@ -274,6 +281,57 @@ def _run_verify(args: argparse.Namespace) -> int:
         unverified=f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
         "--inputs FILE --expected FILE or --expected-from NEW.pt2",
     )
+
+
+def rank_set_job() -> bool:
+    from trt_inline.distributed.rank_set import under_launcher
+
+    return under_launcher()
+
+
+def _without_ranks(argv: Sequence[str]) -> list[str]:
+    """A verify command line without its ``--ranks N`` (each rank runs the rest)."""
+    result: list[str] = []
+    skip = False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == "--ranks":
+            skip = True
+        elif not item.startswith("--ranks="):
+            result.append(item)
+    return result
+
+
+def _run_rank_set(args: argparse.Namespace) -> int:
+    """One rank of ``torchrun ... -m trt_inline verify 'model_rank{rank}_of_{world_size}.pt2'``."""
+    from trt_inline.distributed.rank_set import finish_rank, verify_rank_set
+
+    unsupported = [
+        flag for flag, value in (("--inputs", args.inputs), ("--expected-from", args.expected_from),
+                                 ("--random-inputs", args.random_inputs), ("--save-outputs", args.save_outputs),
+                                 ("--plot", args.plot), ("--device", args.device))
+        if value
+    ]  # fmt: skip
+    if unsupported:
+        raise VerifyInputError(f"a rank set is verified against its embedded reference I/O: {', '.join(unsupported)} "
+                               "apply to single files")  # fmt: skip
+    result = verify_rank_set(
+        args.path,
+        per_engine=args.per_engine,
+        atol=_tolerance(args.atol, "--atol"),
+        rtol=_tolerance(args.rtol, "--rtol"),
+        allow_ops=args.allow_op,
+        allow_native_code=args.allow_native_code,
+        allow_pickle=args.allow_pickle,
+        timeout=args.timeout,
+        memory_limit=args.memory_limit,
+        sandbox=not args.no_sandbox,
+        debug=args.debug,
+    )
+    if result.rank == 0:
+        _print_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) if args.json else result.to_text())
+    return finish_rank(result)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
@@ -420,6 +478,14 @@ def _parser() -> argparse.ArgumentParser:
         "each engine alone, then every boundary of the run; names the first engine or fallback region that "
         "diverges (automatic when an output differs and the file embeds boundary data)",
     )
+    verify_parser.add_argument(
+        "--ranks",
+        type=int,
+        metavar="N",
+        help="verify a tensor-parallel rank set: PATH is a template ('model_rank{rank}_of_{world_size}.pt2'), "
+        "N ranks are started through torch.distributed.run, each verifies its file in its own sandbox, their "
+        "collectives are relayed; one report (the same as running this command under torchrun without --ranks)",
+    )
     _add_comparison_options(verify_parser)
     _add_trust_options(verify_parser, allow_pickle_help)
     verify_parser.set_defaults(run=_run_verify)
@@ -473,6 +539,7 @@ def _shows_progress(args: argparse.Namespace) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = None if argv is None else list(argv)
     try:
         with _quiet(args.debug), progress.printing(_shows_progress(args)):
             code: int = args.run(args)

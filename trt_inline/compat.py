@@ -38,6 +38,8 @@ __all__ = [
     "assert_scalar_op",
     "backed_size_oblivious",
     "buffer_persistent",
+    "c10d_class",
+    "default_store",
     "define_op",
     "deserialize_program",
     "detect_fake_mode",
@@ -52,6 +54,7 @@ __all__ = [
     "init_splitter",
     "is_core_aten",
     "is_fake",
+    "live_groups",
     "load_script_object",
     "module_call_signature",
     "op_overload_name",
@@ -62,6 +65,7 @@ __all__ = [
     "op_schema_name",
     "prepare_package_loading",
     "pytree_specs",
+    "register_group",
     "restore_attribute_kinds",
     "scalar_argument",
     "schema_union_base",
@@ -71,6 +75,7 @@ __all__ = [
     "set_example_inputs",
     "streaming_tensor_writes",
     "traces_size_obliviously",
+    "unregister_group",
     "splitter_base",
     "splitter_settings",
     "tensorrt_engine_info",
@@ -624,3 +629,36 @@ def streaming_tensor_writes() -> Iterator[None]:
             if _streaming_depth == 0 and _streaming_originals is not None:
                 package._get_raw_tensor_bytes, writer.write_bytes = _streaming_originals  # type: ignore[union-attr]
                 _streaming_originals = None
+
+
+# ---------------------------------------------------------------------------
+# torch.distributed: the store and the registry of process groups by name
+# ---------------------------------------------------------------------------
+
+
+def default_store() -> Any:
+    """The key-value store of the default process group (every rank reaches it; the launcher made it)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def live_groups() -> dict[str, Any]:
+    """This process's process groups by the name a graph's collectives call them ({name: ProcessGroup})."""
+    from torch.distributed.distributed_c10d import _world
+
+    return {str(name): group for group, name in _world.pg_names.items()}
+
+
+def c10d_class(name: str) -> Any:
+    """A class of torch's C++ distributed core (``ProcessGroup``, ``Work``), which Python may subclass."""
+    return getattr(torch._C._distributed_c10d, name)
+
+
+def register_group(name: str, group: Any) -> None:
+    """Make ``group`` what a collective op naming ``name`` runs on (functional collectives look groups up by name)."""
+    torch._C._distributed_c10d._register_process_group(name, group)  # type: ignore[arg-type]
+
+
+def unregister_group(name: str) -> None:
+    torch._C._distributed_c10d._unregister_process_group(name)  # type: ignore[arg-type]

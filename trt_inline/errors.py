@@ -68,6 +68,13 @@ class IsolationError(VerifyInputError):
     """The child process that loads and runs a file was stopped: a limit was hit, or it died on a signal."""
 
 
+class RankSetError(TrtInlineError, RuntimeError):
+    """A tensor-parallel rank set does not fit together: a rank did not arrive, or a file is another rank's.
+
+    The message names the ranks (and the file) concerned.
+    """
+
+
 class IncompatibleTorchError(TrtInlineError, RuntimeError):
     """The installed torch lacks a private API that a trt_inline feature needs.
 

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import compat, formats, package, progress
+from trt_inline import compat, distributed, formats, package, progress
 from trt_inline.embedding import DEFAULT_REFERENCE_LIMIT_BYTES, embeds_boundaries, reference_extra_files
 from trt_inline.errors import SaveError
 from trt_inline.flat_program import drop_provenance, exported_program_from_graph
@@ -94,8 +94,14 @@ def save(
     The file is written to a temporary name beside ``path`` and renamed into
     place, so an interrupted save never leaves a truncated file where a good one
     was. Returns the ExportedProgram that was written.
+
+    In a process group of several ranks (tensor parallel, :mod:`trt_inline.distributed`)
+    every rank calls ``save`` with its own shard: ``path`` may be a template
+    (``"model_rank{rank}_of_{world_size}.pt2"``), the ranks wait for each other
+    (a bounded time, then :class:`RankSetError` naming the missing ranks), and
+    each file records its rank, the world size, the groups and the collectives.
     """
-    target = Path(path)
+    target = Path(distributed.expand_path(path))
     if output_format not in formats.OUTPUT_FORMATS:
         choices = ", ".join(map(repr, formats.OUTPUT_FORMATS))
         raise SaveError(f"output_format {output_format!r} is not one of {choices}")
@@ -111,6 +117,8 @@ def save(
             "embed_reference='boundaries' is for ExportedProgram files: a package's engines run inside its compiled "
             "code, where no engine boundary can be observed; save an exported_program file to compare engines"
         )
+    # A rank set saves collectively: every rank must be here before the reference run's collectives.
+    save_id = distributed.arrive("save") if distributed.in_rank_set() else None
     progress.report(f"flattening into one program for {target}")
     program = to_exported_program(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
@@ -122,6 +130,8 @@ def save(
         extra_files = reference_extra_files(
             runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes, boundaries=boundaries
         )
+    if save_id is not None:
+        extra_files[distributed.MANIFEST_FILE] = distributed.manifest_for(program.graph_module, save_id).encode()
     if output_format == formats.AOT_INDUCTOR:
         progress.report("compiling the program into an AOTInductor package")
         seconds = package.compile_package(program, target, extra_files)

@@ -25,8 +25,10 @@ __all__ = [
     "EXPORTED_PROGRAM",
     "EXTRA_FOLDER",
     "OUTPUT_FORMATS",
+    "OWN_EXTRA_FILES",
     "PACKAGE_INFO_FILE",
     "REFERENCE_IO_ENV",
+    "RANK_MANIFEST_FILE",
     "REFERENCE_IO_FILE",
     "atomic_write",
     "format_size",
@@ -46,6 +48,10 @@ EXTRA_FOLDER = "extra/"
 # Extra files trt-inline adds: reference I/O (trt_inline.verify.reference_io), a package's output kinds.
 REFERENCE_IO_FILE = "trt_inline_reference_io.b64"
 PACKAGE_INFO_FILE = "trt_inline_package.json"
+# A tensor-parallel rank file's manifest (trt_inline.distributed.manifest).
+RANK_MANIFEST_FILE = "trt_inline_ranks.json"
+# The extra files trt-inline writes and reads back (as UTF-8 text, through the strict reader).
+OWN_EXTRA_FILES = (REFERENCE_IO_FILE, PACKAGE_INFO_FILE, RANK_MANIFEST_FILE)
 
 # TRT_INLINE_REFERENCE_IO=0 (or false, no, off): the patched torch_tensorrt.save embeds no reference I/O;
 # =boundaries: it also embeds every engine's inputs and outputs (embed_reference="boundaries").

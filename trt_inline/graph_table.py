@@ -18,6 +18,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from trt_inline import formats
+from trt_inline.distributed.manifest import RankManifest, decode_manifest, group_argument, is_collective
 from trt_inline.engines import engine_inputs, engine_submodule_name, is_engine_call
 from trt_inline.errors import printable
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile
@@ -32,8 +33,9 @@ def describe_file(loaded: LoadedFile) -> str:
     Nothing of a package's native code is loaded: its graph is shown from the
     ExportedProgram it carries, or the table says plainly that it cannot be.
     """
+    manifest = decode_manifest(loaded.manifest_text, str(loaded.path)) if loaded.manifest_text is not None else None
     if loaded.kind != AOTI_PACKAGE and loaded.program is not None:
-        return describe_program(loaded.program)
+        return describe_program(loaded.program, manifest)
     # Entry names come from the file: escaped before they reach a terminal.
     marker = f"/{formats.AOTI_FOLDER}"
     native = [(printable(name), size) for name, size in loaded.entries if marker in f"/{name}"]
@@ -52,7 +54,7 @@ def describe_file(loaded: LoadedFile) -> str:
         )
         return "\n".join(lines)
     lines.append("graph of the ExportedProgram the package was compiled from:")
-    return "\n".join([*lines, describe_program(loaded.program)])
+    return "\n".join([*lines, describe_program(loaded.program, manifest)])
 
 
 @dataclass
@@ -168,8 +170,12 @@ def _shape(node: torch.fx.Node) -> str:
     return describe_value(val) if val is not None else ""
 
 
-def describe_program(program: ExportedProgram) -> str:
-    """One row per input, engine (with its inputs by position and outputs by index), op left to PyTorch, output."""
+def describe_program(program: ExportedProgram, manifest: RankManifest | None = None) -> str:
+    """One row per input, engine (with its inputs by position and outputs by index), op left to PyTorch, output.
+
+    A rank file (``manifest``) is introduced by its rank and world size; each
+    collective says its reduction and its group (name and members).
+    """
     graph = program.graph
     kinds = _input_kinds(program)
     words = Vocabulary(graph, kinds)
@@ -187,7 +193,25 @@ def describe_program(program: ExportedProgram) -> str:
     def row(kind: str, name: object, value: str, wiring: str) -> str:
         return f"{kind:<9}{name!s:<24} {value:<22} {wiring}".rstrip()
 
-    lines = [row("kind", "node", "value", "wiring")]
+    groups = manifest.group_ranks() if manifest is not None else {}
+
+    def collective(node: torch.fx.Node) -> str:
+        position = group_argument(node.target)
+        if position is None or len(node.args) <= position:
+            return ""
+        name = str(node.args[position])
+        members = groups.get(name)
+        reduce_op = f"{node.args[1]} " if "reduce" in str(node.target) or "all_reduce" in str(node.target) else ""
+        who = f"ranks {', '.join(map(str, members))}" if members is not None else "members not recorded"
+        return f"  [{reduce_op}on group {printable(name)!r}: {who}]"
+
+    lines = []
+    if manifest is not None:
+        lines.append(
+            f"{manifest.describe()} of a tensor-parallel rank set (backend {manifest.backend}, save "
+            f"{manifest.save_id[:12]}, {len(manifest.collectives)} collectives)"
+        )
+    lines.append(row("kind", "node", "value", "wiring"))
     for node in graph.nodes:
         if node.op == "placeholder" and kinds.get(node.name) == "user input":
             lines.append(row("input", node.name, _shape(node), f"-> {consumers(node)}"))
@@ -203,7 +227,10 @@ def describe_program(program: ExportedProgram) -> str:
         elif node.op == "call_function" and not words.engine_output(node):
             target = str(node.target).removeprefix("aten.")
             sources = ", ".join(producer(a) for a in node.all_input_nodes if kinds.get(a.name) not in _WEIGHT_KINDS)
-            lines.append(row("torch", node.name, _shape(node), f"{target}({sources}) -> {consumers(node)}"))
+            wiring = f"{target}({sources}) -> {consumers(node)}"
+            if is_collective(node.target):
+                wiring += collective(node)
+            lines.append(row("torch", node.name, _shape(node), wiring))
         elif node.op == "output":
             outputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
             for position, value in enumerate(outputs):

@@ -370,3 +370,65 @@ def test_per_engine_and_diff_on_tensorrt_engines(tmp_path: Path, monkeypatch: py
     assert code == 1 and relus[-1].name in report["divergence"]["nodes"], report["divergence"]
     code, report = _cli_json("diff", str(path), str(path), "--allow-native-code", "--random-inputs", "2")
     assert code == 0 and report["divergence"] is None
+
+
+_RANK_SET_WORKER = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch_tensorrt
+    import trt_inline
+
+    class RowColumnMLP(torch.nn.Module):
+        def __init__(self, rank, world):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            up, down = torch.randn(64, 16, generator=g), torch.randn(16, 64, generator=g)
+            self.up = torch.nn.Parameter(up.chunk(world, 0)[rank].clone())
+            self.down = torch.nn.Parameter(down.chunk(world, 1)[rank].clone())
+
+        def forward(self, x):
+            partial = torch.relu(x @ self.up.t()) @ self.down.t()
+            return torch.tanh(funcol.all_reduce(partial, "sum", dist.group.WORLD)) + x
+
+    step, folder = sys.argv[1], sys.argv[2]
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank)).cuda()
+    template = os.path.join(folder, "mlp_rank{rank}_of_{world_size}.pt2")
+    with torch.no_grad():
+        if step == "save":
+            model = RowColumnMLP(rank, world).eval().cuda()
+            compiled = torch_tensorrt.dynamo.compile(
+                torch.export.export(model, (x,)), (x,), min_block_size=1,
+                torch_executed_ops={"torch.ops._c10d_functional.all_reduce.default",
+                                    "torch.ops._c10d_functional.wait_tensor.default"},
+            )
+            torch_tensorrt.save(compiled, template, output_format="exported_program", arg_inputs=[x], retrace=False)
+            torch.save(compiled(x).cpu(), os.path.join(folder, f"expected{rank}.pt"))
+        else:
+            out = trt_inline.load(template.format(rank=rank, world_size=world)).module()(x)
+            diff = (out.cpu() - torch.load(os.path.join(folder, f"expected{rank}.pt"))).abs().max().item()
+            open(os.path.join(folder, f"diff{rank}.txt"), "w").write(str(diff))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a rank set on NCCL needs two GPUs")
+def test_rank_set_on_two_gpus(tmp_path: Path) -> None:
+    """Two ranks on NCCL: each saves its shard with torch_tensorrt.save (the all_reduce falls back), each loads
+    it in a fresh job (bitwise against its compiled module), and `verify --ranks 2` passes."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(_RANK_SET_WORKER)
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(worker)]
+    for step in ("save", "load"):
+        done = subprocess.run([*run, step, str(tmp_path)], capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-4000:]
+    assert [float((tmp_path / f"diff{rank}.txt").read_text()) for rank in range(2)] == [0.0, 0.0]
+    template = str(tmp_path / "mlp_rank{rank}_of_{world_size}.pt2")
+    verify = [sys.executable, "-m", "trt_inline", "verify", "--ranks", "2", template, "--allow-native-code", "--json"]
+    done = subprocess.run(verify, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert [row["status"] for row in json.loads(done.stdout)["ranks"]] == ["PASS", "PASS"]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import compat, embedding, export, formats, package, releases
+from trt_inline import compat, distributed, embedding, export, formats, package, releases
 from trt_inline.formats import REFERENCE_IO_ENV
 from trt_inline.plugin import ranges
 
@@ -57,7 +57,12 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
 
     @functools.wraps(stock_save)
     def save(module: Any, file_path: str = "", **kwargs: Any) -> Any:
+        file_path = distributed.expand_path(file_path) if file_path else file_path
+        # A rank set saves collectively: every rank must be here before the reference run's collectives.
+        save_id = distributed.arrive("save") if distributed.in_rank_set() else None
         extra = _reference_io_for_save(module, file_path, kwargs)
+        if save_id is not None and isinstance(module, torch.nn.Module):
+            extra[distributed.MANIFEST_FILE] = distributed.manifest_for(module, save_id).encode()
         packaged = kwargs.get("output_format") == formats.AOT_INDUCTOR
         if extra and accepts_extra_files and not packaged:
             kwargs["extra_files"] = {**(kwargs.get("extra_files") or {}), **extra}

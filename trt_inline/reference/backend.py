@@ -36,6 +36,7 @@ def compile(
     min_block_size: int = 1,
     dynamic_shapes: Any = None,
     scalar_boundaries: bool = True,
+    collectives_in_engines: bool = False,
 ) -> torch.fx.GraphModule:
     """Compile ``model`` into engines and PyTorch fallbacks.
 
@@ -50,6 +51,10 @@ def compile(
         scalar_boundaries: let scalar-producing nodes (``sym_size``, SymInt
             arithmetic) into engines, so that scalars cross engine boundaries
             as they do with Torch-TensorRT. ``False`` keeps them in PyTorch.
+        collectives_in_engines: a tensor-parallel model's collectives
+            (``_c10d_functional.*``) run in PyTorch fallbacks by default, as
+            with Torch-TensorRT without NCCL converters; ``True`` places them
+            inside engines, as NCCL layers are.
 
     Returns:
         A ``GraphModule`` called like the model, whose children are
@@ -73,6 +78,7 @@ def compile(
         torch_executed_ops=torch_executed_ops,
         min_block_size=min_block_size,
         scalar_boundaries=scalar_boundaries,
+        collectives_in_engines=collectives_in_engines,
     )
     # Keep the caller's calling convention (nested inputs, dict outputs) as
     # Torch-TensorRT does after partitioning.

@@ -20,6 +20,7 @@ import torch.fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from trt_inline import compat, scalars
+from trt_inline.distributed.manifest import is_collective
 from trt_inline.engines import FALLBACK_PREFIX
 from trt_inline.reference.program import SCALAR_TARGETS, can_encode_args, encodable_target
 
@@ -93,15 +94,24 @@ class ReferenceOperatorSupport(OperatorSupportBase):  # type: ignore[misc]
     partitions that way; it isolates scalar-boundary handling when debugging.
     """
 
-    def __init__(self, torch_executed_ops: Collection[Any] = (), *, scalar_boundaries: bool = True) -> None:
+    def __init__(
+        self,
+        torch_executed_ops: Collection[Any] = (),
+        *,
+        scalar_boundaries: bool = True,
+        collectives_in_engines: bool = False,
+    ) -> None:
         super().__init__()
         self._overloads, self._packets = resolve_ops(torch_executed_ops)
         self._scalar_boundaries = scalar_boundaries
+        self._collectives_in_engines = collectives_in_engines
 
     def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: torch.fx.Node) -> bool:
         if node.op != "call_function" or encodable_target(node.target) is None:
             return False
         target = node.target
+        if is_collective(target) and not self._collectives_in_engines:
+            return False
         if isinstance(target, compat.OpOverload):
             if target in self._overloads or target.overloadpacket in self._packets:
                 return False
@@ -235,6 +245,7 @@ def partition(
     torch_executed_ops: Collection[Any] = (),
     min_block_size: int = 1,
     scalar_boundaries: bool = True,
+    collectives_in_engines: bool = False,
 ) -> torch.fx.GraphModule:
     """Split ``gm`` into ``_run_on_acc_N`` and ``_run_on_gpu_N`` submodules.
 
@@ -245,5 +256,7 @@ def partition(
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
-    support = ReferenceOperatorSupport(torch_executed_ops, scalar_boundaries=scalar_boundaries)
+    support = ReferenceOperatorSupport(
+        torch_executed_ops, scalar_boundaries=scalar_boundaries, collectives_in_engines=collectives_in_engines
+    )
     return ReferencePartitioner(gm, sample_input, support, min_block_size).partition()

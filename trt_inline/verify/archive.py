@@ -31,7 +31,8 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, formats, progress
+from trt_inline import allowed_ops, distributed, formats, progress
+from trt_inline.distributed.manifest import MANIFEST_FILE, decode_manifest
 from trt_inline.errors import VerifyInputError, printable
 from trt_inline.package import output_kinds_of
 from trt_inline.verify.canonical import Canonical, canonical_archive
@@ -78,6 +79,8 @@ class LoadedFile:
     # Whether the file embeds reference I/O (``reference`` is None when it was not decoded: ``inspect``).
     has_reference: bool = False
     view: FileView | None = None
+    # A tensor-parallel rank file's manifest (trt_inline.distributed.manifest), as the file holds it: untrusted.
+    manifest_text: str | None = None
     _module: torch.fx.GraphModule | None = None
 
     def reading_ahead(self) -> contextlib.AbstractContextManager[None]:
@@ -151,11 +154,11 @@ def _loaded(contents: Contents, weights: bool) -> LoadedFile:
     return LoadedFile(
         contents.path, contents.kind, program, reference, kinds, contents.entries, canonical, contents.layout,
         contents.passthrough, contents.unread, REFERENCE_IO_FILE in contents.extra,
-        contents.view if isinstance(contents.view, FileView) else None,
+        contents.view if isinstance(contents.view, FileView) else None, contents.extra_text(MANIFEST_FILE),
     )  # fmt: skip
 
 
-def load(path: str | os.PathLike[str]) -> ExportedProgram:
+def load(path: str | os.PathLike[str], *, check_ranks: bool = True) -> ExportedProgram:
     """The ExportedProgram a ``.pt2`` file holds, its weights mapped from the file rather than read into memory.
 
     ``torch.export.load`` reads every weight into the process's own memory; this
@@ -166,12 +169,24 @@ def load(path: str | os.PathLike[str]) -> ExportedProgram:
     file with the same strict reader as ``verify`` (a file that reader refuses,
     ``torch.export.load`` may still read). Raises :class:`VerifyInputError` naming
     the file.
+
+    A rank file of a tensor-parallel save (:mod:`trt_inline.distributed`) loads
+    only in a process of the rank, world size and process groups it was saved
+    for (:class:`RankSetError` otherwise; ``check_ranks=False`` loads it anyway),
+    and its collectives are pointed at this job's groups with the recorded members.
     """
     with allowed_ops.allowing((), every_operator=True):
         contents = read_file(path, allow_pickle=True, allow_native_code=True, mutations=True)
         if contents.document is None:
             raise VerifyInputError(f"{contents.path}: an AOTInductor package that carries no ExportedProgram")
-        return canonical_archive(contents).load(weights=contents.kind == EXPORTED_PROGRAM)
+        manifest_text = contents.extra_text(MANIFEST_FILE)
+        manifest = decode_manifest(manifest_text, str(contents.path)) if manifest_text is not None else None
+        if manifest is not None and check_ranks:
+            distributed.refuse_foreign(manifest, str(contents.path))
+        program = canonical_archive(contents).load(weights=contents.kind == EXPORTED_PROGRAM)
+        if manifest is not None and distributed.in_rank_set():
+            distributed.rebind_groups(program.graph_module, manifest)
+        return program
 
 
 def load_exported_program(

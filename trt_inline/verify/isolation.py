@@ -56,11 +56,12 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trt_inline import progress
 from trt_inline.errors import (
     IsolationError,
+    RankSetError,
     RefusedOperatorError,
     TrtInlineError,
     UnsafeArchiveError,
@@ -71,6 +72,9 @@ from trt_inline.errors import (
 )
 from trt_inline.formats import format_size
 from trt_inline.verify.views import unmappable
+
+if TYPE_CHECKING:
+    from trt_inline.distributed.relay import RelayServer
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -229,6 +233,7 @@ def run_isolated(
     imports: bool = False,
     debug: bool = False,
     namespaces: bool = True,
+    relay: RelayServer | None = None,
 ) -> ChildResult:
     """Run ``job`` in a sandboxed child process under ``limits``; its return value, or its error re-raised here.
 
@@ -238,6 +243,8 @@ def run_isolated(
     ``imports``: the sandbox lets the child read every folder on the import path
     (an unpickler the user allowed imports modules by name).
     ``namespaces=False`` leaves the namespace layer out (tests of the other walls).
+    ``relay``: the child verifies one rank of a rank set; its collectives come
+    over a second pair of pipes and ``relay`` answers them (:mod:`trt_inline.distributed.relay`).
     Raises :class:`IsolationError` naming ``where`` when the child is stopped.
     """
     import torch
@@ -264,8 +271,8 @@ def run_isolated(
     try:
         # Its temporary files (torch's own, a package's extracted library) stay in its own folder.
         (work / "tmp").mkdir()
-        with _Pipes(message, where) as pipes:
-            zygote = _zygote_for_now()
+        with _Pipes(message, where, relay, limits.memory) as pipes:
+            zygote = _zygote_for_now() if relay is None else None
             if zygote is not None:
                 outcome = zygote.run(work, pipes, limits)
             else:
@@ -283,10 +290,14 @@ class _Pipes:
     Each descriptor is closed once (a number closed twice may by then be another file's).
     """
 
-    def __init__(self, message: bytes, where: str) -> None:
+    def __init__(self, message: bytes, where: str, relay: RelayServer | None = None, relay_limit: int = 0) -> None:
         self.request_read, self.request_write = os.pipe()
         self.result_read, self.result_write = os.pipe()
         self.progress_read, self.progress_write = os.pipe()
+        self.relay, self.relay_limit = relay, relay_limit
+        self._calls = bytearray()
+        self.call_read, self.call_write = os.pipe() if relay is not None else (-1, -1)
+        self.reply_read, self.reply_write = os.pipe() if relay is not None else (-1, -1)
         self.message = message
         self.where = where
         self.result = bytearray()
@@ -294,8 +305,8 @@ class _Pipes:
         self._progress = bytearray()
         self._open = {
             self.request_read, self.request_write, self.result_read, self.result_write, self.progress_read,
-            self.progress_write,
-        }  # fmt: skip
+            self.progress_write, self.call_read, self.call_write, self.reply_read, self.reply_write,
+        } - {-1}  # fmt: skip
         self._lock = threading.Lock()
         self._writer = threading.Thread(target=self._write, daemon=True)
 
@@ -321,10 +332,16 @@ class _Pipes:
         """The ends the child keeps (request, result, progress); the parent closes its copies once it has them."""
         return self.request_read, self.result_write, self.progress_write
 
+    def relay_ends(self) -> tuple[int, int]:
+        """The ends a rank-set child keeps: it writes its calls to the first and reads the replies from the second."""
+        return self.call_write, self.reply_read
+
     def handed_over(self) -> None:
         self._close(self.request_read)
         self._close(self.result_write)
         self._close(self.progress_write)
+        self._close(self.call_write)
+        self._close(self.reply_read)
 
     def _take(self, chunk: bytes) -> None:
         if len(self.result) + len(chunk) > _MAX_RESULT_BYTES:
@@ -334,12 +351,41 @@ class _Pipes:
 
     def drain(self, timeout: float) -> None:
         """Read what the child has written of its result and progress, waiting at most ``timeout`` seconds."""
-        watched = [self.result_read] + ([self.progress_read] if self.progress_read in self._open else [])
+        watched = [self.result_read] + [fd for fd in (self.progress_read, self.call_read) if fd in self._open]
         ready, _, _ = select.select(watched, [], [], timeout)
         if self.result_read in ready:
             self._take(os.read(self.result_read, 1 << 20))
         if self.progress_read in ready:
             self._progress_lines(os.read(self.progress_read, 1 << 16))
+        if self.call_read in ready:
+            self._relay_calls(os.read(self.call_read, 1 << 20))
+
+    def _relay_calls(self, chunk: bytes) -> None:
+        """Answer each whole call the child has sent (a rank set's collectives); untrusted, checked by the relay."""
+        from trt_inline.distributed.relay import decode_call, encode_message
+
+        assert self.relay is not None
+        if not chunk:
+            self._close(self.call_read)
+            return
+        self._calls += chunk
+        while b"\n" in self._calls:
+            header, _, rest = bytes(self._calls).partition(b"\n")
+            try:
+                call = decode_call(header, self.relay_limit)
+            except RankSetError as exc:
+                reply, rest = encode_message({"ok": False, "message": str(exc)}), b""
+                self._close(self.call_read)  # the stream cannot be followed past a malformed call
+            else:
+                if len(rest) < call["nbytes"]:
+                    return  # the rest of its payload is still coming
+                payload, rest = rest[: call["nbytes"]], rest[call["nbytes"] :]
+                reply = self.relay.answer(call, payload)
+            self._calls = bytearray(rest)
+            with contextlib.suppress(OSError):  # the child died: its outcome says so
+                view = memoryview(reply)
+                while view:
+                    view = view[os.write(self.reply_write, view[: 1 << 20]) :]
 
     def _progress_lines(self, chunk: bytes) -> None:
         """Report again each line of progress the child sent: untrusted, so escaped and cut (never a crash)."""
@@ -374,6 +420,8 @@ class _Pipes:
         self.handed_over()
         self._close(self.result_read)
         self._close(self.progress_read)
+        self._close(self.call_read)
+        self._close(self.reply_write)
         self._close(self.request_write)  # unblocks the writer if the child never read
         self._writer.join(timeout=5)
 
@@ -423,18 +471,25 @@ def _run_fresh(work: Path, pipes: _Pipes, limits: Limits) -> _Ended:
         "from trt_inline.verify.isolation import child_main; child_main(sys.argv[2])", str(work)
     )
     request_read, result_write, progress_write = pipes.child_ends()
+    relay_fds: dict[str, str] = {}
+    if pipes.relay is not None:
+        from trt_inline.distributed.relay import CALL_FD_ENV, REPLY_FD_ENV
+
+        call_write, reply_read = pipes.relay_ends()
+        relay_fds = {CALL_FD_ENV: str(call_write), REPLY_FD_ENV: str(reply_read)}
     with open(work / "stderr.txt", "wb") as stderr:
         process = subprocess.Popen(
             command,
             stdin=request_read,
             stdout=stderr,
             stderr=stderr,
-            pass_fds=(result_write, progress_write),
+            pass_fds=(result_write, progress_write, *map(int, relay_fds.values())),
             start_new_session=True,
             env={
                 **_child_environment(work),
                 "TRT_INLINE_RESULT_FD": str(result_write),
                 "TRT_INLINE_PROGRESS_FD": str(progress_write),
+                **relay_fds,
             },
         )
     pipes.handed_over()
@@ -710,7 +765,7 @@ def _outcome(ended: _Ended, limits: Limits, where: str) -> ChildResult:
         code = os.waitstatus_to_exitcode(status)
         raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result") from None
     if "error" in result:
-        kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError)
+        kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError, RankSetError)
         kind = {cls.__name__: cls for cls in kinds}.get(str(result["error"]), VerifyInputError)
         message = first_line(Exception(str(result.get("message", ""))))
         # The child's own errors name the file; a limit it hit or an unexpected error may not.

@@ -540,11 +540,11 @@ class _Reader:
         """An extra file: trt-inline's own are read (as UTF-8 text); any other is accounted for and left unread."""
         entry = self.entry(name)
         assert entry is not None
-        if short in (formats.REFERENCE_IO_FILE, formats.PACKAGE_INFO_FILE):
+        if short in formats.OWN_EXTRA_FILES:
             if entry.file_size > _MAX_DOCUMENT:
                 raise self.refuse(f"archive entry {printable(name)!r} holds {entry.file_size} bytes")
             contents.extra[short] = entry
-        elif folded(short) in (folded(formats.REFERENCE_IO_FILE), folded(formats.PACKAGE_INFO_FILE)):
+        elif folded(short) in {folded(own) for own in formats.OWN_EXTRA_FILES}:
             raise self.refuse(f"archive entry {printable(name)!r} is named as trt-inline's own but for case")
         else:
             contents.unread.append(printable(name))

@@ -6,12 +6,13 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, progress
+from trt_inline.distributed import relay as rank_relay
 from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.package import load_package
@@ -32,6 +33,9 @@ from trt_inline.verify.reference_io import (
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.views import BytesView
+
+if TYPE_CHECKING:
+    from trt_inline.distributed.relay import RelayServer
 
 __all__ = [
     "capture_device",
@@ -221,6 +225,7 @@ def report_of_child(
     sandbox: bool,
     debug: bool,
     save_outputs: str | os.PathLike[str] | None = None,
+    relay: RelayServer | None = None,
 ) -> VerifyReport:
     """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost.
 
@@ -231,6 +236,7 @@ def report_of_child(
     result = run_isolated(
         job, {**arguments, "keep_outputs": save_outputs is not None}, tensors, limits,
         where=where, files=files, sandbox=sandbox, imports=bool(arguments.get("allow_pickle")), debug=debug,
+        relay=relay,
     )  # fmt: skip
     try:
         report = VerifyReport.from_dict(bounded_strings(result.value))
@@ -271,7 +277,9 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     Returns the report, and with ``keep_outputs`` the outputs too (the parent writes them).
     """
     kept: list[Any] | None = [] if arguments.get("keep_outputs") else None
-    with allowed_ops.allowing(arguments["allow_ops"], native_code=arguments["allow_native_code"]):
+    with allowed_ops.allowing(
+        arguments["allow_ops"], native_code=arguments["allow_native_code"], collectives=rank_relay.client() is not None
+    ):
         report = _verify_here(
             arguments["path"],
             expected_module=None,
@@ -302,15 +310,16 @@ def inspect_job(arguments: dict[str, Any], tensors: Any) -> list[str]:
     """The ``inspect`` table of a file, line by line, inside the child process (its program loaded without weights)."""
     from trt_inline.graph_table import describe_file
 
-    return describe_file(
-        open_file(
+    # Collectives are shown, not run: inspect runs nothing.
+    with allowed_ops.allowing((), collectives=True):
+        loaded = open_file(
             arguments["path"],
             allow_pickle=arguments["allow_pickle"],
             allow_native_code=arguments["allow_native_code"],
             allow_ops=arguments["allow_ops"],
             weights=False,
         )
-    ).split("\n")
+        return describe_file(loaded).split("\n")
 
 
 def _verify_here(
@@ -402,6 +411,8 @@ def _verify_here(
     else:
         assert module is not None  # only a package can lack its program
         runnable = module
+    # One rank of a rank set: every rank's checks are done before any collective runs.
+    rank_relay.checkpoint(loaded.manifest_text if loaded is not None else None)
     progress.report("running the program on the reference inputs")
     with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
         got = run_on(runnable, args, kwargs, device)
@@ -420,7 +431,8 @@ def _verify_here(
         if comparison.problem:
             report.problems.append(comparison.problem)
     mismatch = any(not o.ok for o in report.outputs)
-    if per_engine or (mismatch and recorded is not None):
+    # (every rank of a rank set takes this branch or none does: its replays run collectives)
+    if rank_relay.any_rank(per_engine or (mismatch and recorded is not None)):
         packaged = loaded is not None and loaded.kind == AOTI_PACKAGE
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():

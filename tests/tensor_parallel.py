@@ -1,0 +1,171 @@
+"""Tensor-parallel models and the steps tests/test_tensor_parallel.py runs under torchrun (gloo, CPU).
+
+``python -m torch.distributed.run --nproc-per-node N tests/tensor_parallel.py STEP FOLDER`` with STEP one of:
+
+* ``save``: every model of the rank set saved as ``FOLDER/<model>_rank{rank}_of_{world_size}.pt2``, with
+  each rank's compiled outputs in ``FOLDER/<model>_expected_rank{rank}.pt``; a rank set whose rank 1
+  file has one weight moved (``perturbed``); a save called on rank 0 only (its error and seconds in
+  ``FOLDER/lonely_rank0.json``).
+* ``load``: each rank loads its files in this fresh job (with other process groups made first, so that group
+  names differ from the saving job's) and writes the max abs difference to the expected outputs, and what
+  loading another rank's (or another world size's) file said, in ``FOLDER/load_rank{rank}.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+import trt_inline
+from trt_inline import reference
+from trt_inline.distributed import MANIFEST_FILE, arrive, manifest_for
+from trt_inline.embedding import reference_extra_files
+from trt_inline.export import to_exported_program, write_program
+
+HIDDEN = 8
+
+
+def _shard(rank: int, world: int, seed: int, rows: int, cols: int, dim: int) -> torch.Tensor:
+    full = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    return full.chunk(world, dim)[rank].clone()
+
+
+class RowColumnMLP(torch.nn.Module):
+    """Megatron's MLP: column-parallel up projection, row-parallel down projection, all_reduce of the partial sums."""
+
+    def __init__(self, rank: int, world: int, group: Any = None) -> None:
+        super().__init__()
+        self.up = torch.nn.Parameter(_shard(rank, world, 0, 4 * world, HIDDEN, 0))
+        self.down = torch.nn.Parameter(_shard(rank, world, 1, HIDDEN, 4 * world, 1))
+        self.group = dist.group.WORLD if group is None else group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = torch.relu(x @ self.up.t()) @ self.down.t()
+        return torch.tanh(funcol.all_reduce(partial, "sum", self.group)) + x
+
+
+class SequenceParallelMLP(torch.nn.Module):
+    """Sequence parallel: all_gather the sequence shards, the MLP on the whole sequence, reduce_scatter it back."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Parameter(_shard(rank, world, 2, 4 * world, HIDDEN, 0))
+        self.down = torch.nn.Parameter(_shard(rank, world, 3, HIDDEN, 4 * world, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        whole = funcol.all_gather_tensor(x, 0, dist.group.WORLD)
+        partial = torch.nn.functional.gelu(whole @ self.up.t()) @ self.down.t()
+        return funcol.reduce_scatter_tensor(partial, "sum", 0, dist.group.WORLD) * 0.5 + x
+
+
+def _inputs(rank: int, batch: int = 4) -> torch.Tensor:
+    return torch.randn(batch, HIDDEN, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def _subgroup() -> Any:
+    """This rank's group of a 3-rank job split in ranks {0, 1} and {2} (both made on every rank: new_group is
+    collective over the world)."""
+    pair, single = dist.new_group([0, 1]), dist.new_group([2])
+    return pair if dist.get_rank() < 2 else single
+
+
+def _save(folder: Path, name: str, module: torch.nn.Module, x: torch.Tensor, **options: Any) -> None:
+    rank = dist.get_rank()
+    with torch.no_grad():
+        compiled = reference.compile(
+            module, (x,), dynamic_shapes=options.get("dynamic_shapes"), **options.pop("compile", {})
+        )
+        trt_inline.save(compiled, folder / f"{name}_rank{{rank}}_of_{{world_size}}.pt2", arg_inputs=(x,), **options)
+        torch.save({"x": x, "out": compiled(x)}, folder / f"{name}_expected_rank{rank}.pt")
+
+
+def _save_perturbed(folder: Path, x: torch.Tensor) -> None:
+    """A rank set whose rank 1 program has a moved weight, its reference I/O that of the good model."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    good = RowColumnMLP(rank, world).eval()
+    with torch.no_grad():
+        compiled = reference.compile(good, (x,))
+        save_id = arrive("perturbed")
+        target = folder / f"perturbed_rank{rank}_of_{world}.pt2"
+        extra = reference_extra_files(compiled, [x], None, target, 1 << 30, boundaries=True)
+        if rank == 1:
+            good.up.add_(0.05)
+            compiled = reference.compile(good, (x,))
+        program = to_exported_program(compiled, arg_inputs=(x,))
+        extra[MANIFEST_FILE] = manifest_for(program.graph_module, save_id).encode()
+        write_program(program, target, extra)
+
+
+def save_step(folder: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = _inputs(rank)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    _save(folder, "mlp", RowColumnMLP(rank, world).eval(), x, embed_reference="boundaries")
+    _save(folder, "mlp_dynamic", RowColumnMLP(rank, world).eval(), x, dynamic_shapes=({0: batch},))
+    _save(folder, "seq_in_engines", SequenceParallelMLP(rank, world).eval(), x,
+          compile={"collectives_in_engines": True}, retrace=False)  # fmt: skip
+    if world == 3:
+        _save(folder, "subgroup", RowColumnMLP(rank, world, _subgroup()).eval(), x, embed_reference="boundaries")
+    if world == 2:
+        _save_perturbed(folder, x)
+        os.environ["TRT_INLINE_ARRIVAL_TIMEOUT"] = "3"
+        if rank == 0:
+            start = time.monotonic()
+            try:
+                _save(folder, "lonely", RowColumnMLP(rank, world).eval(), x)
+                message = "saved"
+            except trt_inline.TrtInlineError as exc:
+                message = f"{type(exc).__name__}: {exc}"
+            (folder / "lonely_rank0.json").write_text(json.dumps([message, time.monotonic() - start]))
+        dist.barrier()
+
+
+def load_step(folder: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.new_group(list(range(world)))  # a group of every rank first: later groups get other names than when saved
+    if world == 3:
+        _subgroup()  # the subgroup model's groups, now under other names
+    found: dict[str, Any] = {}
+    for model in ("mlp", "mlp_dynamic", "seq_in_engines", "subgroup"):
+        path = folder / f"{model}_rank{rank}_of_{world}.pt2"
+        if not path.exists():
+            continue
+        expected = torch.load(folder / f"{model}_expected_rank{rank}.pt")
+        module = trt_inline.load(path).module()
+        with torch.no_grad():
+            found[model] = (module(expected["x"]) - expected["out"]).abs().max().item()
+        if model == "mlp_dynamic":
+            with torch.no_grad():
+                found["mlp_dynamic batch 1"] = list(module(expected["x"][:1]).shape)
+    for label, other in (("other rank", f"mlp_rank{(rank + 1) % world}_of_{world}.pt2"),
+                         ("other world", f"mlp_rank{rank % 2}_of_2.pt2")):  # fmt: skip
+        if label == "other world" and world == 2:
+            continue
+        try:
+            trt_inline.load(folder / other)
+            found[label] = "loaded"
+        except trt_inline.TrtInlineError as exc:
+            found[label] = f"{type(exc).__name__}: {exc}"
+    (folder / f"load_rank{rank}.json").write_text(json.dumps(found))
+
+
+def main() -> None:
+    step, folder = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    try:
+        {"save": save_step, "load": load_step}[step](folder)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Tensor-parallel rank sets under torchrun (gloo on CPU): save, load and verify, 2 and 3 ranks.
+
+Each job is ``python -m torch.distributed.run`` on tests/tensor_parallel.py or on ``trt-inline verify``:
+fresh processes, as users run them. About a minute in all: these run with ``--tensor-parallel``
+(``.ci/run`` passes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trt_inline.distributed.manifest import MANIFEST_FILE, RankManifest, decode_manifest
+from trt_inline.verify.reader import read_file
+
+pytestmark = pytest.mark.tensor_parallel
+
+WORKER = Path(__file__).with_name("tensor_parallel.py")
+
+
+def _torchrun(ranks: int, *command: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *command],
+        capture_output=True, text=True, timeout=timeout, env=environment, check=False,
+    )  # fmt: skip
+
+
+def _step(ranks: int, step: str, folder: Path) -> None:
+    done = _torchrun(ranks, str(WORKER), step, str(folder))
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Rank sets saved by a 2-rank job, and what a fresh 2-rank job found loading them."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    _step(2, "save", folder)
+    _step(2, "load", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory, two: Path) -> Path:
+    """The same from 3-rank jobs, with a subgroup model; the 2-rank files beside them (another world size)."""
+    folder = tmp_path_factory.mktemp("three_ranks")
+    _step(3, "save", folder)
+    for rank in range(2):
+        shutil.copy(two / f"mlp_rank{rank}_of_2.pt2", folder)
+    _step(3, "load", folder)
+    return folder
+
+
+def _manifest(path: Path) -> RankManifest:
+    text = read_file(path).extra_text(MANIFEST_FILE)
+    assert text is not None, f"{path} carries no rank manifest"
+    return decode_manifest(text, str(path))
+
+
+def _verify(ranks: int, template: Path, *options: str) -> tuple[int, dict[str, Any], float]:
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "trt_inline", "verify", "--ranks", str(ranks), str(template), "--json", *options],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert done.stdout, done.stderr[-4000:]
+    return done.returncode, json.loads(done.stdout), elapsed
+
+
+def test_files_record_the_rank_set(two: Path, three: Path) -> None:
+    ids = set()
+    for rank in range(2):
+        manifest = _manifest(two / f"mlp_rank{rank}_of_2.pt2")
+        assert (manifest.rank, manifest.world_size, manifest.backend) == (rank, 2, "gloo")
+        assert [(g.name, g.ranks) for g in manifest.groups] == [("0", (0, 1))]
+        ops = [c.op for c in manifest.collectives]
+        assert ops == ["_c10d_functional::all_reduce.default", "_c10d_functional::wait_tensor.default"]
+        assert manifest.collectives[0].reduce_op == "sum" and manifest.collectives[0].shape == (4, 8)
+        assert "step" not in manifest.collectives[0].where  # a fallback's collective, in the flat graph
+        ids.add(manifest.save_id)
+    assert len(ids) == 1  # one save of the rank set
+    inside = _manifest(two / "seq_in_engines_rank0_of_2.pt2")
+    assert [c.op.split("::")[1] for c in inside.collectives if c.group is not None] == [
+        "all_gather_into_tensor.default",
+        "reduce_scatter_tensor.default",
+    ]
+    assert all(" step " in c.where for c in inside.collectives)  # inside an engine, as NCCL layers are
+    groups = {rank: _manifest(three / f"subgroup_rank{rank}_of_3.pt2").groups for rank in range(3)}
+    assert [g.ranks for g in groups[0]] == [(0, 1)] and [g.ranks for g in groups[2]] == [(2,)]
+
+
+def test_every_rank_loads_its_file_bitwise_in_a_fresh_job(two: Path, three: Path) -> None:
+    for folder, world in ((two, 2), (three, 3)):
+        for rank in range(world):
+            found = json.loads((folder / f"load_rank{rank}.json").read_text())
+            models = ["mlp", "mlp_dynamic", "seq_in_engines"] + (["subgroup"] if world == 3 else [])
+            assert {model: found[model] for model in models} == dict.fromkeys(models, 0.0), found
+            assert found["mlp_dynamic batch 1"] == [1, 8]  # the declared range holds
+
+
+def test_another_ranks_or_world_sizes_file_is_refused(two: Path, three: Path) -> None:
+    found = json.loads((two / "load_rank0.json").read_text())
+    assert found["other rank"].startswith("RankSetError: ")
+    assert "is rank 1 of 2" in found["other rank"] and "this process is rank 0 of 2" in found["other rank"]
+    assert "check_ranks=False" in found["other rank"]
+    found = json.loads((three / "load_rank2.json").read_text())
+    assert "is rank 0 of 2" in found["other world"] and "rank 2 of 3" in found["other world"]
+
+
+def test_a_save_on_one_rank_fails_fast_naming_the_missing_rank(two: Path) -> None:
+    message, seconds = json.loads((two / "lonely_rank0.json").read_text())
+    assert message.startswith("RankSetError: save on rank 0 of 2: rank(s) 1 did not call it within 3 s"), message
+    assert seconds < 15  # bounded by TRT_INLINE_ARRIVAL_TIMEOUT=3, not by gloo's collective timeout
+
+
+def test_verify_of_a_good_rank_set_passes(two: Path, three: Path) -> None:
+    code, report, _ = _verify(2, two / "mlp_rank{rank}_of_{world_size}.pt2", "--per-engine")
+    assert [row["status"] for row in report["ranks"]] == ["PASS", "PASS"]
+    assert all(row["report"]["boundaries"] for row in report["ranks"])  # engine by engine, collectives relayed
+    assert code == 0
+    code, report, _ = _verify(2, two / "seq_in_engines_rank{rank}_of_{world_size}.pt2")
+    assert (code, [row["status"] for row in report["ranks"]]) == (0, ["PASS", "PASS"])
+    code, report, _ = _verify(3, three / "subgroup_rank{rank}_of_{world_size}.pt2")
+    assert (code, [row["status"] for row in report["ranks"]]) == (0, ["PASS"] * 3)
+    sandboxed = report["ranks"][0]["report"]["notes"][-1]
+    assert "sandboxed: " in sandboxed and "seccomp" in sandboxed  # each rank's child under the usual sandbox
+
+
+def test_verify_names_the_rank_and_engine_that_diverged(two: Path) -> None:
+    code, report, _ = _verify(2, two / "perturbed_rank{rank}_of_{world_size}.pt2")
+    first, second = report["ranks"]
+    assert second["status"] == "FAIL" and "engine 0 (_run_on_acc_1): its own error" in second["summary"]
+    assert first["status"] == "FAIL"
+    assert first["summary"] == (
+        "another rank sent different data through a collective: rank 1's engine 0 (_run_on_acc_1) diverged"
+    )
+    assert code == 1
+
+
+def test_a_hostile_rank_file_stops_every_rank_before_anything_runs(two: Path, tmp_path: Path) -> None:
+    shutil.copy(two / "mlp_rank0_of_2.pt2", tmp_path / "m_rank0_of_2.pt2")
+    (tmp_path / "m_rank1_of_2.pt2").write_bytes(os.urandom(4096))
+    code, report, seconds = _verify(2, tmp_path / "m_rank{rank}_of_{world_size}.pt2")
+    first, second = report["ranks"]
+    assert second["status"] == "ERROR" and "not a zip archive" in second["error"]
+    assert first["status"] == "ERROR" and "rank 1 refused its file, so no rank ran" in first["error"]
+    assert first["report"] is None  # rank 0's child never ran its program
+    assert code == 2 and seconds < 60
+
+
+def test_rank_files_whose_collectives_differ_are_refused(two: Path, tmp_path: Path) -> None:
+    shutil.copy(two / "mlp_rank0_of_2.pt2", tmp_path / "m_rank0_of_2.pt2")
+    shutil.copy(two / "seq_in_engines_rank1_of_2.pt2", tmp_path / "m_rank1_of_2.pt2")
+    code, report, _ = _verify(2, tmp_path / "m_rank{rank}_of_{world_size}.pt2")
+    assert code == 2
+    for row in report["ranks"]:
+        assert "the rank files call different collectives on the group of ranks [0, 1]" in row["error"]
+
+
+def test_the_torchrun_form_gives_the_same_report(two: Path) -> None:
+    done = _torchrun(2, "-m", "trt_inline", "verify", str(two / "mlp_rank{rank}_of_{world_size}.pt2"), "--json")
+    report = json.loads(done.stdout)  # rank 0 prints the report of the set, the other ranks nothing
+    assert [row["status"] for row in report["ranks"]] == ["PASS", "PASS"] and done.returncode == 0
+
+
+def test_single_file_commands_on_a_rank_file(two: Path) -> None:
+    path = two / "mlp_rank0_of_2.pt2"
+    done = subprocess.run([sys.executable, "-m", "trt_inline", "verify", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2 and "a collective of a tensor-parallel rank set" in done.stderr
+    assert "verify --ranks N" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "trt_inline", "inspect", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("rank 0 of 2 of a tensor-parallel rank set (backend gloo")
+    assert "[sum on group '0': ranks 0, 1]" in done.stdout

@@ -1,0 +1,153 @@
+"""Tensor-parallel rank sets: ranks, process groups and manifests, in one place.
+
+A tensor-parallel model runs as N processes under ``torch.distributed`` (one
+shard each, collectives between them) and is saved as one file per rank.
+trt-inline works with the process group the user's launcher (``torchrun``)
+made; it never starts one of its own except for ``verify --ranks N``, which
+runs ``torch.distributed.run`` itself.
+
+* :func:`expand_path` fills ``{rank}`` and ``{world_size}`` of a path template.
+* :func:`arrive` waits, a bounded time, for every rank to reach the same
+  collective step (a save): a save called on some ranks only fails with the
+  ranks that did not arrive, instead of waiting in the first collective of the
+  reference run until gloo's or NCCL's own timeout.
+* :func:`manifest_for` describes the rank set a file belongs to
+  (:mod:`trt_inline.distributed.manifest`); :func:`refuse_foreign` refuses a
+  file in a process group it was not saved for, :func:`rebind_groups` points
+  its collectives at this job's groups.
+* :mod:`trt_inline.distributed.relay` carries a sandboxed verify child's
+  collectives to its parent; :mod:`trt_inline.distributed.rank_set` verifies a
+  rank set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+
+import torch
+
+from trt_inline import compat
+from trt_inline.distributed.manifest import (
+    MANIFEST_FILE,
+    Group,
+    RankManifest,
+    collectives_of,
+    live_group_ranks,
+    live_mismatch,
+    rebind_groups,
+)
+from trt_inline.errors import RankSetError
+
+__all__ = [
+    "ARRIVAL_TIMEOUT_ENV",
+    "MANIFEST_FILE",
+    "RankManifest",
+    "arrive",
+    "expand_path",
+    "in_rank_set",
+    "manifest_for",
+    "rebind_groups",
+    "refuse_foreign",
+]
+
+# Seconds a collective save waits for the other ranks before it fails naming them.
+ARRIVAL_TIMEOUT_ENV = "TRT_INLINE_ARRIVAL_TIMEOUT"
+_DEFAULT_ARRIVAL_TIMEOUT = 120.0
+_POLL_SECONDS = 0.05
+# One number per collective step of this process; every rank counts the same steps.
+_steps = itertools.count()
+
+
+def in_rank_set() -> bool:
+    """Whether this process is one rank of an initialized process group of more than one rank."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def expand_path(path: str | os.PathLike[str]) -> str:
+    """``path`` with ``{rank}`` and ``{world_size}`` replaced by this process's (no other braces are touched)."""
+    text = os.fspath(path)
+    if "{rank}" not in text and "{world_size}" not in text:
+        return text
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RankSetError(f"{text}: a path template with {{rank}} needs an initialized process group (torchrun)")
+    return text.replace("{rank}", str(dist.get_rank())).replace("{world_size}", str(dist.get_world_size()))
+
+
+def arrival_timeout() -> float:
+    raw = os.environ.get(ARRIVAL_TIMEOUT_ENV)
+    try:
+        return float(raw) if raw else _DEFAULT_ARRIVAL_TIMEOUT
+    except ValueError:
+        raise RankSetError(f"{ARRIVAL_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+
+
+def arrive(what: str, timeout: float | None = None) -> str:
+    """Wait until every rank has called this step; its id, shared by the rank set.
+
+    Each rank sets a key in the default group's store and waits for the others'.
+    Past ``timeout`` seconds it marks the step abandoned (a rank that arrives
+    later fails at once instead of waiting alone) and raises
+    :class:`RankSetError` naming the ranks that did not arrive.
+    """
+    import torch.distributed as dist
+
+    timeout = arrival_timeout() if timeout is None else timeout
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = compat.default_store()
+    prefix = f"trt_inline/{what}/{next(_steps)}"
+    if rank == 0:
+        store.set(f"{prefix}/id", uuid.uuid4().hex)
+    store.set(f"{prefix}/{rank}", "1")
+    keys = [f"{prefix}/{r}" for r in range(world)]
+    deadline = time.monotonic() + timeout
+    while True:
+        if store.check([f"{prefix}/abandoned"]):
+            raise RankSetError(f"{what}: another rank stopped waiting for this one (it called {what} earlier)")
+        missing = [r for r, key in zip(range(world), keys, strict=True) if not store.check([key])]
+        if not missing and store.check([f"{prefix}/id"]):
+            return bytes(store.get(f"{prefix}/id")).decode()
+        if time.monotonic() > deadline:
+            store.set(f"{prefix}/abandoned", str(rank))
+            ranks = ", ".join(map(str, missing)) or "0"
+            raise RankSetError(
+                f"{what} on rank {rank} of {world}: rank(s) {ranks} did not call it within {timeout:g} s; every rank "
+                f"of the process group must call it (each saves its own shard), e.g. not under `if rank == 0`"
+            )
+        time.sleep(_POLL_SECONDS)
+
+
+def manifest_for(module: torch.nn.Module, save_id: str) -> RankManifest:
+    """This rank's manifest for ``module`` (compiled or flat): rank, world, backend, groups, collectives."""
+    import torch.distributed as dist
+
+    collectives = collectives_of(module)
+    live = live_group_ranks()
+    names = sorted({c.group for c in collectives if c.group is not None})
+    unknown = [name for name in names if name not in live]
+    if unknown:
+        raise RankSetError(
+            f"rank {dist.get_rank()}: the module's collectives name process group(s) {', '.join(map(repr, unknown))}, "
+            "which this process does not have"
+        )
+    return RankManifest(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        backend=str(dist.get_backend()),
+        save_id=save_id,
+        groups=[Group(name, live[name]) for name in names],
+        collectives=collectives,
+    )
+
+
+def refuse_foreign(manifest: RankManifest, path: str) -> None:
+    """Raise :class:`RankSetError` if this process is not the rank (world size, groups) ``path`` was saved as."""
+    why = live_mismatch(manifest, path)
+    if why is not None:
+        raise RankSetError(f"{why} (trt_inline.load(..., check_ranks=False) loads it anyway)")

@@ -1,0 +1,327 @@
+"""What a rank file records about the rank set that saved it, and the checks made against a live one.
+
+A tensor-parallel model is saved as one file per rank. Each file carries a
+manifest (the extra file :data:`MANIFEST_FILE`, JSON)::
+
+    {"format": "trt_inline.ranks/1", "save_id": "5f0c...", "rank": 1, "world_size": 2, "backend": "gloo",
+     "groups": [{"name": "0", "ranks": [0, 1]}],
+     "collectives": [{"op": "_c10d_functional::all_reduce.default", "group": "0", "reduce_op": "sum",
+                      "shape": ["s0", 16], "dtype": "float32"}, ...]}
+
+``groups`` are the process groups the program's collectives name, with their
+members (global ranks); ``collectives`` the program's collective operators in
+graph order (a reference engine's own, in its program's order, where the
+engine is called). The same ``save_id`` marks every file of one collective save.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from trt_inline import compat, engines, formats
+from trt_inline.errors import VerifyInputError, printable
+
+__all__ = [
+    "COLLECTIVE_OPS",
+    "FORMAT",
+    "MANIFEST_FILE",
+    "Collective",
+    "Group",
+    "RankManifest",
+    "collectives_of",
+    "decode_manifest",
+    "group_argument",
+    "is_collective",
+    "live_group_ranks",
+    "live_mismatch",
+    "rebind_groups",
+]
+
+MANIFEST_FILE = formats.RANK_MANIFEST_FILE
+FORMAT = "trt_inline.ranks/1"
+
+# The collective operators a rank file may call, with the position of their group-name argument.
+# torch's functional collectives (what export writes for dist.* and DTensor) and Torch-TensorRT's
+# fused NCCL ops (registered by torch_tensorrt; GPU only).
+COLLECTIVE_OPS: dict[str, int | None] = {
+    "_c10d_functional::all_reduce": 2,
+    "_c10d_functional::all_gather_into_tensor": 2,
+    "_c10d_functional::reduce_scatter_tensor": 3,
+    "_c10d_functional::all_to_all_single": 3,
+    "_c10d_functional::broadcast": 2,
+    "_c10d_functional::wait_tensor": None,
+    "tensorrt::fused_nccl_all_gather": None,
+    "tensorrt::fused_nccl_reduce_scatter": None,
+    "tensorrt::fused_nccl_all_reduce": None,
+    "tensorrt::fused_nccl_all_to_all": None,
+    "tensorrt::fused_nccl_gather": None,
+    "tensorrt::fused_nccl_scatter": None,
+}
+_MAX_GROUPS = 4096
+_MAX_COLLECTIVES = 1 << 16
+
+
+def _base_name(target: Any) -> str | None:
+    name = compat.op_schema_name(target) if isinstance(target, compat.OpOverload) else None
+    if name is None and isinstance(target, str):
+        name = target.partition(".")[0]
+    return name
+
+
+def is_collective(target: Any) -> bool:
+    """Whether a node target (an OpOverload, or a qualified name) is a collective operator."""
+    return _base_name(target) in COLLECTIVE_OPS
+
+
+def group_argument(target: Any) -> int | None:
+    """The position of the group-name argument of a collective target (None: it names no group)."""
+    name = _base_name(target)
+    return COLLECTIVE_OPS.get(name) if name is not None else None
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str  # qualified, with overload
+    group: str | None
+    reduce_op: str | None
+    shape: tuple[int | str, ...]
+    dtype: str
+    where: str  # the node (or engine and step) that calls it
+
+    def signature(self) -> tuple[Any, ...]:
+        """What every rank of a set must agree on (the node names may differ)."""
+        return self.op, self.group, self.reduce_op, self.dtype
+
+
+@dataclass
+class RankManifest:
+    rank: int
+    world_size: int
+    backend: str
+    save_id: str
+    groups: list[Group] = field(default_factory=list)
+    collectives: list[Collective] = field(default_factory=list)
+
+    def group_ranks(self) -> dict[str, tuple[int, ...]]:
+        return {group.name: group.ranks for group in self.groups}
+
+    def encode(self) -> str:
+        document = {"format": FORMAT, **asdict(self)}
+        return json.dumps(document, sort_keys=True)
+
+    def describe(self) -> str:
+        return f"rank {self.rank} of {self.world_size}"
+
+
+def _dim(value: Any) -> int | str:
+    return int(value) if isinstance(value, int) else str(value)
+
+
+def _tensor_of(node: torch.fx.Node) -> tuple[tuple[int | str, ...], str]:
+    value = node.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return tuple(_dim(d) for d in value.shape), str(value.dtype).removeprefix("torch.")
+    return (), "unknown"
+
+
+def _collective_of_node(node: torch.fx.Node, where: str) -> Collective:
+    target = node.target
+    name = compat.op_schema_name(target) or str(target)
+    position = group_argument(target)
+    group = None
+    if position is not None:
+        raw = node.args[position] if len(node.args) > position else node.kwargs.get("group_name")
+        group = str(raw) if raw is not None else None
+    reduce_op = None
+    if name in ("_c10d_functional::all_reduce", "_c10d_functional::reduce_scatter_tensor") and len(node.args) > 1:
+        reduce_op = str(node.args[1])
+    source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else node
+    shape, dtype = _tensor_of(source)
+    overload = compat.op_overload_name(target) if isinstance(target, compat.OpOverload) else "default"
+    return Collective(f"{name}.{overload}", group, reduce_op, shape, dtype, where)
+
+
+def collectives_of(module: torch.nn.Module) -> list[Collective]:
+    """The collectives a module calls, in the order it calls them.
+
+    ``module`` is a compiled module (fallback submodules are walked where they
+    are called) or a flat program's module; reference engines' programs are
+    read for their own collectives. A TensorRT engine's NCCL layers are inside
+    its plan and are not listed.
+    """
+    return list(_walk(module, ""))
+
+
+def _walk(module: torch.nn.Module, prefix: str) -> Iterator[Collective]:
+    if not isinstance(module, torch.fx.GraphModule):
+        return
+    for node in module.graph.nodes:
+        where = f"{prefix}{node.name}"
+        if node.op == "call_function" and is_collective(node.target):
+            yield _collective_of_node(node, where)
+        elif node.op == "call_function" and engines.is_engine_call(node):
+            yield from _engine_collectives(node, where)
+        elif node.op == "call_module":
+            child = module.get_submodule(str(node.target))
+            if isinstance(child, torch.fx.GraphModule):
+                yield from _walk(child, f"{where}.")
+            else:
+                program = getattr(child, "program", None)
+                if isinstance(program, str):
+                    yield from _program_collectives(program, where)
+
+
+def _engine_collectives(node: torch.fx.Node, where: str) -> Iterator[Collective]:
+    for arg in node.args:
+        if isinstance(arg, str) and arg.startswith("{"):
+            yield from _program_collectives(arg, where)
+
+
+def _program_collectives(program: str, where: str) -> Iterator[Collective]:
+    """A reference engine's collectives, from its program's steps (by name: nothing is resolved here)."""
+    try:
+        steps = json.loads(program).get("steps", [])
+    except (ValueError, AttributeError):
+        return
+    for index, step in enumerate(steps if isinstance(steps, list) else []):
+        target = str(step.get("target", "")) if isinstance(step, dict) else ""
+        base = target.partition(".")[0]
+        if base not in COLLECTIVE_OPS:
+            continue
+        args = step.get("args", [])
+        position = COLLECTIVE_OPS[base]
+        group = args[position] if position is not None and len(args) > position else None
+        reduce_op = args[1] if base.endswith(("all_reduce", "reduce_scatter_tensor")) and len(args) > 1 else None
+        yield Collective(
+            target if "." in target else f"{target}.default",
+            str(group) if group is not None else None,
+            str(reduce_op) if reduce_op is not None else None,
+            (),
+            "unknown",
+            f"{where} step {index}",
+        )
+
+
+def decode_manifest(text: str, where: str) -> RankManifest:
+    """A manifest read from a file (untrusted): every field checked, every string escaped."""
+    try:
+        document = json.loads(text)
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise ValueError(f"not in format {FORMAT!r}")
+        groups = document["groups"]
+        collectives = document["collectives"]
+        if not isinstance(groups, list) or len(groups) > _MAX_GROUPS:
+            raise ValueError("groups is not a list of at most 4096")
+        if not isinstance(collectives, list) or len(collectives) > _MAX_COLLECTIVES:
+            raise ValueError("collectives is not a list of at most 65536")
+        manifest = RankManifest(
+            rank=_count(document["rank"]),
+            world_size=_count(document["world_size"]),
+            backend=_text(document["backend"]),
+            save_id=_text(document["save_id"]),
+            groups=[Group(_text(g["name"]), tuple(_count(r) for r in g["ranks"])) for g in groups],
+            collectives=[
+                Collective(
+                    _text(c["op"]),
+                    None if c["group"] is None else _text(c["group"]),
+                    None if c["reduce_op"] is None else _text(c["reduce_op"]),
+                    tuple(d if isinstance(d, int) and not isinstance(d, bool) else _text(d) for d in c["shape"]),
+                    _text(c["dtype"]),
+                    _text(c["where"]),
+                )
+                for c in collectives
+            ],
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VerifyInputError(
+            f"{where}: its rank manifest ({MANIFEST_FILE}) is unusable: {printable(str(exc))}"
+        ) from None
+    if not manifest.rank < manifest.world_size:
+        raise VerifyInputError(f"{where}: its rank manifest records rank {manifest.rank} of {manifest.world_size}")
+    for group in manifest.groups:
+        if any(r >= manifest.world_size for r in group.ranks) or len(set(group.ranks)) != len(group.ranks):
+            raise VerifyInputError(f"{where}: its rank manifest's group {group.name!r} has ranks outside the world")
+    return manifest
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 20:
+        raise ValueError(f"{printable(repr(value))[:40]} is not a rank or a count")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > 200:
+        raise ValueError("a field is not a string of at most 200 characters")
+    return printable(value)
+
+
+def live_mismatch(manifest: RankManifest, path: str) -> str | None:
+    """Why this process cannot run the rank file ``path`` (its rank, world size or groups differ); None if it can."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return (
+            f"{path} is {manifest.describe()} of a tensor-parallel rank set: load it in a process group of "
+            f"{manifest.world_size} ranks (torchrun --nproc-per-node {manifest.world_size})"
+        )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if (rank, world) != (manifest.rank, manifest.world_size):
+        return (
+            f"{path} is {manifest.describe()} (save {manifest.save_id[:12]}), but this process is rank {rank} of "
+            f"{world}: load the file saved for this rank"
+        )
+    live = {tuple(members): name for name, members in live_group_ranks().items()}
+    for group in manifest.groups:
+        if group.ranks not in live:
+            return (
+                f"{path} calls collectives on group {group.name!r} of ranks {list(group.ranks)}, and no process group "
+                f"of this job has those members: create it (torch.distributed.new_group({list(group.ranks)})) first"
+            )
+    return None
+
+
+def live_group_ranks() -> dict[str, tuple[int, ...]]:
+    """This process's process groups: {name: global ranks}."""
+    import torch.distributed as dist
+
+    return {name: tuple(dist.get_process_group_ranks(group)) for name, group in compat.live_groups().items()}
+
+
+def rebind_groups(module: torch.fx.GraphModule, manifest: RankManifest) -> dict[str, str]:
+    """Point the module's collectives at this job's process groups with the recorded members.
+
+    A collective names its group by a string fixed when the model was traced
+    (``"0"`` for the world, ``"1"`` for the first ``new_group`` ...); in another
+    job the group with the same members may have another name. Returns {recorded: live} for the names changed.
+
+    Before / after (group ``"3"`` saved; this job made the same members ``"1"``)::
+
+        all_reduce(x, "sum", "3")    ->    all_reduce(x, "sum", "1")
+    """
+    live = {members: name for name, members in live_group_ranks().items()}
+    renamed = {
+        group.name: live[group.ranks]
+        for group in manifest.groups
+        if group.ranks in live and live[group.ranks] != group.name
+    }
+    if not renamed:
+        return renamed
+    for node in module.graph.nodes:
+        position = group_argument(node.target) if node.op == "call_function" else None
+        if position is not None and len(node.args) > position and node.args[position] in renamed:
+            node.update_arg(position, renamed[str(node.args[position])])
+    module.recompile()
+    return renamed

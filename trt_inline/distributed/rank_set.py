@@ -1,0 +1,373 @@
+"""Verifying a tensor-parallel rank set: one sandboxed child per rank, collectives relayed, one report.
+
+Each rank's process (started by ``torchrun``, or by ``trt-inline verify --ranks N``
+through ``torch.distributed.run``) verifies its own file in a sandboxed child,
+exactly as a single-file verify does, with two differences:
+
+1. Before anything runs, every rank's checks are agreed on: the child reports
+   ready (or its parent reports what refused the file), the parents gather
+   every rank's status, manifest and collective sequence, and either every
+   child runs or none does. A refused rank, a file of another rank or world
+   size, or files whose collectives differ stop every rank at once.
+2. The child's collectives go to its parent (:mod:`trt_inline.distributed.relay`),
+   which runs them on the job's own process group.
+
+Afterwards the parents gather every rank's report into one
+(:class:`RankSetReport`): one row per rank, one exit status.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from trt_inline import distributed
+from trt_inline.distributed.manifest import RankManifest, decode_manifest
+from trt_inline.distributed.relay import RelayServer
+from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
+
+__all__ = ["RESULT_FILE_ENV", "RankSetReport", "launch", "under_launcher", "verify_rank_set"]
+
+# Where `verify --ranks N` wants rank 0 to leave the set's exit status (its workers then exit 0,
+# so that torch.distributed.run reports no failure of its own).
+RESULT_FILE_ENV = "TRT_INLINE_RANK_SET_RESULT"
+
+
+def under_launcher() -> bool:
+    """Whether this process is one rank of a ``torchrun`` job of several ranks."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    except ValueError:
+        return False
+
+
+@dataclass
+class RankSetReport:
+    """Every rank's verify report (or error) of one rank set."""
+
+    template: str
+    world_size: int
+    rank: int  # of the process holding this report
+    # Per rank: {"rank", "path", "status": "PASS"/"FAIL"/"UNVERIFIED"/"ERROR", "report": dict | None, "error": str}
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if any(row["status"] == "ERROR" for row in self.ranks):
+            return 2
+        return 0 if all(row["status"] == "PASS" for row in self.ranks) else 1
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"template": self.template, "world_size": self.world_size, "ranks": self.ranks, "notes": self.notes,
+                "ok": self.ok, "exit_code": self.exit_code}  # fmt: skip
+
+    def to_text(self) -> str:
+        from trt_inline.verify.report import VerifyReport
+
+        verdict = {0: "PASS", 1: "FAIL", 2: "ERROR"}[self.exit_code]
+        lines = [f"{verdict} rank set {self.template} ({self.world_size} ranks)"]
+        for row in self.ranks:
+            detail = row.get("error") or row.get("summary") or ""
+            lines.append(f"  rank {row['rank']}  {row['status']:<10} {row['path']}" + (f"  {detail}" if detail else ""))
+        lines += [f"  note: {note}" for note in self.notes]
+        for row in self.ranks:
+            if row.get("report") is not None:
+                lines.append(f"rank {row['rank']}:")
+                text = VerifyReport.from_dict(row["report"]).to_text()
+                lines += [f"  {line}" for line in text.split("\n")]
+        return "\n".join(lines)
+
+
+def ensure_process_group(timeout: float) -> bool:
+    """The job's process group (gloo: the parents carry CPU tensors), made from torchrun's variables if needed.
+
+    Whether it was made here (and is to be destroyed here).
+    """
+    if dist.is_available() and dist.is_initialized():
+        return False
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+    return True
+
+
+class _Agreement:
+    """One rank's part in agreeing that every rank may run, and the groups its child's collectives use."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.done = False
+        self.groups: dict[str, Any] = {}
+        self.notes: list[str] = []
+
+    def child_ready(self, call: dict[str, Any]) -> dict[str, Any]:
+        if self.done:  # (a second agreement would pair with the other ranks' collectives)
+            raise RankSetError("the child said it was ready twice")
+        manifest_text = call.get("manifest")
+        refusal = None
+        manifest: RankManifest | None = None
+        if not isinstance(manifest_text, str):
+            refusal = (
+                f"{self.path} holds no rank manifest: it was not saved by a rank set (trt_inline.save under torchrun)"
+            )
+        else:
+            try:
+                manifest = decode_manifest(manifest_text, self.path)
+            except VerifyInputError as exc:
+                refusal = str(exc)
+        if manifest is not None and (manifest.rank, manifest.world_size) != (self.rank, self.world):
+            refusal = (
+                f"{self.path} is rank {manifest.rank} of {manifest.world_size}, verified as rank {self.rank} of "
+                f"{self.world}"
+            )
+        return self._agree(refusal, manifest)
+
+    def child_ended(self, error: str) -> None:
+        """The child ended before it was ready (its file refused): take part in the agreement with that."""
+        if not self.done:
+            try:
+                self._agree(error, None)
+            except RankSetError:
+                pass
+
+    def _agree(self, refusal: str | None, manifest: RankManifest | None) -> dict[str, Any]:
+        self.done = True
+        mine: dict[str, Any] = {
+            "refusal": refusal,
+            "save_id": manifest.save_id if manifest else None,
+            "collectives": [list(c.signature()) for c in manifest.collectives] if manifest else None,
+            "where": [c.where for c in manifest.collectives] if manifest else None,
+            "groups": {g.name: list(g.ranks) for g in manifest.groups} if manifest else {},
+        }
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, mine)
+        for rank, status in enumerate(everyone):
+            if status["refusal"] is not None:
+                if rank == self.rank:
+                    raise RankSetError(str(status["refusal"]))
+                raise RankSetError(f"rank {rank} refused its file, so no rank ran: {status['refusal']}")
+        _same_collectives(everyone)
+        ids = {status["save_id"] for status in everyone}
+        # Every parent makes every group of the set, in one order (new_group is collective over the world).
+        member_sets = sorted({tuple(r) for status in everyone for r in status["groups"].values()})
+        live = {tuple(dist.get_process_group_ranks(dist.group.WORLD)): dist.group.WORLD}
+        for members in member_sets:
+            if members not in live:
+                live[members] = dist.new_group(list(members))
+        self.groups = {name: live[tuple(ranks)] for name, ranks in mine["groups"].items() if self.rank in ranks}
+        if len(ids) > 1:
+            self.notes = [f"the files come from {len(ids)} different saves (save ids differ)"]
+        return {name: (dist.get_rank(group), dist.get_world_size(group)) for name, group in self.groups.items()}
+
+
+def _same_collectives(everyone: list[dict[str, Any]]) -> None:
+    """Refuse rank files whose collectives do not pair up: the run would wait forever, or mix tensors.
+
+    For every process group (by its members), each member's file must call the
+    same collectives on it, in the same order.
+    """
+    per_group: dict[tuple[int, ...], dict[int, list[tuple[Any, str]]]] = {}
+    for rank, status in enumerate(everyone):
+        groups = {name: tuple(ranks) for name, ranks in status["groups"].items()}
+        for signature, where in zip(status["collectives"] or [], status["where"] or [], strict=False):
+            op, group, reduce_op, dtype = signature
+            if group is None:
+                continue  # wait_tensor: it waits, and talks to nobody
+            members = groups.get(group, ())
+            per_group.setdefault(members, {}).setdefault(rank, []).append(((op, reduce_op, dtype), where))
+    for members, by_rank in sorted(per_group.items()):
+        sequences = {rank: by_rank.get(rank, []) for rank in members}
+        first_rank = members[0] if members else 0
+        first = sequences.get(first_rank, [])
+        for rank, theirs in sequences.items():
+            if [s for s, _ in theirs] == [s for s, _ in first]:
+                continue
+            index = next(
+                (i for i, (a, b) in enumerate(zip(first, theirs, strict=False)) if a[0] != b[0]),
+                min(len(first), len(theirs)),
+            )
+
+            def describe(sequence: list[tuple[Any, str]], i: int) -> str:
+                if i >= len(sequence):
+                    return "nothing"
+                (op, reduce_op, _), where = sequence[i]
+                return f"{op}" + (f" ({reduce_op})" if reduce_op else "") + f" at {where}"
+
+            raise RankSetError(
+                f"the rank files call different collectives on the group of ranks {list(members)}: collective "
+                f"{index} is {describe(first, index)} on rank {first_rank} and {describe(theirs, index)} on rank "
+                f"{rank}; nothing ran"
+            )
+
+
+def verify_rank_set(
+    template: str,
+    *,
+    per_engine: bool = False,
+    atol: Any = None,
+    rtol: Any = None,
+    allow_ops: Sequence[str] = (),
+    allow_native_code: bool = False,
+    allow_pickle: bool = False,
+    timeout: float | None = None,
+    memory_limit: int | str | None = None,
+    sandbox: bool = True,
+    debug: bool = False,
+) -> RankSetReport:
+    """Verify this rank's file of a rank set, with every other rank doing the same; every rank's report.
+
+    Called on every rank of the job (``torchrun``), with the same arguments.
+    ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``).
+    """
+    from trt_inline.verify.isolation import DEFAULT_TIMEOUT
+
+    made_here = ensure_process_group(DEFAULT_TIMEOUT if timeout is None else timeout)
+    try:
+        return _verify_this_rank(template, made_here, per_engine=per_engine, atol=atol, rtol=rtol, allow_ops=allow_ops,
+                                 allow_native_code=allow_native_code, allow_pickle=allow_pickle, timeout=timeout,
+                                 memory_limit=memory_limit, sandbox=sandbox, debug=debug)  # fmt: skip
+    finally:
+        if made_here:
+            dist.destroy_process_group()  # (a gloo group left at exit aborts the interpreter)
+
+
+def _verify_this_rank(
+    template: str,
+    made_here: bool,
+    *,
+    per_engine: bool,
+    atol: Any,
+    rtol: Any,
+    allow_ops: Sequence[str],
+    allow_native_code: bool,
+    allow_pickle: bool,
+    timeout: float | None,
+    memory_limit: int | str | None,
+    sandbox: bool,
+    debug: bool,
+) -> RankSetReport:
+    from trt_inline.verify.isolation import Limits
+    from trt_inline.verify.verifier import normalize_tolerance, report_of_child
+
+    path = distributed.expand_path(template)
+    agreement = _Agreement(path)
+    server = RelayServer(lambda: agreement.groups, agreement.child_ready)
+    row: dict[str, Any] = {"rank": agreement.rank, "path": printable(path)}
+    try:
+        if not os.path.isfile(path):
+            raise VerifyInputError(f"{path}: no such file")
+        limits = Limits.for_file(path, timeout, memory_limit)
+        arguments = {
+            "path": path, "expected_from": None, "atol": normalize_tolerance(atol), "rtol": normalize_tolerance(rtol),
+            "device": None, "per_engine": per_engine, "random_inputs": 0, "seed": 0, "save_outputs": None,
+            "allow_pickle": allow_pickle, "allow_native_code": allow_native_code, "allow_ops": list(allow_ops),
+            "label": None,
+        }  # fmt: skip
+        tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
+        report = report_of_child(
+            "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=sandbox, debug=debug, relay=server
+        )
+        if not agreement.done:
+            agreement.child_ended(f"{path} carries no reference I/O to run")
+        status = "PASS" if report.ok else ("FAIL" if report.problems else "UNVERIFIED")
+        # (the engine that diverged on its own says most: it is this rank's own fault)
+        summary = next((p for p in report.problems if "own error" in p), (report.problems or [""])[0])
+        row.update(status=status, report=report.to_dict(), summary=summary[:300])
+    except TrtInlineError as exc:
+        agreement.child_ended(first_line(exc))
+        row.update(status="ERROR", report=None, error=first_line(exc)[:2000])
+    rows: list[Any] = [None] * agreement.world
+    dist.all_gather_object(rows, row)
+    result = RankSetReport(template, agreement.world, agreement.rank, rows, agreement.notes)
+    _name_the_source(result)
+    return result
+
+
+_COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "fused_nccl")
+
+
+def _name_the_source(result: RankSetReport) -> None:
+    """A rank whose first divergence is a collective region, while another rank's engine diverged on its own:
+    say that the other rank sent different data, and name it (the rank's own view would blame the region)."""
+    sources: list[str] = []
+    for row in result.ranks:
+        for boundary in (row.get("report") or {}).get("boundaries", []):
+            if boundary.get("own_ok") is False:
+                sources.append(f"rank {row['rank']}'s {boundary['boundary'].removesuffix(' outputs')}")
+                break
+    if not sources:
+        return
+    for row in result.ranks:
+        report = row.get("report") or {}
+        divergence = report.get("divergence")
+        if not divergence or divergence.get("kind") != "fallback":
+            continue
+        nodes = " ".join([str(divergence.get("where", "")), *map(str, divergence.get("nodes", []))])
+        if not any(name in nodes for name in _COLLECTIVE_NAMES):
+            continue
+        detail = (
+            f"a collective in this region combines this rank's inputs, which agree with the reference, with other "
+            f"ranks' data: another rank diverged ({', '.join(sources)} diverged on its own)"
+        )
+        divergence["detail"] = detail
+        row["summary"] = f"another rank sent different data through a collective: {', '.join(sources)} diverged"
+
+
+def launch(world_size: int, argv: Sequence[str], *, debug: bool = False) -> int:
+    """``trt-inline verify --ranks N ...``: run the same verify on N ranks through ``torch.distributed.run``.
+
+    ``argv`` is the verify command line without ``--ranks``. Rank 0 prints the
+    set's report; the exit status is the set's.
+    """
+    if world_size < 1:
+        raise RankSetError(f"--ranks {world_size}: a rank set has at least one rank")
+    with tempfile.TemporaryDirectory(prefix="trt-inline-ranks-") as folder:
+        result_file = Path(folder) / "status"
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+            "--no-python", sys.executable, "-m", "trt_inline", *argv,
+        ]  # fmt: skip
+        environment = {**os.environ, RESULT_FILE_ENV: str(result_file)}
+        environment.setdefault("OMP_NUM_THREADS", "1")  # (torch.distributed.run would say it sets this)
+        launched = subprocess.run(
+            command, env=environment, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+        )
+        errors = launched.stderr.decode(errors="replace")
+        if debug:
+            sys.stderr.write(errors)
+        # The ranks' own one-line errors; torch.distributed.run's logs and tracebacks only with --debug.
+        own = list(dict.fromkeys(line for line in errors.splitlines() if line.startswith("trt-inline ")))
+        try:
+            code = int(result_file.read_text().strip())
+        except (OSError, ValueError):
+            why = f": {own[0].partition(': ')[2]}" if own else " (--debug shows its log)"
+            raise RankSetError(
+                f"the {world_size} ranks ended (torch.distributed.run exit status {launched.returncode}) without a "
+                f"report{why}"
+            ) from None
+        for line in own:
+            print(printable(line), file=sys.stderr)
+        return code
+
+
+def finish_rank(result: RankSetReport) -> int:
+    """What a rank's process exits with: the set's status, or 0 under ``--ranks`` (rank 0 left it in a file)."""
+    target = os.environ.get(RESULT_FILE_ENV)
+    if target:
+        if result.rank == 0:
+            Path(target).write_text(str(result.exit_code))
+        return 0
+    return result.exit_code
