@@ -402,3 +402,40 @@ def test_random_inputs_against_the_compiled_module(tmp_path: Path) -> None:
     assert "random inputs 0 (sizes [[2, 8]]): output 0 differs" in "\n".join(wrong.problems)
     with pytest.raises(VerifyInputError, match="pass isolate=False"):
         trt_inline.verify(path, expected_module=compiled, arg_inputs=[x], random_inputs=2)
+
+
+class _Amplifier(torch.nn.Module):
+    """Two engines around a relu fallback; the second scales by 1000, so the first's small errors grow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x) + 1.0)) * 1000.0
+
+
+def test_blame_goes_to_the_engine_whose_own_small_error_a_later_engine_amplifies(tmp_path: Path) -> None:
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
+    compiled = trt_inline.reference.compile(_Amplifier().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    good = tmp_path / "good.pt2"
+    trt_inline.save(compiled, good, arg_inputs=[x], embed_reference="boundaries")
+    program = torch.export.load(good)
+    first = _engine_nodes(program)[0]
+    bias = next(w for w in json.loads(first.args[2])["weights"] if w["shape"] == [8])
+    constant = next(s.target for s in program.graph_signature.input_specs if s.arg.name == first.args[1].name)
+    program.constants[constant][bias["offset"] : bias["offset"] + bias["nbytes"]].view(torch.float32).add_(6e-5)
+    path = tmp_path / "amplified.pt2"
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(good)})
+
+    report = trt_inline.verify(path, isolate=False, per_engine=True)
+    rows = {row.boundary.split(" (")[0] + " " + row.boundary.rsplit(" ", 1)[1]: row for row in report.boundaries}
+    first_own, second_own = rows["engine 0 outputs"].own, rows["engine 1 outputs"].own
+    assert first_own is not None and second_own is not None
+    assert 0 < max(v.max_abs_diff for v in first_own) < 1e-4 and rows["engine 0 outputs"].own_ok  # within tolerance
+    assert rows["engine 1 inputs"].ok and not rows["engine 1 outputs"].ok  # the first boundary past tolerance ...
+    assert max(v.max_abs_diff for v in second_own) == 0  # ... of an engine that computes what it should
+    assert report.divergence is not None and report.divergence.where.startswith("engine 0 (")
+    detail = report.divergence.detail
+    assert "amplifies it past tolerance" in detail and "whose own error is 0" in detail

@@ -47,7 +47,7 @@ def test_a_manifest_is_read_field_by_field() -> None:
     ],
 )
 def test_a_malformed_manifest_is_refused_naming_the_file(changes: dict[str, Any], message: str) -> None:
-    with pytest.raises(VerifyInputError, match="^m.pt2: ") as raised:
+    with pytest.raises(VerifyInputError, match=r"^m\.pt2: ") as raised:
         decode_manifest(_manifest(**changes), "m.pt2")
     assert message in str(raised.value)
 

@@ -105,6 +105,7 @@ def test_every_rank_loads_its_file_bitwise_in_a_fresh_job(two: Path, three: Path
             models = ["mlp", "mlp_dynamic", "seq_in_engines"] + (["subgroup"] if world == 3 else [])
             assert {model: found[model] for model in models} == dict.fromkeys(models, 0.0), found
             assert found["mlp_dynamic batch 1"] == [1, 8]  # the declared range holds
+            assert found["verify isolate=False"] is True
 
 
 def test_another_ranks_or_world_sizes_file_is_refused(two: Path, three: Path) -> None:

@@ -191,6 +191,7 @@ def localize(
             f"engine {min(len(trace.calls), len(reference.boundaries))}",
             f"the run calls {len(trace.calls)} engines, the reference ({reference.name}) {len(reference.boundaries)}",
         )
+    divergence = _amplified(rows, divergence, trace)
     outputs = _compare(trace.outputs, reference.outputs, atol, rtol)
     rows.append(BoundaryRow("program outputs", None, outputs))
     if divergence is None and not rows[-1].ok:
@@ -202,6 +203,37 @@ def localize(
             theirs = f"in {reference.name}: {their_region.describe()}"
         divergence = _value_divergence(f"output {bad.index}", region, bad, theirs, ["OUTPUT"], their_region)
     return rows, divergence
+
+
+def _amplified(rows: Sequence[BoundaryRow], divergence: Divergence | None, trace: ProgramTrace) -> Divergence | None:
+    """Blame by own error: an engine named only because it amplifies an earlier engine's own (small) error.
+
+    The first boundary past tolerance can be an engine whose inputs agree within
+    tolerance and whose own error is nil: an earlier engine changed a little
+    (its own error nonzero, within tolerance) and this one magnified it. The
+    earliest engine with an own error is then the cause; both views stay in the table.
+    """
+    if divergence is None or divergence.kind != "engine":
+        return divergence
+    named = next((row for row in rows if row.boundary == f"{divergence.where} outputs"), None)
+    if named is None or named.own is None or not named.own_ok or (BoundaryRow.worst(named.own) or 0.0) > 0.0:
+        return divergence
+    for row in rows:
+        if row is named:
+            break
+        own = BoundaryRow.worst(row.own)
+        if row.own is not None and own is not None and own > 0.0:
+            title = row.boundary.removesuffix(" outputs")
+            detail = (
+                f"its own error (max abs diff {own:.6g} when run alone on its recorded inputs) is within tolerance, "
+                f"and {divergence.where}, whose own error is 0, amplifies it past tolerance (max abs diff "
+                f"{BoundaryRow.worst(named.values):.6g} at its outputs): {title} is the only engine that computes "
+                "something else"
+            )
+            call = next((c for c in trace.calls if c.index == row.engine), None)
+            producers, consumers = (call.producers, call.consumers) if call is not None else ([], [])
+            return Divergence("engine", title, detail, producers, consumers)
+    return divergence
 
 
 def own_error_problems(rows: Sequence[BoundaryRow]) -> list[str]:

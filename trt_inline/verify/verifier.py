@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, progress
+from trt_inline import allowed_ops, distributed, progress
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line
 from trt_inline.formats import atomic_write, format_size
@@ -140,7 +140,9 @@ def verify(
     error here, never a crash of the caller. Where the OS sandbox cannot be set
     up, that is an :class:`IsolationError` unless ``sandbox=False``.
     ``isolate=False`` loads in this process (for a file from a trusted source);
-    so does an ExportedProgram given directly. With isolation,
+    so does an ExportedProgram given directly; in a process group of several
+    ranks its collectives then run on that group (a rank set is verified in
+    sandboxed children by :mod:`trt_inline.distributed.rank_set`). With isolation,
     ``expected_module`` runs here, on ``arg_inputs``, which it then needs.
 
     Raises :class:`VerifyInputError` for unusable input (not a loadable
@@ -148,7 +150,9 @@ def verify(
     limit the child hit: :class:`IsolationError`).
     """
     if isinstance(path_or_program, ExportedProgram) or not isolate:
-        with allowed_ops.allowing(allow_ops, native_code=allow_native_code):
+        # In this process a rank file's collectives run on the caller's own process group (a trusted file).
+        collectives = distributed.in_rank_set()
+        with allowed_ops.allowing(allow_ops, native_code=allow_native_code, collectives=collectives):
             return _verify_here(
                 path_or_program,
                 expected_module=expected_module,
