@@ -3,7 +3,11 @@ calls, path templates, and where collectives are allowed. The torchrun tests: te
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -11,7 +15,7 @@ import torch
 
 from trt_inline import allowed_ops, distributed
 from trt_inline.distributed.manifest import FORMAT, decode_manifest
-from trt_inline.distributed.relay import decode_call
+from trt_inline.distributed.relay import RelayServer, decode_call
 from trt_inline.errors import RankSetError, RefusedOperatorError, VerifyInputError
 
 
@@ -40,7 +44,12 @@ def test_a_manifest_is_read_field_by_field() -> None:
         ({"rank": 2}, "records rank 2 of 2"),
         ({"rank": True}, "is not a rank or a count"),
         ({"groups": [{"name": "0", "ranks": [0, 5]}]}, "has ranks outside the world"),
-        ({"groups": [{"name": "0", "ranks": [1, 1]}]}, "has ranks outside the world"),
+        ({"groups": [{"name": "0", "ranks": [1, 1]}]}, "lists its ranks out of order"),
+        ({"groups": [{"name": "0", "ranks": []}]}, "has ranks outside the world"),
+        ({"groups": [{"name": "0", "ranks": [0]}]}, "does not hold its own rank"),
+        ({"groups": [{"name": "0", "ranks": [0, 1]}, {"name": "0", "ranks": [1]}]}, "names a group twice"),
+        ({"groups": []}, "are not the ones its collectives name"),
+        ({"groups": [{"name": str(n), "ranks": [1]} for n in range(65)]}, "at most 64"),
         ({"backend": "x" * 500}, "not a string of at most 200"),
         ({"format": "other"}, "not in format"),
         ({"collectives": [{"op": "x"}]}, "'group'"),
@@ -71,6 +80,10 @@ def _call(**fields: Any) -> bytes:
         ({"dtype": "object"}, "dtype"),
         ({"shape": [2, -3]}, "malformed shape"),
         ({"shape": [1] * 17, "nbytes": 4}, "malformed shape"),
+        ({"shape": [True, 6], "nbytes": 24}, "malformed shape"),
+        ({"shape": [0, 1 << 70], "nbytes": 0}, "malformed shape"),
+        ({"nbytes": True}, "bytes"),
+        ({"call": "ready", "nbytes": 5}, "takes none"),
         ({"reduce": "__import__"}, "reduction"),
         ({"group": 0}, "named no process group"),
         ({"call": 7}, "malformed call"),
@@ -82,9 +95,87 @@ def test_the_parent_checks_every_call_of_a_child(fields: dict[str, Any], message
 
 
 def test_a_call_that_is_not_json_is_refused() -> None:
-    with pytest.raises(RankSetError, match="not JSON"):
-        decode_call(b"\xff{", 1 << 30)
+    for header in (b"\xff{", b"[" * 100_000):
+        with pytest.raises(RankSetError, match="not JSON"):
+            decode_call(header, 1 << 30)
     assert decode_call(_call(), 1 << 30)["shape"] == [2, 3]
+
+
+def _server() -> RelayServer:
+    def agree(call: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    return RelayServer(lambda: {}, agree, set, lambda: None, 1 << 20)
+
+
+def _replies(server: RelayServer, calls: bytes) -> list[dict[str, Any]]:
+    """Feed ``calls`` to ``server`` through a real pipe and read back every reply it writes."""
+    call_read, call_write = os.pipe()
+    reply_read, reply_write = os.pipe()
+    os.set_blocking(reply_write, False)
+
+    def send() -> None:  # (a pipe holds 64 KiB: the child's side writes while the parent reads)
+        with contextlib.suppress(OSError):
+            os.write(call_write, calls)
+        os.close(call_write)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        for _ in range(1000):
+            if server.wants_input():
+                server.read_from(call_read)
+            server.pump()
+            server.write_to(reply_write)
+            if server.stopped and not server.wants_output():
+                break
+        os.close(reply_write)
+        data = b""
+        while chunk := os.read(reply_read, 1 << 16):
+            data += chunk
+    finally:
+        os.close(call_read)
+        os.close(reply_read)
+        sender.join()
+    return [json.loads(line) for line in data.split(b"\n") if line.startswith(b"{")]
+
+
+def test_the_relay_stops_at_a_header_over_64_kib() -> None:
+    server = _server()
+    replies = _replies(server, b"x" * 70_000)
+    assert server.stopped and replies == [{"ok": False, "message": "the child sent a call header longer than 64 KiB",
+                                           "nbytes": 0}]  # fmt: skip
+
+
+def test_the_relay_refuses_a_question_before_the_ranks_agreed_and_a_collective_of_no_group() -> None:
+    server = _server()
+    replies = _replies(server, json.dumps({"call": "any", "value": True, "nbytes": 0}).encode() + b"\n")
+    assert replies[0]["ok"] is False and "before every rank was ready" in replies[0]["message"]
+    server = _server()
+    payload = bytes(24)
+    replies = _replies(server, _call() + b"\n" + payload)
+    assert replies[0]["ok"] is False and "not one of the file's" in replies[0]["message"]
+
+
+def test_a_reply_the_child_never_reads_does_not_block_the_parent() -> None:
+    server = _server()
+    server._reply = [memoryview(bytes(4 << 20))]  # more than a pipe holds
+    reply_read, reply_write = os.pipe()
+    os.set_blocking(reply_write, False)
+    try:
+        started = time.monotonic()
+        server.write_to(reply_write)  # returns once the pipe is full, never waits for the reader
+        assert time.monotonic() - started < 5 and server.wants_output()
+    finally:
+        os.close(reply_read)
+        os.close(reply_write)
+
+
+def test_an_arrival_timeout_must_be_a_number_of_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value in ("nan", "inf", "-1", "0", "soon"):
+        monkeypatch.setenv(distributed.ARRIVAL_TIMEOUT_ENV, value)
+        with pytest.raises(RankSetError, match="not a number of seconds above 0"):
+            distributed.arrival_timeout()
 
 
 def test_path_templates() -> None:

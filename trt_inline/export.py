@@ -102,23 +102,17 @@ def save(
     each file records its rank, the world size, the groups and the collectives.
     """
     target = Path(distributed.expand_path(path))
-    if output_format not in formats.OUTPUT_FORMATS:
-        choices = ", ".join(map(repr, formats.OUTPUT_FORMATS))
-        raise SaveError(f"output_format {output_format!r} is not one of {choices}")
-    if target.is_dir():
-        raise SaveError(f"{target} is a directory")
-    if not target.parent.exists():
-        raise SaveError(f"directory {target.parent} does not exist")
-    if output_format == formats.AOT_INDUCTOR and target.suffix != ".pt2":
-        raise SaveError(f"{target}: an AOTInductor package's name must end in .pt2")
-    boundaries = embeds_boundaries(embed_reference)
-    if boundaries and output_format == formats.AOT_INDUCTOR:
-        raise SaveError(
-            "embed_reference='boundaries' is for ExportedProgram files: a package's engines run inside its compiled "
-            "code, where no engine boundary can be observed; save an exported_program file to compare engines"
-        )
-    # A rank set saves collectively: every rank must be here before the reference run's collectives.
-    save_id = distributed.arrive("save") if distributed.in_rank_set() else None
+    try:
+        boundaries = _check_save(target, output_format, embed_reference)
+        problem = None
+    except SaveError as exc:
+        problem = exc
+    # A rank set saves collectively: every rank must be here, its checks passed, before the reference run's
+    # collectives (a rank whose checks failed still arrives, so that the others fail naming it).
+    failure = None if problem is None else str(problem)
+    save_id = distributed.arrive("save", failure) if distributed.in_rank_set() else None
+    if problem is not None:
+        raise problem
     progress.report(f"flattening into one program for {target}")
     program = to_exported_program(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
@@ -139,6 +133,26 @@ def save(
     else:
         write_program(program, target, extra_files)
     return program
+
+
+def _check_save(target: Path, output_format: str, embed_reference: bool | str) -> bool:
+    """Refuse a save that cannot be written, before any work; whether it embeds boundary data."""
+    if output_format not in formats.OUTPUT_FORMATS:
+        choices = ", ".join(map(repr, formats.OUTPUT_FORMATS))
+        raise SaveError(f"output_format {output_format!r} is not one of {choices}")
+    if target.is_dir():
+        raise SaveError(f"{target} is a directory")
+    if not target.parent.exists():
+        raise SaveError(f"directory {target.parent} does not exist")
+    if output_format == formats.AOT_INDUCTOR and target.suffix != ".pt2":
+        raise SaveError(f"{target}: an AOTInductor package's name must end in .pt2")
+    boundaries = embeds_boundaries(embed_reference)
+    if boundaries and output_format == formats.AOT_INDUCTOR:
+        raise SaveError(
+            "embed_reference='boundaries' is for ExportedProgram files: a package's engines run inside its compiled "
+            "code, where no engine boundary can be observed; save an exported_program file to compare engines"
+        )
+    return boundaries
 
 
 def write_program(program: ExportedProgram, target: Path, extra_files: dict[str, str] | None = None) -> None:

@@ -23,6 +23,7 @@ runs ``torch.distributed.run`` itself.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 import uuid
@@ -83,18 +84,25 @@ def expand_path(path: str | os.PathLike[str]) -> str:
 def arrival_timeout() -> float:
     raw = os.environ.get(ARRIVAL_TIMEOUT_ENV)
     try:
-        return float(raw) if raw else _DEFAULT_ARRIVAL_TIMEOUT
+        seconds = float(raw) if raw else _DEFAULT_ARRIVAL_TIMEOUT
     except ValueError:
-        raise RankSetError(f"{ARRIVAL_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise RankSetError(f"{ARRIVAL_TIMEOUT_ENV}={raw!r} is not a number of seconds above 0")
+    return seconds
 
 
-def arrive(what: str, timeout: float | None = None) -> str:
-    """Wait until every rank has called this step; its id, shared by the rank set.
+def arrive(what: str, failure: str | None = None, timeout: float | None = None) -> str:
+    """Wait until every rank has reached this step; its id, shared by the rank set.
 
-    Each rank sets a key in the default group's store and waits for the others'.
-    Past ``timeout`` seconds it marks the step abandoned (a rank that arrives
-    later fails at once instead of waiting alone) and raises
-    :class:`RankSetError` naming the ranks that did not arrive.
+    Every rank calls it once per step, ``failure`` saying why it cannot go on
+    (its own checks failed): then every other rank raises :class:`RankSetError`
+    naming it, so that no rank enters a collective the failed one will never
+    join, and the ranks stay in step for the next one. Each rank leaves its
+    status under a key of the default group's store and counts itself in one
+    counter; past ``timeout`` seconds (:data:`ARRIVAL_TIMEOUT_ENV`) it marks the
+    step abandoned (a rank arriving later fails at once instead of waiting alone)
+    and raises naming the ranks that did not arrive.
     """
     import torch.distributed as dist
 
@@ -104,23 +112,26 @@ def arrive(what: str, timeout: float | None = None) -> str:
     prefix = f"trt_inline/{what}/{next(_steps)}"
     if rank == 0:
         store.set(f"{prefix}/id", uuid.uuid4().hex)
-    store.set(f"{prefix}/{rank}", "1")
-    keys = [f"{prefix}/{r}" for r in range(world)]
+    store.set(f"{prefix}/{rank}", failure or "")
+    store.add(f"{prefix}/count", 1)
     deadline = time.monotonic() + timeout
-    while True:
+    while store.add(f"{prefix}/count", 0) < world or not store.check([f"{prefix}/id"]):
         if store.check([f"{prefix}/abandoned"]):
             raise RankSetError(f"{what}: another rank stopped waiting for this one (it called {what} earlier)")
-        missing = [r for r, key in zip(range(world), keys, strict=True) if not store.check([key])]
-        if not missing and store.check([f"{prefix}/id"]):
-            return bytes(store.get(f"{prefix}/id")).decode()
         if time.monotonic() > deadline:
             store.set(f"{prefix}/abandoned", str(rank))
-            ranks = ", ".join(map(str, missing)) or "0"
+            missing = [r for r in range(world) if not store.check([f"{prefix}/{r}"])]
             raise RankSetError(
-                f"{what} on rank {rank} of {world}: rank(s) {ranks} did not call it within {timeout:g} s; every rank "
-                f"of the process group must call it (each saves its own shard), e.g. not under `if rank == 0`"
+                f"{what} on rank {rank} of {world}: rank(s) {', '.join(map(str, missing)) or '?'} did not call it "
+                f"within {timeout:g} s; every rank of the process group must call it (each saves its own shard), "
+                "e.g. not under `if rank == 0`"
             )
         time.sleep(_POLL_SECONDS)
+    for other in range(world):
+        reason = bytes(store.get(f"{prefix}/{other}")).decode(errors="replace")
+        if reason and other != rank:
+            raise RankSetError(f"{what} on rank {rank} of {world}: rank {other} could not go on ({reason})")
+    return bytes(store.get(f"{prefix}/id")).decode()
 
 
 def manifest_for(module: torch.nn.Module, save_id: str) -> RankManifest:

@@ -63,7 +63,7 @@ COLLECTIVE_OPS: dict[str, int | None] = {
     "tensorrt::fused_nccl_gather": None,
     "tensorrt::fused_nccl_scatter": None,
 }
-_MAX_GROUPS = 4096
+_MAX_GROUPS = 64
 _MAX_COLLECTIVES = 1 << 16
 
 
@@ -223,7 +223,7 @@ def decode_manifest(text: str, where: str) -> RankManifest:
         groups = document["groups"]
         collectives = document["collectives"]
         if not isinstance(groups, list) or len(groups) > _MAX_GROUPS:
-            raise ValueError("groups is not a list of at most 4096")
+            raise ValueError("groups is not a list of at most 64")
         if not isinstance(collectives, list) or len(collectives) > _MAX_COLLECTIVES:
             raise ValueError("collectives is not a list of at most 65536")
         manifest = RankManifest(
@@ -250,9 +250,25 @@ def decode_manifest(text: str, where: str) -> RankManifest:
         ) from None
     if not manifest.rank < manifest.world_size:
         raise VerifyInputError(f"{where}: its rank manifest records rank {manifest.rank} of {manifest.world_size}")
+    names = [group.name for group in manifest.groups]
     for group in manifest.groups:
-        if any(r >= manifest.world_size for r in group.ranks) or len(set(group.ranks)) != len(group.ranks):
+        if not group.ranks or any(r >= manifest.world_size for r in group.ranks):
             raise VerifyInputError(f"{where}: its rank manifest's group {group.name!r} has ranks outside the world")
+        if len(set(group.ranks)) != len(group.ranks) or list(group.ranks) != sorted(group.ranks):
+            raise VerifyInputError(f"{where}: its rank manifest's group {group.name!r} lists its ranks out of order")
+        if manifest.rank not in group.ranks:
+            raise VerifyInputError(f"{where}: its rank manifest's group {group.name!r} does not hold its own rank")
+    if len(set(names)) != len(names):
+        raise VerifyInputError(f"{where}: its rank manifest names a group twice")
+    used = {c.group for c in manifest.collectives if c.group is not None}
+    if used != set(names):
+        raise VerifyInputError(
+            f"{where}: its rank manifest's groups ({', '.join(sorted(names))}) are not the ones its collectives name "
+            f"({', '.join(sorted(used))})"
+        )
+    for collective in manifest.collectives:
+        if collective.op.partition(".")[0] not in COLLECTIVE_OPS:
+            raise VerifyInputError(f"{where}: its rank manifest lists {collective.op}, which is not a collective")
     return manifest
 
 

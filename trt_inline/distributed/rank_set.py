@@ -19,6 +19,7 @@ Afterwards the parents gather every rank's report into one
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -28,11 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from trt_inline import distributed
 from trt_inline.distributed.manifest import RankManifest, decode_manifest
-from trt_inline.distributed.relay import RelayServer
+from trt_inline.distributed.relay import CALL_OF_OP, RelayServer
 from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
 
 __all__ = ["RESULT_FILE_ENV", "RankSetReport", "launch", "under_launcher", "verify_rank_set"]
@@ -103,18 +105,57 @@ def ensure_process_group(timeout: float) -> bool:
     return True
 
 
+_MAX_EXCHANGE = 64 << 20
+_STATUSES = ("PASS", "FAIL", "UNVERIFIED", "ERROR")
+
+
+def exchange(mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every parent's JSON object, in rank order, over the job's process group.
+
+    JSON, never pickles (``all_gather_object`` unpickles what other ranks send);
+    lengths are gathered first, every object is bounded and must be an object.
+    """
+    data = json.dumps(mine).encode()
+    if len(data) > _MAX_EXCHANGE:
+        raise RankSetError(f"rank {dist.get_rank()}'s part of the rank set's exchange is over 64 MiB")
+    world = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
+    longest = max(int(size.item()) for size in sizes)
+    if not 0 <= longest <= _MAX_EXCHANGE:
+        raise RankSetError("a rank's part of the rank set's exchange is over 64 MiB")
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    if data:
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    result = []
+    for rank, (size, tensor) in enumerate(zip(sizes, gathered, strict=True)):
+        try:
+            value = json.loads(bytes(tensor[: int(size.item())].tolist()).decode())
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise RankSetError(f"rank {rank} sent a malformed part of the rank set's exchange")
+        result.append(value)
+    return result
+
+
 class _Agreement:
     """One rank's part in agreeing that every rank may run, and the groups its child's collectives use."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, timeout: float) -> None:
         self.path = path
+        self.timeout = timeout
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.done = False
-        self.groups: dict[str, Any] = {}
+        self.groups: dict[str, Any] = {}  # recorded group name -> this job's relay group with those members
+        self.allowed: set[tuple[str, str, str | None]] = set()
+        self.relay_world: Any = None  # the relay's group of every rank (``any``)
         self.notes: list[str] = []
 
     def child_ready(self, call: dict[str, Any]) -> dict[str, Any]:
-        if self.done:  # (a second agreement would pair with the other ranks' collectives)
+        if self.done:  # (a second agreement would pair with the other ranks' exchanges)
             raise RankSetError("the child said it was ready twice")
         manifest_text = call.get("manifest")
         refusal = None
@@ -148,29 +189,49 @@ class _Agreement:
         mine: dict[str, Any] = {
             "refusal": refusal,
             "save_id": manifest.save_id if manifest else None,
-            "collectives": [list(c.signature()) for c in manifest.collectives] if manifest else None,
-            "where": [c.where for c in manifest.collectives] if manifest else None,
+            "collectives": [list(c.signature()) for c in manifest.collectives] if manifest else [],
+            "where": [c.where for c in manifest.collectives] if manifest else [],
             "groups": {g.name: list(g.ranks) for g in manifest.groups} if manifest else {},
         }
-        everyone: list[Any] = [None] * self.world
-        dist.all_gather_object(everyone, mine)
+        everyone = exchange(mine)
         for rank, status in enumerate(everyone):
-            if status["refusal"] is not None:
+            if status.get("refusal") is not None:
                 if rank == self.rank:
                     raise RankSetError(str(status["refusal"]))
-                raise RankSetError(f"rank {rank} refused its file, so no rank ran: {status['refusal']}")
+                raise RankSetError(f"rank {rank} refused its file, so no rank ran: {printable(str(status['refusal']))}")
+        member_sets = _groups_pair_up(everyone)
         _same_collectives(everyone)
-        ids = {status["save_id"] for status in everyone}
-        # Every parent makes every group of the set, in one order (new_group is collective over the world).
-        member_sets = sorted({tuple(r) for status in everyone for r in status["groups"].values()})
-        live = {tuple(dist.get_process_group_ranks(dist.group.WORLD)): dist.group.WORLD}
-        for members in member_sets:
-            if members not in live:
-                live[members] = dist.new_group(list(members))
-        self.groups = {name: live[tuple(ranks)] for name, ranks in mine["groups"].items() if self.rank in ranks}
-        if len(ids) > 1:
-            self.notes = [f"the files come from {len(ids)} different saves (save ids differ)"]
+        # The relay's own groups, made by every parent in one order (new_group is collective over the world):
+        # the child's collectives never share a group with the parents' exchanges.
+        timeout = datetime.timedelta(seconds=self.timeout)
+        self.relay_world = dist.new_group(list(range(self.world)), timeout=timeout)
+        relay = {members: dist.new_group(list(members), timeout=timeout) for members in member_sets}
+        assert manifest is not None  # (no refusal: every rank, this one included, has a manifest)
+        self.groups = {g.name: relay[g.ranks] for g in manifest.groups}
+        self.allowed = {
+            (CALL_OF_OP[c.op.partition(".")[0]], c.group, c.reduce_op if "reduce" in c.op else None)
+            for c in manifest.collectives
+            if c.group is not None and c.op.partition(".")[0] in CALL_OF_OP
+        }
+        if len({status.get("save_id") for status in everyone}) > 1:
+            self.notes = ["the files come from different saves (their save ids differ)"]
         return {name: (dist.get_rank(group), dist.get_world_size(group)) for name, group in self.groups.items()}
+
+
+def _groups_pair_up(everyone: list[dict[str, Any]]) -> list[tuple[int, ...]]:
+    """The member sets of every rank's groups, sorted; refused unless every member of a group declares it too."""
+    declared = {rank: {tuple(ranks) for ranks in status["groups"].values()} for rank, status in enumerate(everyone)}
+    for rank, sets in declared.items():
+        for members in sorted(sets):
+            if rank not in members:
+                raise RankSetError(f"rank {rank}'s file calls collectives on ranks {list(members)}, without itself")
+            missing = [other for other in members if members not in declared.get(other, set())]
+            if missing:
+                raise RankSetError(
+                    f"rank {rank}'s file calls collectives on the group of ranks {list(members)}, which rank(s) "
+                    f"{', '.join(map(str, missing))} do not; nothing ran"
+                )
+    return sorted(set().union(*declared.values()))
 
 
 def _same_collectives(everyone: list[dict[str, Any]]) -> None:
@@ -186,7 +247,7 @@ def _same_collectives(everyone: list[dict[str, Any]]) -> None:
             op, group, reduce_op, dtype = signature
             if group is None:
                 continue  # wait_tensor: it waits, and talks to nobody
-            members = groups.get(group, ())
+            members = groups[group]  # (a manifest declares every group its collectives name)
             per_group.setdefault(members, {}).setdefault(rank, []).append(((op, reduce_op, dtype), where))
     for members, by_rank in sorted(per_group.items()):
         sequences = {rank: by_rank.get(rank, []) for rank in members}
@@ -259,17 +320,20 @@ def _verify_this_rank(
     sandbox: bool,
     debug: bool,
 ) -> RankSetReport:
-    from trt_inline.verify.isolation import Limits
+    from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits
     from trt_inline.verify.verifier import normalize_tolerance, report_of_child
 
     path = distributed.expand_path(template)
-    agreement = _Agreement(path)
-    server = RelayServer(lambda: agreement.groups, agreement.child_ready)
+    agreement = _Agreement(path, DEFAULT_TIMEOUT if timeout is None else timeout)
     row: dict[str, Any] = {"rank": agreement.rank, "path": printable(path)}
     try:
         if not os.path.isfile(path):
             raise VerifyInputError(f"{path}: no such file")
         limits = Limits.for_file(path, timeout, memory_limit)
+        server = RelayServer(
+            lambda: agreement.groups, agreement.child_ready, lambda: agreement.allowed, lambda: agreement.relay_world,
+            limits.memory,
+        )  # fmt: skip
         arguments = {
             "path": path, "expected_from": None, "atol": normalize_tolerance(atol), "rtol": normalize_tolerance(rtol),
             "device": None, "per_engine": per_engine, "random_inputs": 0, "seed": 0, "save_outputs": None,
@@ -289,11 +353,30 @@ def _verify_this_rank(
     except TrtInlineError as exc:
         agreement.child_ended(first_line(exc))
         row.update(status="ERROR", report=None, error=first_line(exc)[:2000])
-    rows: list[Any] = [None] * agreement.world
-    dist.all_gather_object(rows, row)
+    rows = [_checked_row(rank, other) for rank, other in enumerate(exchange(row))]
     result = RankSetReport(template, agreement.world, agreement.rank, rows, agreement.notes)
     _name_the_source(result)
     return result
+
+
+def _checked_row(rank: int, row: dict[str, Any]) -> dict[str, Any]:
+    """A rank's row as the set's report shows it: known fields only, strings escaped, a report that reads back."""
+    from trt_inline.verify.report import VerifyReport
+
+    status = row.get("status") if row.get("status") in _STATUSES else "ERROR"
+    report = row.get("report") if isinstance(row.get("report"), dict) else None
+    if report is not None:
+        try:
+            report = VerifyReport.from_dict(report).to_dict()
+        except (KeyError, TypeError, ValueError):
+            status, report = "ERROR", None
+    checked = {"rank": rank, "path": printable(str(row.get("path", "")))[:2000], "status": status, "report": report}
+    for key in ("summary", "error"):
+        if isinstance(row.get(key), str):
+            checked[key] = printable(row[key])[:2000]
+    if status == "ERROR" and "error" not in checked:
+        checked["error"] = "its report was unusable"
+    return checked
 
 
 _COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "fused_nccl")

@@ -16,6 +16,10 @@ Calls: ``ready`` (the child's checks are done; the parent agrees with every
 rank before anything runs), ``any`` (whether any rank says yes: every rank
 must take the same branches that run collectives), and the collectives
 ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``broadcast``.
+
+The parent runs a child's collectives on process groups made for the relay
+alone (never the group the parents coordinate on, whose collectives the child
+could otherwise pair its own with), and only those its agreed manifest lists.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ import torch
 import torch.distributed as dist
 
 from trt_inline import compat
-from trt_inline.errors import RankSetError, printable
+from trt_inline.errors import RankSetError, first_line, printable
 
-__all__ = ["CALL_FD_ENV", "REPLY_FD_ENV", "RelayClient", "RelayGroup", "client", "decode_call", "encode_message"]
+__all__ = [
+    "CALL_FD_ENV", "CALL_OF_OP", "REPLY_FD_ENV", "RelayClient", "RelayGroup", "RelayServer", "client", "decode_call",
+    "encode_message",
+]  # fmt: skip
 
 CALL_FD_ENV = "TRT_INLINE_CALL_FD"
 REPLY_FD_ENV = "TRT_INLINE_REPLY_FD"
@@ -233,24 +240,35 @@ def any_rank(value: bool) -> bool:
 # ---------------------------------------------------------------------------
 
 
+def _count(value: Any, bound: int) -> bool:
+    """An int (not a bool) in [0, bound]."""
+    return type(value) is int and 0 <= value <= bound
+
+
 def decode_call(header: bytes, limit: int) -> dict[str, Any]:
-    """A call header from the child, checked (untrusted): a dict with the fields its call needs."""
+    """A call header from the child, checked (untrusted): a dict with the fields its call needs.
+
+    Raises :class:`RankSetError` for anything else, whatever the header holds.
+    """
     try:
-        call = json.loads(header)
-    except ValueError:
-        raise RankSetError("the child sent a call that is not JSON") from None
+        return _checked_call(json.loads(header), limit)
+    except RankSetError:
+        raise
+    except Exception as exc:  # (deep nesting, odd numbers: nothing of the child's may raise anything else here)
+        raise RankSetError(f"the child sent a call that is not JSON ({type(exc).__name__})") from None
+
+
+def _checked_call(call: Any, limit: int) -> dict[str, Any]:
     if not isinstance(call, dict) or not isinstance(call.get("call"), str):
         raise RankSetError("the child sent a malformed call")
     nbytes = call.get("nbytes")
-    if not isinstance(nbytes, int) or not 0 <= nbytes <= limit:
+    if not _count(nbytes, limit):
         raise RankSetError(f"the child announced {printable(repr(nbytes))[:40]} bytes, past its memory limit")
     if call["call"] in COLLECTIVE_CALLS:
         dtype, shape = call.get("dtype"), call.get("shape")
         if dtype not in DTYPES:
             raise RankSetError(f"the child sent a tensor of dtype {printable(repr(dtype))[:40]}")
-        if not (
-            isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(isinstance(d, int) and 0 <= d for d in shape)
-        ):
+        if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(_count(d, 1 << 40) for d in shape)):
             raise RankSetError("the child sent a tensor with a malformed shape")
         numel = 1
         for d in shape:
@@ -261,75 +279,220 @@ def decode_call(header: bytes, limit: int) -> dict[str, Any]:
             raise RankSetError(f"the child asked for reduction {printable(repr(call.get('reduce')))[:40]}")
         if not isinstance(call.get("group"), str):
             raise RankSetError("the child named no process group")
+    elif nbytes:
+        raise RankSetError("the child sent bytes with a call that takes none")
     return call
 
 
-class RelayServer:
-    """The parent's end: answers the child's calls with this job's process groups.
+# The collective call a manifest's operator makes, by the operator's base name.
+CALL_OF_OP = {
+    "_c10d_functional::all_reduce": "all_reduce",
+    "_c10d_functional::all_gather_into_tensor": "all_gather",
+    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter",
+    "_c10d_functional::all_to_all_single": "all_to_all",
+    "_c10d_functional::broadcast": "broadcast",
+}
 
-    ``agree(ready_call)`` is called once, for the child's ``ready`` (it returns
-    the groups as {name: (group rank, size)}, or raises :class:`RankSetError` to stop the child).
+
+class RelayServer:
+    """The parent's end: reads the child's calls, answers them with this job's process groups.
+
+    A small state machine over the two pipes, driven by the parent's loop
+    (:mod:`trt_inline.verify.isolation`): it reads a call only when no reply is
+    pending (:meth:`wants_input`), reads a header of at most 64 KiB and then
+    exactly the payload it announces, and writes its reply without blocking
+    (:meth:`write_to`), so that a child that stops reading cannot stall the
+    parent past its time limit. After a malformed call it answers once with the
+    error and reads nothing more.
+
+    ``agree(ready_call)`` is called once, for the child's ``ready``: it returns
+    the groups as {name: (group rank, size)} (or raises :class:`RankSetError`),
+    and ``groups()`` then gives the parent's group per name, ``allowed()`` the
+    (call, group, reduction) triples the agreed manifest lets this rank make,
+    ``world()`` the group ``any`` runs on. ``limit`` bounds every payload and result.
     """
 
-    def __init__(self, groups: Callable[[], dict[str, Any]], agree: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        self._groups = groups
-        self._agree = agree
+    def __init__(
+        self,
+        groups: Callable[[], dict[str, Any]],
+        agree: Callable[[dict[str, Any]], dict[str, Any]],
+        allowed: Callable[[], set[tuple[str, str, str | None]]],
+        world: Callable[[], Any],
+        limit: int,
+    ) -> None:
+        self._groups, self._agree, self._allowed, self._world = groups, agree, allowed, world
+        self.limit = limit
+        self.stopped = False
+        self._header = bytearray()
+        self._leftover = b""
+        self._call: dict[str, Any] | None = None
+        self._payload: bytearray | None = None
+        self._filled = 0
+        self._reply: list[memoryview] = []
 
-    def answer(self, call: dict[str, Any], payload: bytes) -> bytes:
+    def wants_input(self) -> bool:
+        return not self.stopped and not self._reply
+
+    def wants_output(self) -> bool:
+        return bool(self._reply)
+
+    def read_from(self, fd: int) -> None:
+        """Read what the child sent (``fd`` is readable and :meth:`wants_input`)."""
+        if self._payload is not None:
+            view = memoryview(self._payload)[self._filled : self._filled + (1 << 20)]
+            count = os.readv(fd, [view])
+            if not count:
+                self.stopped = True
+                return
+            self._filled += count
+            if self._filled == len(self._payload):
+                self._complete()
+            return
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            self.stopped = True
+            return
+        self._take(chunk)
+
+    def pump(self) -> None:
+        """Go on with bytes read past the last call, once its reply is out (a child that sent ahead)."""
+        if self._leftover and self.wants_input():
+            chunk, self._leftover = self._leftover, b""
+            self._take(chunk)
+
+    def _take(self, chunk: bytes) -> None:
+        if self._payload is not None:  # (leftover bytes of a payload)
+            take = chunk[: len(self._payload) - self._filled]
+            self._payload[self._filled : self._filled + len(take)] = take
+            self._filled += len(take)
+            self._leftover = chunk[len(take) :]
+            if self._filled == len(self._payload):
+                self._complete()
+            return
+        line, newline, rest = chunk.partition(b"\n")
+        self._header += line
+        if len(self._header) > _MAX_HEADER:
+            self._fail("the child sent a call header longer than 64 KiB")
+            return
+        if not newline:
+            return
+        header = bytes(self._header)
+        self._header.clear()
+        try:
+            call = decode_call(header, self.limit)
+        except RankSetError as exc:
+            self._fail(str(exc))
+            return
+        self._call, self._payload, self._filled = call, bytearray(call["nbytes"]), 0
+        self._leftover = rest
+        if not call["nbytes"]:
+            self._complete()
+        else:
+            self.pump()
+
+    def _complete(self) -> None:
+        assert self._call is not None and self._payload is not None
+        call, payload = self._call, self._payload
+        self._call, self._payload, self._filled = None, None, 0
+        header, data = self.answer(call, payload)
+        self._reply = [memoryview(json.dumps({**header, "nbytes": len(data)}).encode() + b"\n"), memoryview(data)]
+
+    def _fail(self, message: str) -> None:
+        self._reply = [memoryview(encode_message({"ok": False, "message": message}))]
+        self.stopped = True
+
+    def write_to(self, fd: int) -> None:
+        """Write what fits of the pending reply (``fd`` is non-blocking)."""
+        while self._reply:
+            try:
+                count = os.write(fd, self._reply[0][: 1 << 20])
+            except BlockingIOError:
+                return
+            self._reply[0] = self._reply[0][count:]
+            if not len(self._reply[0]):
+                self._reply.pop(0)
+
+    def answer(self, call: dict[str, Any], payload: bytearray) -> tuple[dict[str, Any], bytes]:
+        """The reply to one checked call: (header, bytes). Any failure is an error reply, and the relay stops."""
         try:
             kind = call["call"]
             if kind == "ready":
-                return encode_message({"ok": True, "groups": self._agree(call)})
+                return {"ok": True, "groups": self._agree(call)}, b""
             if kind == "any":
-                flag = torch.tensor([1 if call.get("value") else 0])
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                return encode_message({"ok": True, "value": bool(flag.item())})
+                world = self._world()
+                if world is None:
+                    raise RankSetError("the child asked the ranks a question before every rank was ready")
+                flag = torch.tensor([1 if call.get("value") is True else 0])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=world)
+                return {"ok": True, "value": bool(flag.item())}, b""
             if kind in COLLECTIVE_CALLS:
-                return encode_message({"ok": True}, _tensor_bytes(self._collective(call, payload)))
+                return {"ok": True}, _tensor_bytes(self._collective(call, payload))
             raise RankSetError(f"the child asked for {printable(kind)[:40]!r}, which is not a call")
-        except RankSetError as exc:
-            return encode_message({"ok": False, "message": str(exc)})
+        except Exception as exc:
+            self.stopped = True
+            message = str(exc) if isinstance(exc, RankSetError) else f"{type(exc).__name__}: {first_line(exc)}"
+            return {"ok": False, "message": printable(message)[:2000]}, b""
 
-    def _collective(self, call: dict[str, Any], payload: bytes) -> torch.Tensor:
-        group = self._groups().get(call["group"])
+    def _collective(self, call: dict[str, Any], payload: bytearray) -> torch.Tensor:
+        kind, name, reduce = call["call"], call["group"], call.get("reduce", "sum")
+        group = self._groups().get(name)
         if group is None:
+            raise RankSetError(f"the child named process group {printable(name)[:40]!r}, not one of the file's")
+        if (kind, name, reduce if kind in ("all_reduce", "reduce_scatter") else None) not in self._allowed():
             raise RankSetError(
-                f"the child named process group {printable(call['group'])[:40]!r}, not one of the file's"
+                f"the child called {kind} ({reduce}) on group {printable(name)[:40]!r}, which its file's manifest does "
+                "not list"
             )
-        tensor = _tensor_from(payload, DTYPES[call["dtype"]], call["shape"])
+        dtype = DTYPES[call["dtype"]]
+        tensor = (
+            torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(call["shape"])
+            if payload
+            else torch.zeros(call["shape"], dtype=dtype)
+        )
         size = dist.get_world_size(group)
-        kind = call["call"]
-        reduce = call.get("reduce", "sum")
         op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
               "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[reduce]  # fmt: skip
         if kind == "all_reduce":
             dist.all_reduce(tensor, op=op, group=group)
             result = tensor
         elif kind == "all_gather":
-            result = torch.empty(
+            if len(payload) * size > self.limit:
+                raise RankSetError("the child asked to gather more than its memory limit")
+            result = torch.zeros(
                 (tensor.shape[0] * size, *tensor.shape[1:]) if tensor.dim() else (size,), dtype=tensor.dtype
             )
             dist.all_gather_into_tensor(result, tensor, group=group)
         elif kind == "reduce_scatter":
             if tensor.dim() == 0 or tensor.shape[0] % size:
                 raise RankSetError("the child asked to reduce-scatter a tensor its group cannot split")
-            result = torch.empty((tensor.shape[0] // size, *tensor.shape[1:]), dtype=tensor.dtype)
+            result = torch.zeros((tensor.shape[0] // size, *tensor.shape[1:]), dtype=tensor.dtype)
             dist.reduce_scatter_tensor(result, tensor, op=op, group=group)
         elif kind == "all_to_all":
-            out_splits, in_splits = call.get("out_splits"), call.get("in_splits")
-            if not all(
-                isinstance(s, list) and all(isinstance(n, int) and n >= 0 for n in s) for s in (out_splits, in_splits)
-            ):
-                raise RankSetError("the child sent malformed splits")
-            rows = sum(out_splits) if out_splits else tensor.shape[0]
-            result = torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype)
-            dist.all_to_all_single(result, tensor, out_splits or None, in_splits or None, group=group)
+            result = self._all_to_all(call, tensor, size, group)
         else:  # broadcast
             root = call.get("root")
-            if not isinstance(root, int) or not 0 <= root < size:
+            if not _count(root, size - 1):
                 raise RankSetError("the child asked to broadcast from a rank outside its group")
             dist.broadcast(tensor, group=group, group_src=root)
             result = tensor
         if reduce == "avg":
             result = result / size if result.is_floating_point() else result // size
+        return result
+
+    def _all_to_all(self, call: dict[str, Any], tensor: torch.Tensor, size: int, group: Any) -> torch.Tensor:
+        out_splits, in_splits = call.get("out_splits"), call.get("in_splits")
+        rows = tensor.shape[0] if tensor.dim() else 0
+        for splits in (out_splits, in_splits):
+            if not (isinstance(splits, list) and all(_count(n, 1 << 40) for n in splits)):
+                raise RankSetError("the child sent malformed splits")
+            if splits and len(splits) != size:
+                raise RankSetError("the child sent splits for another group size")
+        if in_splits and sum(in_splits) != rows:
+            raise RankSetError("the child sent input splits that do not cover its tensor")
+        out_rows = sum(out_splits) if out_splits else rows
+        row_bytes = tensor[0].numel() * tensor.element_size() if rows else 0
+        if out_rows * row_bytes > self.limit:
+            raise RankSetError("the child asked to receive more than its memory limit")
+        result = torch.zeros((out_rows, *tensor.shape[1:]), dtype=tensor.dtype)
+        dist.all_to_all_single(result, tensor, out_splits or None, in_splits or None, group=group)
         return result

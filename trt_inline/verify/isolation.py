@@ -271,7 +271,7 @@ def run_isolated(
     try:
         # Its temporary files (torch's own, a package's extracted library) stay in its own folder.
         (work / "tmp").mkdir()
-        with _Pipes(message, where, relay, limits.memory) as pipes:
+        with _Pipes(message, where, relay) as pipes:
             zygote = _zygote_for_now() if relay is None else None
             if zygote is not None:
                 outcome = zygote.run(work, pipes, limits)
@@ -290,14 +290,15 @@ class _Pipes:
     Each descriptor is closed once (a number closed twice may by then be another file's).
     """
 
-    def __init__(self, message: bytes, where: str, relay: RelayServer | None = None, relay_limit: int = 0) -> None:
+    def __init__(self, message: bytes, where: str, relay: RelayServer | None = None) -> None:
         self.request_read, self.request_write = os.pipe()
         self.result_read, self.result_write = os.pipe()
         self.progress_read, self.progress_write = os.pipe()
-        self.relay, self.relay_limit = relay, relay_limit
-        self._calls = bytearray()
+        self.relay = relay
         self.call_read, self.call_write = os.pipe() if relay is not None else (-1, -1)
         self.reply_read, self.reply_write = os.pipe() if relay is not None else (-1, -1)
+        if relay is not None:
+            os.set_blocking(self.reply_write, False)
         self.message = message
         self.where = where
         self.result = bytearray()
@@ -350,42 +351,31 @@ class _Pipes:
             self.result += chunk
 
     def drain(self, timeout: float) -> None:
-        """Read what the child has written of its result and progress, waiting at most ``timeout`` seconds."""
-        watched = [self.result_read] + [fd for fd in (self.progress_read, self.call_read) if fd in self._open]
-        ready, _, _ = select.select(watched, [], [], timeout)
+        """Read what the child has written of its result and progress, waiting at most ``timeout`` seconds.
+
+        A rank-set child's calls are read, and their replies written, here too,
+        never blocking: the caller checks the limits between two drains.
+        """
+        relay = self.relay
+        watched = [self.result_read] + ([self.progress_read] if self.progress_read in self._open else [])
+        if relay is not None and relay.wants_input() and self.call_read in self._open:
+            watched.append(self.call_read)
+        replying = relay is not None and relay.wants_output() and self.reply_write in self._open
+        ready, _, _ = select.select(watched, [self.reply_write] if replying else [], [], timeout)
         if self.result_read in ready:
             self._take(os.read(self.result_read, 1 << 20))
         if self.progress_read in ready:
             self._progress_lines(os.read(self.progress_read, 1 << 16))
-        if self.call_read in ready:
-            self._relay_calls(os.read(self.call_read, 1 << 20))
-
-    def _relay_calls(self, chunk: bytes) -> None:
-        """Answer each whole call the child has sent (a rank set's collectives); untrusted, checked by the relay."""
-        from trt_inline.distributed.relay import decode_call, encode_message
-
-        assert self.relay is not None
-        if not chunk:
-            self._close(self.call_read)
+        if relay is None:
             return
-        self._calls += chunk
-        while b"\n" in self._calls:
-            header, _, rest = bytes(self._calls).partition(b"\n")
+        if self.call_read in ready:
+            relay.read_from(self.call_read)
+        relay.pump()
+        if relay.wants_output() and self.reply_write in self._open:
             try:
-                call = decode_call(header, self.relay_limit)
-            except RankSetError as exc:
-                reply, rest = encode_message({"ok": False, "message": str(exc)}), b""
-                self._close(self.call_read)  # the stream cannot be followed past a malformed call
-            else:
-                if len(rest) < call["nbytes"]:
-                    return  # the rest of its payload is still coming
-                payload, rest = rest[: call["nbytes"]], rest[call["nbytes"] :]
-                reply = self.relay.answer(call, payload)
-            self._calls = bytearray(rest)
-            with contextlib.suppress(OSError):  # the child died: its outcome says so
-                view = memoryview(reply)
-                while view:
-                    view = view[os.write(self.reply_write, view[: 1 << 20]) :]
+                relay.write_to(self.reply_write)
+            except OSError:  # the child is gone: its outcome says so
+                self._close(self.reply_write)
 
     def _progress_lines(self, chunk: bytes) -> None:
         """Report again each line of progress the child sent: untrusted, so escaped and cut (never a crash)."""
