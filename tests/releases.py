@@ -70,6 +70,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         r"real TensorRT engines: ",  # the GPU suite (Docker GPU job)
         r"reference engines on CUDA tensors: no CUDA device",
         r"the 1 GiB memory-budget test runs with --memory",  # .ci/run runs it on its own
+        r"the torchrun rank-set tests run with --tensor-parallel",  # .ci/run runs them on their own
     ]
     if minor(torch_version) < (2, 9):
         allowed.append(r"writes no payload configs")  # measured on 2.8.0 too
