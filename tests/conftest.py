@@ -24,7 +24,7 @@ from trt_inline.verify.isolation import reusing_interpreter
 # the version matrix runs 50 per pair); `--slow` searches far more graphs.
 settings.register_profile(
     "ci",
-    max_examples=int(os.environ.get("TRT_INLINE_FUZZ_EXAMPLES", "200")),
+    max_examples=int(os.environ.get("TRT_INLINE_FUZZ_EXAMPLES", "150")),
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -29,6 +29,7 @@ from trt_inline import reference
 from trt_inline.distributed import MANIFEST_FILE, arrive, manifest_for
 from trt_inline.embedding import reference_extra_files
 from trt_inline.export import to_exported_program, write_program
+from trt_inline.plugin.save import save_with_reference_io
 
 HIDDEN = 8
 
@@ -104,14 +105,42 @@ def _save_perturbed(folder: Path, x: torch.Tensor) -> None:
         write_program(program, target, extra)
 
 
+def _stand_in_save(
+    module: torch.nn.Module,
+    file_path: str,
+    *,
+    arg_inputs: Any = None,
+    extra_files: dict[str, str] | None = None,
+    retrace: bool = True,
+    **_: Any,
+) -> None:
+    """A release's ``torch_tensorrt.save`` reduced to what the plugin's wrapper relies on (no release imports
+    on a CPU): it writes the flat program, with the extra files it is given."""
+    program = to_exported_program(module, arg_inputs=arg_inputs, retrace=retrace)
+    write_program(program, Path(file_path), extra_files)
+
+
+def _save_through_the_plugin(folder: Path, x: torch.Tensor) -> None:
+    """The mlp saved by the plugin's ``torch_tensorrt.save`` wrapper around a stand-in release save."""
+    rank = dist.get_rank()
+    with torch.no_grad():
+        compiled = reference.compile(RowColumnMLP(rank, dist.get_world_size()).eval(), (x,))
+        save = save_with_reference_io(_stand_in_save)
+        save(compiled, str(folder / "plugin_rank{rank}_of_{world_size}.pt2"), arg_inputs=[x])
+        torch.save({"x": x, "out": compiled(x)}, folder / f"plugin_expected_rank{rank}.pt")
+
+
 def save_step(folder: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     x = _inputs(rank)
     batch = torch.export.Dim("batch", min=1, max=16)
     _save(folder, "mlp", RowColumnMLP(rank, world).eval(), x, embed_reference="boundaries")
     _save(folder, "mlp_dynamic", RowColumnMLP(rank, world).eval(), x, dynamic_shapes=({0: batch},))
+    _save(folder, "mlp_in_engines", RowColumnMLP(rank, world).eval(), x, compile={"collectives_in_engines": True})
+    _save(folder, "seq", SequenceParallelMLP(rank, world).eval(), x, dynamic_shapes=({0: batch},))
     _save(folder, "seq_in_engines", SequenceParallelMLP(rank, world).eval(), x,
           compile={"collectives_in_engines": True}, retrace=False)  # fmt: skip
+    _save_through_the_plugin(folder, x)
     if world == 3:
         _save(folder, "subgroup", RowColumnMLP(rank, world, _subgroup()).eval(), x, embed_reference="boundaries")
     if world == 2:
@@ -134,7 +163,7 @@ def load_step(folder: Path) -> None:
     if world == 3:
         _subgroup()  # the subgroup model's groups, now under other names
     found: dict[str, Any] = {}
-    for model in ("mlp", "mlp_dynamic", "seq_in_engines", "subgroup"):
+    for model in ("mlp", "mlp_dynamic", "mlp_in_engines", "seq", "seq_in_engines", "plugin", "subgroup"):
         path = folder / f"{model}_rank{rank}_of_{world}.pt2"
         if not path.exists():
             continue
@@ -142,9 +171,9 @@ def load_step(folder: Path) -> None:
         module = trt_inline.load(path).module()
         with torch.no_grad():
             found[model] = (module(expected["x"]) - expected["out"]).abs().max().item()
-        if model == "mlp_dynamic":
+        if model in ("mlp_dynamic", "seq"):
             with torch.no_grad():
-                found["mlp_dynamic batch 1"] = list(module(expected["x"][:1]).shape)
+                found[f"{model} batch 1"] = list(module(expected["x"][:1]).shape)
     # A trusted rank file verified in this process: its collectives run on this job's group.
     found["verify isolate=False"] = trt_inline.verify(folder / f"mlp_rank{rank}_of_{world}.pt2", isolate=False).ok
     for label, other in (("other rank", f"mlp_rank{(rank + 1) % world}_of_{world}.pt2"),

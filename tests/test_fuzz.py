@@ -8,7 +8,7 @@ of ops forced to fall back. Models are written with ATen ops directly so that
 compiling skips decomposition where it can (var_mean still takes that path) and
 hundreds of examples fit in CI.
 
-Profiles: ``ci`` (default, 200 derandomized examples) and ``slow`` (2000 random
+Profiles: ``ci`` (default, 150 derandomized examples) and ``slow`` (2000 random
 examples, ``pytest --slow``).
 """
 

@@ -83,7 +83,7 @@ def _call(**fields: Any) -> bytes:
         ({"shape": [True, 6], "nbytes": 24}, "malformed shape"),
         ({"shape": [0, 1 << 70], "nbytes": 0}, "malformed shape"),
         ({"nbytes": True}, "bytes"),
-        ({"call": "ready", "nbytes": 5}, "takes none"),
+        ({"call": "any", "nbytes": 5}, "takes none"),
         ({"reduce": "__import__"}, "reduction"),
         ({"group": 0}, "named no process group"),
         ({"call": 7}, "malformed call"),

@@ -82,18 +82,22 @@ def test_files_record_the_rank_set(two: Path, three: Path) -> None:
         manifest = _manifest(two / f"mlp_rank{rank}_of_2.pt2")
         assert (manifest.rank, manifest.world_size, manifest.backend) == (rank, 2, "gloo")
         assert [(g.name, g.ranks) for g in manifest.groups] == [("0", (0, 1))]
-        ops = [c.op for c in manifest.collectives]
-        assert ops == ["_c10d_functional::all_reduce.default", "_c10d_functional::wait_tensor.default"]
+        mlp_ops = [c.op for c in manifest.collectives]
+        assert mlp_ops == ["_c10d_functional::all_reduce.default", "_c10d_functional::wait_tensor.default"]
         assert manifest.collectives[0].reduce_op == "sum" and manifest.collectives[0].shape == (4, 8)
         assert "step" not in manifest.collectives[0].where  # a fallback's collective, in the flat graph
         ids.add(manifest.save_id)
     assert len(ids) == 1  # one save of the rank set
-    inside = _manifest(two / "seq_in_engines_rank0_of_2.pt2")
-    assert [c.op.split("::")[1] for c in inside.collectives if c.group is not None] == [
-        "all_gather_into_tensor.default",
-        "reduce_scatter_tensor.default",
-    ]
-    assert all(" step " in c.where for c in inside.collectives)  # inside an engine, as NCCL layers are
+    gather_scatter = ["all_gather_into_tensor.default", "reduce_scatter_tensor.default"]
+    for model, ops, inside in (("seq_in_engines", gather_scatter, True), ("seq", gather_scatter, False),
+                               ("mlp_in_engines", ["all_reduce.default"], True)):  # fmt: skip
+        manifest = _manifest(two / f"{model}_rank0_of_2.pt2")
+        assert [c.op.split("::")[1] for c in manifest.collectives if c.group is not None] == ops, model
+        # Inside an engine (a reference engine's steps, as NCCL layers are) or in a fallback (the flat graph):
+        assert all((" step " in c.where) is inside for c in manifest.collectives), model
+    plugin = [_manifest(two / f"plugin_rank{rank}_of_2.pt2") for rank in range(2)]
+    assert [(m.rank, [c.op for c in m.collectives]) for m in plugin] == [(r, mlp_ops) for r in range(2)]
+    assert plugin[0].save_id == plugin[1].save_id != manifest.save_id
     groups = {rank: _manifest(three / f"subgroup_rank{rank}_of_3.pt2").groups for rank in range(3)}
     assert [g.ranks for g in groups[0]] == [(0, 1)] and [g.ranks for g in groups[2]] == [(2,)]
 
@@ -102,9 +106,10 @@ def test_every_rank_loads_its_file_bitwise_in_a_fresh_job(two: Path, three: Path
     for folder, world in ((two, 2), (three, 3)):
         for rank in range(world):
             found = json.loads((folder / f"load_rank{rank}.json").read_text())
-            models = ["mlp", "mlp_dynamic", "seq_in_engines"] + (["subgroup"] if world == 3 else [])
+            models = ["mlp", "mlp_dynamic", "mlp_in_engines", "seq", "seq_in_engines", "plugin"]
+            models += ["subgroup"] if world == 3 else []
             assert {model: found[model] for model in models} == dict.fromkeys(models, 0.0), found
-            assert found["mlp_dynamic batch 1"] == [1, 8]  # the declared range holds
+            assert found["mlp_dynamic batch 1"] == found["seq batch 1"] == [1, 8]  # the declared range holds
             assert found["verify isolate=False"] is True
 
 
@@ -128,8 +133,9 @@ def test_verify_of_a_good_rank_set_passes(two: Path, three: Path) -> None:
     assert [row["status"] for row in report["ranks"]] == ["PASS", "PASS"]
     assert all(row["report"]["boundaries"] for row in report["ranks"])  # engine by engine, collectives relayed
     assert code == 0
-    code, report, _ = _verify(2, two / "seq_in_engines_rank{rank}_of_{world_size}.pt2")
-    assert (code, [row["status"] for row in report["ranks"]]) == (0, ["PASS", "PASS"])
+    for model in ("seq_in_engines", "seq"):
+        code, report, _ = _verify(2, two / f"{model}_rank{{rank}}_of_{{world_size}}.pt2")
+        assert (code, [row["status"] for row in report["ranks"]]) == (0, ["PASS", "PASS"]), model
     code, report, _ = _verify(3, three / "subgroup_rank{rank}_of_{world_size}.pt2")
     assert (code, [row["status"] for row in report["ranks"]]) == (0, ["PASS"] * 3)
     sandboxed = report["ranks"][0]["report"]["notes"][-1]

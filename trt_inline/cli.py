@@ -251,10 +251,12 @@ def _run_verify(args: argparse.Namespace) -> int:
     from trt_inline.verify import verify
 
     if args.ranks is not None:
-        from trt_inline.distributed.rank_set import launch
+        from trt_inline.distributed.rank_set import launch, under_launcher
 
+        if under_launcher(args.path) or os.environ.get("TRT_INLINE_RANK_SET_RESULT"):
+            raise VerifyInputError("--ranks starts the ranks itself: run it outside torchrun, or drop --ranks under it")
         return launch(args.ranks, _without_ranks(sys.argv[1:] if args.argv is None else args.argv), debug=args.debug)
-    if rank_set_job():
+    if rank_set_job(args.path):
         return _run_rank_set(args)
     _check_outputs(args)
     if (args.inputs is None) != (args.expected is None):
@@ -283,10 +285,10 @@ def _run_verify(args: argparse.Namespace) -> int:
     )
 
 
-def rank_set_job() -> bool:
+def rank_set_job(path: str) -> bool:
     from trt_inline.distributed.rank_set import under_launcher
 
-    return under_launcher()
+    return under_launcher(path)
 
 
 def _without_ranks(argv: Sequence[str]) -> list[str]:
@@ -296,9 +298,9 @@ def _without_ranks(argv: Sequence[str]) -> list[str]:
     for item in argv:
         if skip:
             skip = False
-        elif item == "--ranks":
+        elif item in ("--ranks", "--rank"):  # (argparse takes an unambiguous prefix too)
             skip = True
-        elif not item.startswith("--ranks="):
+        elif not item.startswith(("--ranks=", "--rank=")):
             result.append(item)
     return result
 

@@ -75,7 +75,6 @@ __all__ = [
     "set_example_inputs",
     "streaming_tensor_writes",
     "traces_size_obliviously",
-    "unregister_group",
     "splitter_base",
     "splitter_settings",
     "tensorrt_engine_info",
@@ -658,7 +657,3 @@ def c10d_class(name: str) -> Any:
 def register_group(name: str, group: Any) -> None:
     """Make ``group`` what a collective op naming ``name`` runs on (functional collectives look groups up by name)."""
     torch._C._distributed_c10d._register_process_group(name, group)  # type: ignore[arg-type]
-
-
-def unregister_group(name: str) -> None:
-    torch._C._distributed_c10d._unregister_process_group(name)  # type: ignore[arg-type]

@@ -110,7 +110,8 @@ def save(
     # A rank set saves collectively: every rank must be here, its checks passed, before the reference run's
     # collectives (a rank whose checks failed still arrives, so that the others fail naming it).
     failure = None if problem is None else str(problem)
-    save_id = distributed.arrive("save", failure) if distributed.in_rank_set() else None
+    in_rank_set = distributed.in_rank_set()
+    save_id = distributed.arrive("save", failure, target=str(target.resolve())) if in_rank_set else None
     if problem is not None:
         raise problem
     progress.report(f"flattening into one program for {target}")

@@ -201,7 +201,7 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
             return ""
         name = str(node.args[position])
         members = groups.get(name)
-        reduce_op = f"{node.args[1]} " if "reduce" in str(node.target) or "all_reduce" in str(node.target) else ""
+        reduce_op = f"{printable(str(node.args[1]))[:40]} " if "reduce" in str(node.target) else ""
         who = f"ranks {', '.join(map(str, members))}" if members is not None else "members not recorded"
         return f"  [{reduce_op}on group {printable(name)!r}: {who}]"
 

@@ -92,7 +92,7 @@ def arrival_timeout() -> float:
     return seconds
 
 
-def arrive(what: str, failure: str | None = None, timeout: float | None = None) -> str:
+def arrive(what: str, failure: str | None = None, timeout: float | None = None, *, target: str | None = None) -> str:
     """Wait until every rank has reached this step; its id, shared by the rank set.
 
     Every rank calls it once per step, ``failure`` saying why it cannot go on
@@ -102,7 +102,9 @@ def arrive(what: str, failure: str | None = None, timeout: float | None = None) 
     status under a key of the default group's store and counts itself in one
     counter; past ``timeout`` seconds (:data:`ARRIVAL_TIMEOUT_ENV`) it marks the
     step abandoned (a rank arriving later fails at once instead of waiting alone)
-    and raises naming the ranks that did not arrive.
+    and raises naming the ranks that did not arrive. ``target``: the file this
+    rank writes, which must be no other rank's (a path without ``{rank}`` would
+    leave one rank's shard, the last renamed into place).
     """
     import torch.distributed as dist
 
@@ -113,6 +115,7 @@ def arrive(what: str, failure: str | None = None, timeout: float | None = None) 
     if rank == 0:
         store.set(f"{prefix}/id", uuid.uuid4().hex)
     store.set(f"{prefix}/{rank}", failure or "")
+    store.set(f"{prefix}/target/{rank}", target or "")
     store.add(f"{prefix}/count", 1)
     deadline = time.monotonic() + timeout
     while store.add(f"{prefix}/count", 0) < world or not store.check([f"{prefix}/id"]):
@@ -127,10 +130,18 @@ def arrive(what: str, failure: str | None = None, timeout: float | None = None) 
                 "e.g. not under `if rank == 0`"
             )
         time.sleep(_POLL_SECONDS)
+    if store.check([f"{prefix}/abandoned"]):  # (counted in after another rank gave up: it is alone)
+        raise RankSetError(f"{what}: another rank stopped waiting for this one (it called {what} earlier)")
     for other in range(world):
         reason = bytes(store.get(f"{prefix}/{other}")).decode(errors="replace")
         if reason and other != rank:
             raise RankSetError(f"{what} on rank {rank} of {world}: rank {other} could not go on ({reason})")
+        theirs = bytes(store.get(f"{prefix}/target/{other}")).decode(errors="replace")
+        if target and other != rank and theirs == target:
+            raise RankSetError(
+                f"{what} on rank {rank} of {world}: rank {other} writes {target} too; give each rank its own file "
+                "(a path template: 'model_rank{rank}_of_{world_size}.pt2')"
+            )
     return bytes(store.get(f"{prefix}/id")).decode()
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "is_collective",
     "live_group_ranks",
     "live_mismatch",
+    "program_mismatch",
     "rebind_groups",
 ]
 
@@ -217,7 +218,7 @@ def _program_collectives(program: str, where: str) -> Iterator[Collective]:
 def decode_manifest(text: str, where: str) -> RankManifest:
     """A manifest read from a file (untrusted): every field checked, every string escaped."""
     try:
-        document = json.loads(text)
+        document = json.loads(text, object_pairs_hook=_no_duplicate_keys)
         if not isinstance(document, dict) or document.get("format") != FORMAT:
             raise ValueError(f"not in format {FORMAT!r}")
         groups = document["groups"]
@@ -244,7 +245,7 @@ def decode_manifest(text: str, where: str) -> RankManifest:
                 for c in collectives
             ],
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise VerifyInputError(
             f"{where}: its rank manifest ({MANIFEST_FILE}) is unusable: {printable(str(exc))}"
         ) from None
@@ -272,6 +273,13 @@ def decode_manifest(text: str, where: str) -> RankManifest:
     return manifest
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key appears twice in one object")
+    return dict(pairs)
+
+
 def _count(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 20:
         raise ValueError(f"{printable(repr(value))[:40]} is not a rank or a count")
@@ -282,6 +290,27 @@ def _text(value: Any) -> str:
     if not isinstance(value, str) or len(value) > 200:
         raise ValueError("a field is not a string of at most 200 characters")
     return printable(value)
+
+
+def program_mismatch(manifest: RankManifest, module: torch.nn.Module, where: str) -> str | None:
+    """Why ``manifest`` does not describe ``module``'s collectives (operator, group, reduction, in order), or None.
+
+    The agreement between ranks and the relay's checks go by the manifest: a
+    stale or forged one would let the ranks' runs pair different collectives.
+    """
+    found = [(c.op, c.group, c.reduce_op) for c in collectives_of(module)]
+    recorded = [(c.op, c.group, c.reduce_op) for c in manifest.collectives]
+    if found == recorded:
+        return None
+    index = next(
+        (i for i, (a, b) in enumerate(zip(found, recorded, strict=False)) if a != b), min(len(found), len(recorded))
+    )
+    program_side = f"{found[index][0]} on group {found[index][1]!r}" if index < len(found) else "nothing"
+    manifest_side = f"{recorded[index][0]} on group {recorded[index][1]!r}" if index < len(recorded) else "nothing"
+    return (
+        f"{where}: its rank manifest does not describe its program: collective {index} is {printable(program_side)} in "
+        f"the program and {printable(manifest_side)} in the manifest"
+    )
 
 
 def live_mismatch(manifest: RankManifest, path: str) -> str | None:
@@ -327,11 +356,14 @@ def rebind_groups(module: torch.fx.GraphModule, manifest: RankManifest) -> dict[
 
         all_reduce(x, "sum", "3")    ->    all_reduce(x, "sum", "1")
     """
-    live = {members: name for name, members in live_group_ranks().items()}
+    current = live_group_ranks()
+    by_members: dict[tuple[int, ...], str] = {}
+    for name, members in sorted(current.items(), key=lambda item: (len(item[0]), item[0])):
+        by_members.setdefault(members, name)  # the first group made with those members
     renamed = {
-        group.name: live[group.ranks]
+        group.name: by_members[group.ranks]
         for group in manifest.groups
-        if group.ranks in live and live[group.ranks] != group.name
+        if current.get(group.name) != group.ranks and group.ranks in by_members  # (a live name that fits is kept)
     }
     if not renamed:
         return renamed
@@ -339,5 +371,27 @@ def rebind_groups(module: torch.fx.GraphModule, manifest: RankManifest) -> dict[
         position = group_argument(node.target) if node.op == "call_function" else None
         if position is not None and len(node.args) > position and node.args[position] in renamed:
             node.update_arg(position, renamed[str(node.args[position])])
+        elif node.op == "call_function" and engines.is_engine_call(node):
+            for index, arg in enumerate(node.args):
+                if isinstance(arg, str) and arg.startswith("{"):
+                    node.update_arg(index, _rebind_program(arg, renamed))
     module.recompile()
     return renamed
+
+
+def _rebind_program(program: str, renamed: dict[str, str]) -> str:
+    """A reference engine's program with its collectives' group names replaced (other steps untouched)."""
+    try:
+        document = json.loads(program)
+        steps = document["steps"]
+    except (ValueError, KeyError, TypeError):
+        return program
+    changed = False
+    for step in steps if isinstance(steps, list) else []:
+        base = str(step.get("target", "")).partition(".")[0] if isinstance(step, dict) else ""
+        position = COLLECTIVE_OPS.get(base)
+        args = step.get("args") if position is not None else None
+        if position is not None and isinstance(args, list) and len(args) > position and args[position] in renamed:
+            args[position] = renamed[args[position]]
+            changed = True
+    return json.dumps(document) if changed else program

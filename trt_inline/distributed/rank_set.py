@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trt_inline import distributed
+from trt_inline import compat, distributed
 from trt_inline.distributed.manifest import RankManifest, decode_manifest
 from trt_inline.distributed.relay import CALL_OF_OP, RelayServer
 from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
@@ -44,10 +45,13 @@ __all__ = ["RESULT_FILE_ENV", "RankSetReport", "launch", "under_launcher", "veri
 RESULT_FILE_ENV = "TRT_INLINE_RANK_SET_RESULT"
 
 
-def under_launcher() -> bool:
-    """Whether this process is one rank of a ``torchrun`` job of several ranks."""
+def under_launcher(path: str) -> bool:
+    """Whether a verify of ``path`` is one rank's part of a rank set: a template, in a torchrun job of several ranks.
+
+    (A plain path verifies one file, even in a process torchrun started.)
+    """
     try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ and "{rank}" in path
     except ValueError:
         return False
 
@@ -153,22 +157,30 @@ class _Agreement:
         self.allowed: set[tuple[str, str, str | None]] = set()
         self.relay_world: Any = None  # the relay's group of every rank (``any``)
         self.notes: list[str] = []
+        self.run_id = uuid.uuid4().hex  # (rank 0's, once agreed: where ranks say that their run has ended)
 
-    def child_ready(self, call: dict[str, Any]) -> dict[str, Any]:
+    def mark_ended(self) -> None:
+        """Say (in the job's store) that this rank's run is over: a collective still waiting for it gives up."""
+        compat.default_store().set(f"trt_inline/verify/{self.run_id}/ended/{self.rank}", "1")
+
+    def ended(self) -> set[int]:
+        store = compat.default_store()
+        return {r for r in range(self.world) if store.check([f"trt_inline/verify/{self.run_id}/ended/{r}"])}
+
+    def child_ready(self, call: dict[str, Any], manifest_bytes: bytes) -> dict[str, Any]:
         if self.done:  # (a second agreement would pair with the other ranks' exchanges)
             raise RankSetError("the child said it was ready twice")
-        manifest_text = call.get("manifest")
-        refusal = None
+        refusal = printable(call["refusal"])[:2000] if isinstance(call.get("refusal"), str) else None
         manifest: RankManifest | None = None
-        if not isinstance(manifest_text, str):
+        if refusal is None and call.get("manifest") is not True:
             refusal = (
                 f"{self.path} holds no rank manifest: it was not saved by a rank set (trt_inline.save under torchrun)"
             )
-        else:
+        elif refusal is None:
             try:
-                manifest = decode_manifest(manifest_text, self.path)
-            except VerifyInputError as exc:
-                refusal = str(exc)
+                manifest = decode_manifest(manifest_bytes.decode(), self.path)
+            except (VerifyInputError, UnicodeDecodeError) as exc:
+                refusal = first_line(exc)
         if manifest is not None and (manifest.rank, manifest.world_size) != (self.rank, self.world):
             refusal = (
                 f"{self.path} is rank {manifest.rank} of {manifest.world_size}, verified as rank {self.rank} of "
@@ -187,6 +199,7 @@ class _Agreement:
     def _agree(self, refusal: str | None, manifest: RankManifest | None) -> dict[str, Any]:
         self.done = True
         mine: dict[str, Any] = {
+            "run_id": self.run_id,
             "refusal": refusal,
             "save_id": manifest.save_id if manifest else None,
             "collectives": [list(c.signature()) for c in manifest.collectives] if manifest else [],
@@ -194,6 +207,7 @@ class _Agreement:
             "groups": {g.name: list(g.ranks) for g in manifest.groups} if manifest else {},
         }
         everyone = exchange(mine)
+        self.run_id = str(everyone[0].get("run_id", ""))[:64] or self.run_id
         for rank, status in enumerate(everyone):
             if status.get("refusal") is not None:
                 if rank == self.rank:
@@ -332,7 +346,7 @@ def _verify_this_rank(
         limits = Limits.for_file(path, timeout, memory_limit)
         server = RelayServer(
             lambda: agreement.groups, agreement.child_ready, lambda: agreement.allowed, lambda: agreement.relay_world,
-            limits.memory,
+            limits.memory, agreement.ended,
         )  # fmt: skip
         arguments = {
             "path": path, "expected_from": None, "atol": normalize_tolerance(atol), "rtol": normalize_tolerance(rtol),
@@ -345,7 +359,8 @@ def _verify_this_rank(
             "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=sandbox, debug=debug, relay=server
         )
         if not agreement.done:
-            agreement.child_ended(f"{path} carries no reference I/O to run")
+            why = "; ".join(report.problems[:1]) or "it carries no reference I/O to run"
+            agreement.child_ended(f"{path} was not run ({why})")
         status = "PASS" if report.ok else ("FAIL" if report.problems else "UNVERIFIED")
         # (the engine that diverged on its own says most: it is this rank's own fault)
         summary = next((p for p in report.problems if "own error" in p), (report.problems or [""])[0])
@@ -353,6 +368,7 @@ def _verify_this_rank(
     except TrtInlineError as exc:
         agreement.child_ended(first_line(exc))
         row.update(status="ERROR", report=None, error=first_line(exc)[:2000])
+    agreement.mark_ended()
     rows = [_checked_row(rank, other) for rank, other in enumerate(exchange(row))]
     result = RankSetReport(template, agreement.world, agreement.rank, rows, agreement.notes)
     _name_the_source(result)
@@ -385,15 +401,16 @@ _COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
 def _name_the_source(result: RankSetReport) -> None:
     """A rank whose first divergence is a collective region, while another rank's engine diverged on its own:
     say that the other rank sent different data, and name it (the rank's own view would blame the region)."""
-    sources: list[str] = []
+    diverged: dict[int, str] = {}
     for row in result.ranks:
         for boundary in (row.get("report") or {}).get("boundaries", []):
             if boundary.get("own_ok") is False:
-                sources.append(f"rank {row['rank']}'s {boundary['boundary'].removesuffix(' outputs')}")
+                diverged[row["rank"]] = f"rank {row['rank']}'s {boundary['boundary'].removesuffix(' outputs')}"
                 break
-    if not sources:
-        return
     for row in result.ranks:
+        sources = [text for rank, text in diverged.items() if rank != row["rank"]]
+        if not sources:
+            continue
         report = row.get("report") or {}
         divergence = report.get("divergence")
         if not divergence or divergence.get("kind") != "fallback":
@@ -415,8 +432,10 @@ def launch(world_size: int, argv: Sequence[str], *, debug: bool = False) -> int:
     ``argv`` is the verify command line without ``--ranks``. Rank 0 prints the
     set's report; the exit status is the set's.
     """
-    if world_size < 1:
-        raise RankSetError(f"--ranks {world_size}: a rank set has at least one rank")
+    if world_size < 2:
+        raise RankSetError(f"--ranks {world_size}: a rank set has at least two ranks (one file: verify it alone)")
+    if "{rank}" not in "".join(argv):
+        raise RankSetError("--ranks N takes a path template with {rank} (e.g. 'model_rank{rank}_of_{world_size}.pt2')")
     with tempfile.TemporaryDirectory(prefix="trt-inline-ranks-") as folder:
         result_file = Path(folder) / "status"
         command = [

@@ -28,6 +28,7 @@ import ctypes
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,8 @@ __all__ = [
 CALL_FD_ENV = "TRT_INLINE_CALL_FD"
 REPLY_FD_ENV = "TRT_INLINE_REPLY_FD"
 _MAX_HEADER = 1 << 16
+_POLL_SECONDS = 0.01
+_GRACE_SECONDS = 2.0
 _MAX_DIMS = 16
 DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
@@ -89,8 +92,13 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def _tensor_from(payload: bytes, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    numel = 1
+    for d in shape:
+        numel *= d
+    if len(payload) != numel * dtype.itemsize:
+        raise RankSetError(f"the parent sent {len(payload)} bytes for a {dtype} tensor of shape {shape}")
     if not payload:
-        return torch.empty(shape, dtype=dtype)  # zero elements: nothing uninitialized
+        return torch.zeros(shape, dtype=dtype)
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8).view(dtype).reshape(shape).clone()
 
 
@@ -181,18 +189,12 @@ class RelayGroup(compat.c10d_class("ProcessGroup")):  # type: ignore[misc]
             self._call("all_gather", tensor, out)
         return _Done(outputs)
 
-    def _allgather_base(self, out: torch.Tensor, tensor: torch.Tensor, options: Any) -> _Done:  # type: ignore[override]
-        return self._call("all_gather", tensor, out)
-
     def reduce_scatter_tensor_coalesced(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], options: Any
     ) -> _Done:
         for out, tensor in zip(outputs, inputs, strict=True):
             self._call("reduce_scatter", tensor, out, reduce=_reduce_name(options))
         return _Done(outputs)
-
-    def _reduce_scatter_base(self, out: torch.Tensor, tensor: torch.Tensor, options: Any) -> _Done:  # type: ignore[override]
-        return self._call("reduce_scatter", tensor, out, reduce=_reduce_name(options))
 
     def alltoall_base(  # type: ignore[override]
         self, out: torch.Tensor, tensor: torch.Tensor, out_splits: list[int], in_splits: list[int], options: Any
@@ -216,7 +218,9 @@ def checkpoint(manifest_text: str | None, refusal: str | None = None) -> None:
     relay = client()
     if relay is None:
         return
-    reply, _ = relay.call({"call": "ready", "manifest": manifest_text, "refusal": refusal})
+    # The manifest travels as the call's payload (a large model's does not fit a header).
+    manifest = b"" if manifest_text is None else manifest_text.encode()
+    reply, _ = relay.call({"call": "ready", "manifest": manifest_text is not None, "refusal": refusal}, manifest)
     groups = reply.get("groups")
     if not isinstance(groups, dict):
         raise RankSetError("the parent gave no process groups")
@@ -226,9 +230,14 @@ def checkpoint(manifest_text: str | None, refusal: str | None = None) -> None:
         compat.register_group(str(name), group)
 
 
-def any_rank(value: bool) -> bool:
-    """Whether ``value`` holds on any rank (in a rank-set child); ``value`` itself elsewhere."""
+def any_rank(value: bool, *, in_process: bool = False) -> bool:
+    """Whether ``value`` holds on any rank: in a rank-set child, or (``in_process``) in a process of a rank set
+    verifying its own trusted rank file; ``value`` itself elsewhere."""
     relay = client()
+    if relay is None and in_process:
+        flag = torch.tensor([1 if value else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
     if relay is None:
         return value
     reply, _ = relay.call({"call": "any", "value": bool(value)})
@@ -279,7 +288,7 @@ def _checked_call(call: Any, limit: int) -> dict[str, Any]:
             raise RankSetError(f"the child asked for reduction {printable(repr(call.get('reduce')))[:40]}")
         if not isinstance(call.get("group"), str):
             raise RankSetError("the child named no process group")
-    elif nbytes:
+    elif nbytes and call["call"] != "ready":  # (ready carries the manifest)
         raise RankSetError("the child sent bytes with a call that takes none")
     return call
 
@@ -305,22 +314,25 @@ class RelayServer:
     parent past its time limit. After a malformed call it answers once with the
     error and reads nothing more.
 
-    ``agree(ready_call)`` is called once, for the child's ``ready``: it returns
+    ``agree(ready_call, manifest_bytes)`` is called once, for the child's ``ready``: it returns
     the groups as {name: (group rank, size)} (or raises :class:`RankSetError`),
     and ``groups()`` then gives the parent's group per name, ``allowed()`` the
     (call, group, reduction) triples the agreed manifest lets this rank make,
     ``world()`` the group ``any`` runs on. ``limit`` bounds every payload and result.
+    ``ended()``: the ranks whose run has ended (a collective waiting on one of them is given up).
     """
 
     def __init__(
         self,
         groups: Callable[[], dict[str, Any]],
-        agree: Callable[[dict[str, Any]], dict[str, Any]],
+        agree: Callable[[dict[str, Any], bytes], dict[str, Any]],
         allowed: Callable[[], set[tuple[str, str, str | None]]],
         world: Callable[[], Any],
         limit: int,
+        ended: Callable[[], set[int]] = set,
     ) -> None:
         self._groups, self._agree, self._allowed, self._world = groups, agree, allowed, world
+        self._ended = ended
         self.limit = limit
         self.stopped = False
         self._header = bytearray()
@@ -417,13 +429,13 @@ class RelayServer:
         try:
             kind = call["call"]
             if kind == "ready":
-                return {"ok": True, "groups": self._agree(call)}, b""
+                return {"ok": True, "groups": self._agree(call, bytes(payload))}, b""
             if kind == "any":
                 world = self._world()
                 if world is None:
                     raise RankSetError("the child asked the ranks a question before every rank was ready")
                 flag = torch.tensor([1 if call.get("value") is True else 0])
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=world)
+                self._finish(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=world, async_op=True), world)
                 return {"ok": True, "value": bool(flag.item())}, b""
             if kind in COLLECTIVE_CALLS:
                 return {"ok": True}, _tensor_bytes(self._collective(call, payload))
@@ -453,7 +465,7 @@ class RelayServer:
         op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
               "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[reduce]  # fmt: skip
         if kind == "all_reduce":
-            dist.all_reduce(tensor, op=op, group=group)
+            self._finish(dist.all_reduce(tensor, op=op, group=group, async_op=True), group)
             result = tensor
         elif kind == "all_gather":
             if len(payload) * size > self.limit:
@@ -461,23 +473,41 @@ class RelayServer:
             result = torch.zeros(
                 (tensor.shape[0] * size, *tensor.shape[1:]) if tensor.dim() else (size,), dtype=tensor.dtype
             )
-            dist.all_gather_into_tensor(result, tensor, group=group)
+            self._finish(dist.all_gather_into_tensor(result, tensor, group=group, async_op=True), group)
         elif kind == "reduce_scatter":
             if tensor.dim() == 0 or tensor.shape[0] % size:
                 raise RankSetError("the child asked to reduce-scatter a tensor its group cannot split")
-            result = torch.zeros((tensor.shape[0] // size, *tensor.shape[1:]), dtype=tensor.dtype)
-            dist.reduce_scatter_tensor(result, tensor, op=op, group=group)
+            # As an all_reduce and this rank's chunk: gloo's reduce_scatter never says it completed until waited on.
+            self._finish(dist.all_reduce(tensor, op=op, group=group, async_op=True), group)
+            result = tensor.chunk(size)[dist.get_rank(group)].clone()
         elif kind == "all_to_all":
             result = self._all_to_all(call, tensor, size, group)
         else:  # broadcast
             root = call.get("root")
-            if not _count(root, size - 1):
+            if not isinstance(root, int) or not _count(root, size - 1):
                 raise RankSetError("the child asked to broadcast from a rank outside its group")
-            dist.broadcast(tensor, group=group, group_src=root)
+            source = dist.get_global_rank(group, root)
+            self._finish(dist.broadcast(tensor, src=source, group=group, async_op=True), group)
             result = tensor
         if reduce == "avg":
             result = result / size if result.is_floating_point() else result // size
         return result
+
+    def _finish(self, work: Any, group: Any) -> None:
+        """Wait for a collective, unless a rank it needs has ended its run (then it never will: stop at once).
+
+        A member that ended may have sent its part just before: it gets a short grace.
+        """
+        members = set(dist.get_process_group_ranks(group))
+        given_up: float | None = None
+        while not work.is_completed():
+            if given_up is None and members & self._ended():
+                given_up = time.monotonic() + _GRACE_SECONDS
+            if given_up is not None and time.monotonic() > given_up:
+                ended = ", ".join(map(str, sorted(members & self._ended())))
+                raise RankSetError(f"rank(s) {ended} ended their run before this collective: it cannot complete")
+            time.sleep(_POLL_SECONDS)
+        work.wait()
 
     def _all_to_all(self, call: dict[str, Any], tensor: torch.Tensor, size: int, group: Any) -> torch.Tensor:
         out_splits, in_splits = call.get("out_splits"), call.get("in_splits")
@@ -494,5 +524,6 @@ class RelayServer:
         if out_rows * row_bytes > self.limit:
             raise RankSetError("the child asked to receive more than its memory limit")
         result = torch.zeros((out_rows, *tensor.shape[1:]), dtype=tensor.dtype)
-        dist.all_to_all_single(result, tensor, out_splits or None, in_splits or None, group=group)
+        work = dist.all_to_all_single(result, tensor, out_splits or None, in_splits or None, group=group, async_op=True)
+        self._finish(work, group)
         return result

@@ -59,7 +59,9 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
     def save(module: Any, file_path: str = "", **kwargs: Any) -> Any:
         file_path = distributed.expand_path(file_path) if file_path else file_path
         # A rank set saves collectively: every rank must be here before the reference run's collectives.
-        save_id = distributed.arrive("save") if distributed.in_rank_set() else None
+        in_rank_set = distributed.in_rank_set()
+        target = str(Path(file_path).resolve()) if file_path else None
+        save_id = distributed.arrive("save", target=target) if in_rank_set else None
         extra = _reference_io_for_save(module, file_path, kwargs)
         if save_id is not None and isinstance(module, torch.nn.Module):
             extra[distributed.MANIFEST_FILE] = distributed.manifest_for(module, save_id).encode()

@@ -16,6 +16,7 @@ own error (run alone on the recorded inputs) says so independently of the run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -209,31 +210,52 @@ def _amplified(rows: Sequence[BoundaryRow], divergence: Divergence | None, trace
     """Blame by own error: an engine named only because it amplifies an earlier engine's own (small) error.
 
     The first boundary past tolerance can be an engine whose inputs agree within
-    tolerance and whose own error is nil: an earlier engine changed a little
-    (its own error nonzero, within tolerance) and this one magnified it. The
-    earliest engine with an own error is then the cause; both views stay in the table.
+    tolerance and whose own error is nil: an engine upstream of it changed a
+    little (its own error nonzero, within tolerance) and this one magnified it.
+    The earliest such upstream engine is then the cause; both views stay in the table.
     """
     if divergence is None or divergence.kind != "engine":
         return divergence
     named = next((row for row in rows if row.boundary == f"{divergence.where} outputs"), None)
     if named is None or named.own is None or not named.own_ok or (BoundaryRow.worst(named.own) or 0.0) > 0.0:
         return divergence
+    upstream = _upstream_engines(trace, named.engine)
     for row in rows:
         if row is named:
             break
         own = BoundaryRow.worst(row.own)
-        if row.own is not None and own is not None and own > 0.0:
+        if row.engine in upstream and row.own is not None and own is not None and own > 0.0:
             title = row.boundary.removesuffix(" outputs")
             detail = (
                 f"its own error (max abs diff {own:.6g} when run alone on its recorded inputs) is within tolerance, "
                 f"and {divergence.where}, whose own error is 0, amplifies it past tolerance (max abs diff "
-                f"{BoundaryRow.worst(named.values):.6g} at its outputs): {title} is the only engine that computes "
-                "something else"
+                f"{BoundaryRow.worst(named.values):.6g} at its outputs): {title} is the earliest engine feeding it "
+                "that computes something else"
             )
             call = next((c for c in trace.calls if c.index == row.engine), None)
             producers, consumers = (call.producers, call.consumers) if call is not None else ([], [])
             return Divergence("engine", title, detail, producers, consumers)
     return divergence
+
+
+_ENGINE_OUTPUT = re.compile(r"\bengine (\d+) output \d+\b")
+
+
+def _upstream_engines(trace: ProgramTrace, engine: int | None) -> set[int]:
+    """The engines whose outputs reach ``engine``'s inputs, through fallback regions or straight."""
+    calls = {call.index: call for call in trace.calls}
+    found: set[int] = set()
+    pending = [engine] if engine is not None else []
+    while pending:
+        call = calls.get(pending.pop())
+        for region in call.regions if call is not None else []:
+            for read in region.reads:
+                for match in _ENGINE_OUTPUT.finditer(read):
+                    index = int(match.group(1))
+                    if index not in found:
+                        found.add(index)
+                        pending.append(index)
+    return found
 
 
 def own_error_problems(rows: Sequence[BoundaryRow]) -> list[str]:

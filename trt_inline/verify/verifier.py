@@ -13,6 +13,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, distributed, progress
 from trt_inline.distributed import relay as rank_relay
+from trt_inline.distributed.manifest import decode_manifest, program_mismatch
 from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.package import load_package
@@ -416,7 +417,7 @@ def _verify_here(
         assert module is not None  # only a package can lack its program
         runnable = module
     # One rank of a rank set: every rank's checks are done before any collective runs.
-    rank_relay.checkpoint(loaded.manifest_text if loaded is not None else None)
+    in_process_rank_file = _rank_file_checks(loaded, module)
     progress.report("running the program on the reference inputs")
     with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
         got = run_on(runnable, args, kwargs, device)
@@ -436,7 +437,7 @@ def _verify_here(
             report.problems.append(comparison.problem)
     mismatch = any(not o.ok for o in report.outputs)
     # (every rank of a rank set takes this branch or none does: its replays run collectives)
-    if rank_relay.any_rank(per_engine or (mismatch and recorded is not None)):
+    if rank_relay.any_rank(per_engine or (mismatch and recorded is not None), in_process=in_process_rank_file):
         packaged = loaded is not None and loaded.kind == AOTI_PACKAGE
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
@@ -493,6 +494,38 @@ def _compare_boundaries(
     report.problems += own_error_problems(report.boundaries)
     if report.divergence is not None:
         report.problems.append(f"first divergence: {report.divergence.where}")
+
+
+def _rank_file_checks(loaded: LoadedFile | None, module: torch.fx.GraphModule | None) -> bool:
+    """A rank file's checks before its run; whether it is run in this process, as one rank of a live rank set.
+
+    In a rank-set child: the manifest must describe the program, and every rank
+    must be ready (:func:`trt_inline.distributed.relay.checkpoint`). In a process
+    of a live rank set (``isolate=False``, a trusted file): also this process
+    must be the rank it was saved as, and its collectives are pointed at this
+    job's groups.
+    """
+    text = loaded.manifest_text if loaded is not None else None
+    relayed = rank_relay.client() is not None
+    refusal = None
+    in_process = False
+    if (
+        loaded is not None
+        and text is not None
+        and loaded.program is not None
+        and (relayed or distributed.in_rank_set())
+    ):
+        manifest = decode_manifest(text, str(loaded.path))
+        refusal = program_mismatch(manifest, loaded.program.graph_module, str(loaded.path))
+        if not relayed:
+            if refusal is not None:
+                raise VerifyInputError(refusal)
+            distributed.refuse_foreign(manifest, str(loaded.path))
+            if module is not None:
+                distributed.rebind_groups(module, manifest)
+            in_process = True
+    rank_relay.checkpoint(text, refusal)
+    return in_process
 
 
 def _random_runs(
