@@ -17,8 +17,14 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from trt_inline import formats
-from trt_inline.distributed.manifest import RankManifest, decode_manifest, group_argument, is_collective
+from trt_inline import compat, formats
+from trt_inline.distributed.manifest import (
+    REDUCING_OPS,
+    RankManifest,
+    decode_manifest,
+    group_argument,
+    is_collective,
+)
 from trt_inline.engines import engine_inputs, engine_submodule_name, is_engine_call
 from trt_inline.errors import printable
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile
@@ -201,7 +207,8 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
             return ""
         name = str(node.args[position])
         members = groups.get(name)
-        reduce_op = f"{printable(str(node.args[1]))[:40]} " if "reduce" in str(node.target) else ""
+        reducing = compat.op_schema_name(node.target) in REDUCING_OPS and len(node.args) > 1
+        reduce_op = f"{printable(str(node.args[1]))[:40]} " if reducing else ""
         who = f"ranks {', '.join(map(str, members))}" if members is not None else "members not recorded"
         return f"  [{reduce_op}on group {printable(name)!r}: {who}]"
 

@@ -118,9 +118,12 @@ def arrive(what: str, failure: str | None = None, timeout: float | None = None, 
     store.set(f"{prefix}/target/{rank}", target or "")
     store.add(f"{prefix}/count", 1)
     deadline = time.monotonic() + timeout
-    while store.add(f"{prefix}/count", 0) < world or not store.check([f"{prefix}/id"]):
+    while True:
+        # (checked first, also once every rank is counted: a rank counted in after another gave up is alone)
         if store.check([f"{prefix}/abandoned"]):
             raise RankSetError(f"{what}: another rank stopped waiting for this one (it called {what} earlier)")
+        if store.add(f"{prefix}/count", 0) >= world and store.check([f"{prefix}/id"]):
+            break
         if time.monotonic() > deadline:
             store.set(f"{prefix}/abandoned", str(rank))
             missing = [r for r in range(world) if not store.check([f"{prefix}/{r}"])]
@@ -130,8 +133,6 @@ def arrive(what: str, failure: str | None = None, timeout: float | None = None, 
                 "e.g. not under `if rank == 0`"
             )
         time.sleep(_POLL_SECONDS)
-    if store.check([f"{prefix}/abandoned"]):  # (counted in after another rank gave up: it is alone)
-        raise RankSetError(f"{what}: another rank stopped waiting for this one (it called {what} earlier)")
     for other in range(world):
         reason = bytes(store.get(f"{prefix}/{other}")).decode(errors="replace")
         if reason and other != rank:

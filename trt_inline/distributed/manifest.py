@@ -17,7 +17,7 @@ engine is called). The same ``save_id`` marks every file of one collective save.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from trt_inline.errors import VerifyInputError, printable
 
 __all__ = [
     "COLLECTIVE_OPS",
+    "REDUCING_OPS",
     "FORMAT",
     "MANIFEST_FILE",
     "Collective",
@@ -36,8 +37,10 @@ __all__ = [
     "RankManifest",
     "collectives_of",
     "decode_manifest",
+    "first_difference",
     "group_argument",
     "is_collective",
+    "is_count",
     "live_group_ranks",
     "live_mismatch",
     "program_mismatch",
@@ -64,6 +67,8 @@ COLLECTIVE_OPS: dict[str, int | None] = {
     "tensorrt::fused_nccl_gather": None,
     "tensorrt::fused_nccl_scatter": None,
 }
+# The collectives whose second argument names a reduction ("sum", "max", ...).
+REDUCING_OPS = frozenset({"_c10d_functional::all_reduce", "_c10d_functional::reduce_scatter_tensor"})
 _MAX_GROUPS = 64
 _MAX_COLLECTIVES = 1 << 16
 
@@ -145,9 +150,7 @@ def _collective_of_node(node: torch.fx.Node, where: str) -> Collective:
     if position is not None:
         raw = node.args[position] if len(node.args) > position else node.kwargs.get("group_name")
         group = str(raw) if raw is not None else None
-    reduce_op = None
-    if name in ("_c10d_functional::all_reduce", "_c10d_functional::reduce_scatter_tensor") and len(node.args) > 1:
-        reduce_op = str(node.args[1])
+    reduce_op = str(node.args[1]) if name in REDUCING_OPS and len(node.args) > 1 else None
     source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else node
     shape, dtype = _tensor_of(source)
     overload = compat.op_overload_name(target) if isinstance(target, compat.OpOverload) else "default"
@@ -184,27 +187,39 @@ def _walk(module: torch.nn.Module, prefix: str) -> Iterator[Collective]:
                     yield from _program_collectives(program, where)
 
 
-def _engine_collectives(node: torch.fx.Node, where: str) -> Iterator[Collective]:
-    for arg in node.args:
+def _program_args(node: torch.fx.Node) -> Iterator[tuple[int, str]]:
+    """(position, text) of an engine call's program arguments: a reference engine's JSON program."""
+    for position, arg in enumerate(node.args):
         if isinstance(arg, str) and arg.startswith("{"):
-            yield from _program_collectives(arg, where)
+            yield position, arg
+
+
+def _engine_collectives(node: torch.fx.Node, where: str) -> Iterator[Collective]:
+    for _, program in _program_args(node):
+        yield from _program_collectives(program, where)
+
+
+def _collective_steps(document: Any) -> Iterator[tuple[int, str, str, list[Any]]]:
+    """(index, target, base name, args) of each collective step of a decoded reference-engine program."""
+    steps = document.get("steps", []) if isinstance(document, dict) else []
+    for index, step in enumerate(steps if isinstance(steps, list) else []):
+        target = str(step.get("target", "")) if isinstance(step, dict) else ""
+        base = target.partition(".")[0]
+        args = step.get("args", []) if base in COLLECTIVE_OPS else None
+        if isinstance(args, list):
+            yield index, target, base, args
 
 
 def _program_collectives(program: str, where: str) -> Iterator[Collective]:
     """A reference engine's collectives, from its program's steps (by name: nothing is resolved here)."""
     try:
-        steps = json.loads(program).get("steps", [])
-    except (ValueError, AttributeError):
+        document = json.loads(program)
+    except ValueError:
         return
-    for index, step in enumerate(steps if isinstance(steps, list) else []):
-        target = str(step.get("target", "")) if isinstance(step, dict) else ""
-        base = target.partition(".")[0]
-        if base not in COLLECTIVE_OPS:
-            continue
-        args = step.get("args", [])
+    for index, target, base, args in _collective_steps(document):
         position = COLLECTIVE_OPS[base]
         group = args[position] if position is not None and len(args) > position else None
-        reduce_op = args[1] if base.endswith(("all_reduce", "reduce_scatter_tensor")) and len(args) > 1 else None
+        reduce_op = args[1] if base in REDUCING_OPS and len(args) > 1 else None
         yield Collective(
             target if "." in target else f"{target}.default",
             str(group) if group is not None else None,
@@ -280,16 +295,27 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+def is_count(value: Any, bound: int) -> bool:
+    """An int (not a bool) in [0, bound]: a rank, a size, a byte count read from something untrusted."""
+    return type(value) is int and 0 <= value <= bound
+
+
 def _count(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 20:
+    if not is_count(value, (1 << 20) - 1):
         raise ValueError(f"{printable(repr(value))[:40]} is not a rank or a count")
-    return value
+    return int(value)
 
 
 def _text(value: Any) -> str:
     if not isinstance(value, str) or len(value) > 200:
         raise ValueError("a field is not a string of at most 200 characters")
     return printable(value)
+
+
+def first_difference(first: Sequence[Any], second: Sequence[Any]) -> int:
+    """The first index where two sequences differ (the shorter one's length if one continues the other)."""
+    pairs = enumerate(zip(first, second, strict=False))
+    return next((i for i, (a, b) in pairs if a != b), min(len(first), len(second)))
 
 
 def program_mismatch(manifest: RankManifest, module: torch.nn.Module, where: str) -> str | None:
@@ -302,9 +328,7 @@ def program_mismatch(manifest: RankManifest, module: torch.nn.Module, where: str
     recorded = [(c.op, c.group, c.reduce_op) for c in manifest.collectives]
     if found == recorded:
         return None
-    index = next(
-        (i for i, (a, b) in enumerate(zip(found, recorded, strict=False)) if a != b), min(len(found), len(recorded))
-    )
+    index = first_difference(found, recorded)
     program_side = f"{found[index][0]} on group {found[index][1]!r}" if index < len(found) else "nothing"
     manifest_side = f"{recorded[index][0]} on group {recorded[index][1]!r}" if index < len(recorded) else "nothing"
     return (
@@ -372,9 +396,8 @@ def rebind_groups(module: torch.fx.GraphModule, manifest: RankManifest) -> dict[
         if position is not None and len(node.args) > position and node.args[position] in renamed:
             node.update_arg(position, renamed[str(node.args[position])])
         elif node.op == "call_function" and engines.is_engine_call(node):
-            for index, arg in enumerate(node.args):
-                if isinstance(arg, str) and arg.startswith("{"):
-                    node.update_arg(index, _rebind_program(arg, renamed))
+            for index, program in _program_args(node):
+                node.update_arg(index, _rebind_program(program, renamed))
     module.recompile()
     return renamed
 
@@ -383,15 +406,12 @@ def _rebind_program(program: str, renamed: dict[str, str]) -> str:
     """A reference engine's program with its collectives' group names replaced (other steps untouched)."""
     try:
         document = json.loads(program)
-        steps = document["steps"]
-    except (ValueError, KeyError, TypeError):
+    except ValueError:
         return program
     changed = False
-    for step in steps if isinstance(steps, list) else []:
-        base = str(step.get("target", "")).partition(".")[0] if isinstance(step, dict) else ""
-        position = COLLECTIVE_OPS.get(base)
-        args = step.get("args") if position is not None else None
-        if position is not None and isinstance(args, list) and len(args) > position and args[position] in renamed:
+    for _, _, base, args in _collective_steps(document):
+        position = COLLECTIVE_OPS[base]
+        if position is not None and len(args) > position and args[position] in renamed:
             args[position] = renamed[args[position]]
             changed = True
     return json.dumps(document) if changed else program

@@ -34,7 +34,13 @@ import torch
 import torch.distributed as dist
 
 from trt_inline import compat, distributed
-from trt_inline.distributed.manifest import RankManifest, decode_manifest
+from trt_inline.distributed.manifest import (
+    COLLECTIVE_OPS,
+    REDUCING_OPS,
+    RankManifest,
+    decode_manifest,
+    first_difference,
+)
 from trt_inline.distributed.relay import CALL_OF_OP, RelayServer
 from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
 
@@ -222,10 +228,11 @@ class _Agreement:
         relay = {members: dist.new_group(list(members), timeout=timeout) for members in member_sets}
         assert manifest is not None  # (no refusal: every rank, this one included, has a manifest)
         self.groups = {g.name: relay[g.ranks] for g in manifest.groups}
+        bases = [(c, c.op.partition(".")[0]) for c in manifest.collectives]
         self.allowed = {
-            (CALL_OF_OP[c.op.partition(".")[0]], c.group, c.reduce_op if "reduce" in c.op else None)
-            for c in manifest.collectives
-            if c.group is not None and c.op.partition(".")[0] in CALL_OF_OP
+            (CALL_OF_OP[base], c.group, c.reduce_op if base in REDUCING_OPS else None)
+            for c, base in bases
+            if c.group is not None and base in CALL_OF_OP
         }
         if len({status.get("save_id") for status in everyone}) > 1:
             self.notes = ["the files come from different saves (their save ids differ)"]
@@ -268,12 +275,9 @@ def _same_collectives(everyone: list[dict[str, Any]]) -> None:
         first_rank = members[0] if members else 0
         first = sequences.get(first_rank, [])
         for rank, theirs in sequences.items():
-            if [s for s, _ in theirs] == [s for s, _ in first]:
+            index = first_difference([s for s, _ in first], [s for s, _ in theirs])
+            if index == len(first) == len(theirs):
                 continue
-            index = next(
-                (i for i, (a, b) in enumerate(zip(first, theirs, strict=False)) if a[0] != b[0]),
-                min(len(first), len(theirs)),
-            )
 
             def describe(sequence: list[tuple[Any, str]], i: int) -> str:
                 if i >= len(sequence):
@@ -307,72 +311,50 @@ def verify_rank_set(
     Called on every rank of the job (``torchrun``), with the same arguments.
     ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``).
     """
-    from trt_inline.verify.isolation import DEFAULT_TIMEOUT
-
-    made_here = ensure_process_group(DEFAULT_TIMEOUT if timeout is None else timeout)
-    try:
-        return _verify_this_rank(template, made_here, per_engine=per_engine, atol=atol, rtol=rtol, allow_ops=allow_ops,
-                                 allow_native_code=allow_native_code, allow_pickle=allow_pickle, timeout=timeout,
-                                 memory_limit=memory_limit, sandbox=sandbox, debug=debug)  # fmt: skip
-    finally:
-        if made_here:
-            dist.destroy_process_group()  # (a gloo group left at exit aborts the interpreter)
-
-
-def _verify_this_rank(
-    template: str,
-    made_here: bool,
-    *,
-    per_engine: bool,
-    atol: Any,
-    rtol: Any,
-    allow_ops: Sequence[str],
-    allow_native_code: bool,
-    allow_pickle: bool,
-    timeout: float | None,
-    memory_limit: int | str | None,
-    sandbox: bool,
-    debug: bool,
-) -> RankSetReport:
     from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits
     from trt_inline.verify.verifier import normalize_tolerance, report_of_child
 
-    path = distributed.expand_path(template)
-    agreement = _Agreement(path, DEFAULT_TIMEOUT if timeout is None else timeout)
-    row: dict[str, Any] = {"rank": agreement.rank, "path": printable(path)}
+    made_here = ensure_process_group(DEFAULT_TIMEOUT if timeout is None else timeout)
     try:
-        if not os.path.isfile(path):
-            raise VerifyInputError(f"{path}: no such file")
-        limits = Limits.for_file(path, timeout, memory_limit)
-        server = RelayServer(
-            lambda: agreement.groups, agreement.child_ready, lambda: agreement.allowed, lambda: agreement.relay_world,
-            limits.memory, agreement.ended,
-        )  # fmt: skip
-        arguments = {
-            "path": path, "expected_from": None, "atol": normalize_tolerance(atol), "rtol": normalize_tolerance(rtol),
-            "device": None, "per_engine": per_engine, "random_inputs": 0, "seed": 0, "save_outputs": None,
-            "allow_pickle": allow_pickle, "allow_native_code": allow_native_code, "allow_ops": list(allow_ops),
-            "label": None,
-        }  # fmt: skip
-        tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
-        report = report_of_child(
-            "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=sandbox, debug=debug, relay=server
-        )
-        if not agreement.done:
-            why = "; ".join(report.problems[:1]) or "it carries no reference I/O to run"
-            agreement.child_ended(f"{path} was not run ({why})")
-        status = "PASS" if report.ok else ("FAIL" if report.problems else "UNVERIFIED")
-        # (the engine that diverged on its own says most: it is this rank's own fault)
-        summary = next((p for p in report.problems if "own error" in p), (report.problems or [""])[0])
-        row.update(status=status, report=report.to_dict(), summary=summary[:300])
-    except TrtInlineError as exc:
-        agreement.child_ended(first_line(exc))
-        row.update(status="ERROR", report=None, error=first_line(exc)[:2000])
-    agreement.mark_ended()
-    rows = [_checked_row(rank, other) for rank, other in enumerate(exchange(row))]
-    result = RankSetReport(template, agreement.world, agreement.rank, rows, agreement.notes)
-    _name_the_source(result)
-    return result
+        path = distributed.expand_path(template)
+        agreement = _Agreement(path, DEFAULT_TIMEOUT if timeout is None else timeout)
+        row: dict[str, Any] = {"rank": agreement.rank, "path": printable(path)}
+        try:
+            if not os.path.isfile(path):
+                raise VerifyInputError(f"{path}: no such file")
+            limits = Limits.for_file(path, timeout, memory_limit)
+            server = RelayServer(
+                lambda: agreement.groups, agreement.child_ready, lambda: agreement.allowed,
+                lambda: agreement.relay_world, limits.memory, agreement.ended,
+            )  # fmt: skip
+            arguments = {
+                "path": path, "expected_from": None, "atol": normalize_tolerance(atol),
+                "rtol": normalize_tolerance(rtol), "device": None, "per_engine": per_engine, "random_inputs": 0,
+                "seed": 0, "save_outputs": None, "allow_pickle": allow_pickle, "allow_native_code": allow_native_code,
+                "allow_ops": list(allow_ops), "label": None,
+            }  # fmt: skip
+            tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
+            report = report_of_child(
+                "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=sandbox, debug=debug,
+                relay=server,
+            )  # fmt: skip
+            if not agreement.done:
+                why = "; ".join(report.problems[:1]) or "it carries no reference I/O to run"
+                agreement.child_ended(f"{path} was not run ({why})")
+            # (the engine that diverged on its own says most: it is this rank's own fault)
+            summary = next((p for p in report.problems if "own error" in p), (report.problems or [""])[0])
+            row.update(status=report.status, report=report.to_dict(), summary=summary[:300])
+        except TrtInlineError as exc:
+            agreement.child_ended(first_line(exc))
+            row.update(status="ERROR", report=None, error=first_line(exc)[:2000])
+        agreement.mark_ended()
+        rows = [_checked_row(rank, other) for rank, other in enumerate(exchange(row))]
+        result = RankSetReport(template, agreement.world, agreement.rank, rows, agreement.notes)
+        _name_the_source(result)
+        return result
+    finally:
+        if made_here:
+            dist.destroy_process_group()  # (a gloo group left at exit aborts the interpreter)
 
 
 def _checked_row(rank: int, row: dict[str, Any]) -> dict[str, Any]:
@@ -395,7 +377,8 @@ def _checked_row(rank: int, row: dict[str, Any]) -> dict[str, Any]:
     return checked
 
 
-_COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "fused_nccl")
+# How a fallback region's nodes that call collectives are named (``all_reduce_1``, ``fused_nccl_all_gather``).
+_COLLECTIVE_NAMES = tuple(op.partition("::")[2] for op in COLLECTIVE_OPS if not op.endswith("wait_tensor"))
 
 
 def _name_the_source(result: RankSetReport) -> None:

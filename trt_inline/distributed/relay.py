@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import threading
 import time
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from trt_inline import compat
+from trt_inline.distributed.manifest import is_count
 from trt_inline.errors import RankSetError, first_line, printable
 
 __all__ = [
@@ -56,7 +58,15 @@ DTYPES: dict[str, torch.dtype] = {
         torch.int8, torch.uint8, torch.bool,
     )
 }  # fmt: skip
-COLLECTIVE_CALLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+# The collective call a manifest's operator makes, by the operator's base name.
+CALL_OF_OP = {
+    "_c10d_functional::all_reduce": "all_reduce",
+    "_c10d_functional::all_gather_into_tensor": "all_gather",
+    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter",
+    "_c10d_functional::all_to_all_single": "all_to_all",
+    "_c10d_functional::broadcast": "broadcast",
+}
+COLLECTIVE_CALLS = tuple(CALL_OF_OP.values())
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
 
 
@@ -92,10 +102,7 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def _tensor_from(payload: bytes, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    numel = 1
-    for d in shape:
-        numel *= d
-    if len(payload) != numel * dtype.itemsize:
+    if len(payload) != math.prod(shape) * dtype.itemsize:
         raise RankSetError(f"the parent sent {len(payload)} bytes for a {dtype} tensor of shape {shape}")
     if not payload:
         return torch.zeros(shape, dtype=dtype)
@@ -249,11 +256,6 @@ def any_rank(value: bool, *, in_process: bool = False) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def _count(value: Any, bound: int) -> bool:
-    """An int (not a bool) in [0, bound]."""
-    return type(value) is int and 0 <= value <= bound
-
-
 def decode_call(header: bytes, limit: int) -> dict[str, Any]:
     """A call header from the child, checked (untrusted): a dict with the fields its call needs.
 
@@ -271,18 +273,15 @@ def _checked_call(call: Any, limit: int) -> dict[str, Any]:
     if not isinstance(call, dict) or not isinstance(call.get("call"), str):
         raise RankSetError("the child sent a malformed call")
     nbytes = call.get("nbytes")
-    if not _count(nbytes, limit):
+    if not is_count(nbytes, limit):
         raise RankSetError(f"the child announced {printable(repr(nbytes))[:40]} bytes, past its memory limit")
     if call["call"] in COLLECTIVE_CALLS:
         dtype, shape = call.get("dtype"), call.get("shape")
         if dtype not in DTYPES:
             raise RankSetError(f"the child sent a tensor of dtype {printable(repr(dtype))[:40]}")
-        if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(_count(d, 1 << 40) for d in shape)):
+        if not (isinstance(shape, list) and len(shape) <= _MAX_DIMS and all(is_count(d, 1 << 40) for d in shape)):
             raise RankSetError("the child sent a tensor with a malformed shape")
-        numel = 1
-        for d in shape:
-            numel *= d
-        if numel * DTYPES[dtype].itemsize != nbytes:
+        if math.prod(shape) * DTYPES[dtype].itemsize != nbytes:
             raise RankSetError("the child sent a tensor whose size does not match its shape")
         if call.get("reduce", "sum") not in REDUCE_OPS:
             raise RankSetError(f"the child asked for reduction {printable(repr(call.get('reduce')))[:40]}")
@@ -291,16 +290,6 @@ def _checked_call(call: Any, limit: int) -> dict[str, Any]:
     elif nbytes and call["call"] != "ready":  # (ready carries the manifest)
         raise RankSetError("the child sent bytes with a call that takes none")
     return call
-
-
-# The collective call a manifest's operator makes, by the operator's base name.
-CALL_OF_OP = {
-    "_c10d_functional::all_reduce": "all_reduce",
-    "_c10d_functional::all_gather_into_tensor": "all_gather",
-    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter",
-    "_c10d_functional::all_to_all_single": "all_to_all",
-    "_c10d_functional::broadcast": "broadcast",
-}
 
 
 class RelayServer:
@@ -484,7 +473,7 @@ class RelayServer:
             result = self._all_to_all(call, tensor, size, group)
         else:  # broadcast
             root = call.get("root")
-            if not isinstance(root, int) or not _count(root, size - 1):
+            if not isinstance(root, int) or not is_count(root, size - 1):
                 raise RankSetError("the child asked to broadcast from a rank outside its group")
             source = dist.get_global_rank(group, root)
             self._finish(dist.broadcast(tensor, src=source, group=group, async_op=True), group)
@@ -513,7 +502,7 @@ class RelayServer:
         out_splits, in_splits = call.get("out_splits"), call.get("in_splits")
         rows = tensor.shape[0] if tensor.dim() else 0
         for splits in (out_splits, in_splits):
-            if not (isinstance(splits, list) and all(_count(n, 1 << 40) for n in splits)):
+            if not (isinstance(splits, list) and all(is_count(n, 1 << 40) for n in splits)):
                 raise RankSetError("the child sent malformed splits")
             if splits and len(splits) != size:
                 raise RankSetError("the child sent splits for another group size")

@@ -155,6 +155,11 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems and self.compared and all(o.ok for o in self.outputs)
 
+    @property
+    def status(self) -> str:
+        """``PASS``, ``FAIL`` (a problem) or ``UNVERIFIED`` (nothing wrong found, outputs not compared)."""
+        return "PASS" if self.ok else ("FAIL" if self.problems else "UNVERIFIED")
+
     def to_dict(self) -> dict[str, Any]:
         result = asdict(self)
         result.update(ok=self.ok, compared=self.compared)
@@ -184,8 +189,7 @@ class VerifyReport:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     def to_text(self) -> str:
-        status = "PASS" if self.ok else ("FAIL" if self.problems else "UNVERIFIED")
-        lines = [f"{status} {self.source} (expected outputs: {self.expected_source})"]
+        lines = [f"{self.status} {self.source} (expected outputs: {self.expected_source})"]
         for output in self.outputs:
             dims = ", ".join(map(str, output.shape))
             mark = "ok  " if output.ok else "DIFF"
