@@ -101,6 +101,38 @@ def _run_with_stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
     return process.returncode, out, seen.decode(errors="replace")
 
 
+def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from trt_inline.verify.views import FileView, _ReadAhead
+
+    mib = 1 << 20
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(1024) * (320 * 1024))  # 320 MiB
+    monkeypatch.setattr(isolation, "available_memory", lambda: 2)  # the smallest window: 64 MiB
+    view = FileView(path)
+
+    def settled(reader: _ReadAhead, at_least: int) -> int:
+        deadline = time.monotonic() + 30
+        while reader.position < at_least and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # had it gone on, it would have by now
+        return reader.position
+
+    with view.reading_ahead():
+        reader = view._read_ahead
+        assert reader is not None and reader.paced and reader.window == 64 * mib
+        assert settled(reader, 64 * mib) == 64 * mib  # nothing touched yet: one window, no further
+        weights = view.tensor(0, 160 * mib, torch.uint8)
+        assert int(weights[: 160 * mib : 4096].sum()) >= 0  # the program touches its first 160 MiB
+        position = settled(reader, 200 * mib)
+        assert 160 * mib + 64 * mib - 4 * mib <= position <= 160 * mib + 64 * mib
+    assert not [t for t in threading.enumerate() if t.name == "trt-inline-read-ahead"]
+
+
 def test_progress_on_a_terminal_and_never_when_piped_or_json(saved_seed: SavedSeed) -> None:
     code, out, err = _run_with_stderr_on_a_terminal("verify", str(saved_seed.good))
     assert code == 0 and out.startswith("PASS"), out + err

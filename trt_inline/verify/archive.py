@@ -87,6 +87,11 @@ class LoadedFile:
         """Around a run of the program: its file read ahead (:meth:`FileView.reading_ahead`)."""
         return self.view.reading_ahead() if self.view is not None else contextlib.nullcontext()
 
+    def stop_reading_ahead(self) -> None:
+        """End what ``open_file(..., read_ahead=True)`` started."""
+        if self.view is not None:
+            self.view.stop_reading_ahead()
+
     @property
     def module(self) -> torch.fx.GraphModule:
         """The runnable module of the program, built and checked on first use (every later use gets the same one)."""
@@ -113,6 +118,7 @@ def open_file(
     allow_native_code: bool = False,
     allow_ops: Sequence[str] = (),
     weights: bool = True,
+    read_ahead: bool = False,
 ) -> LoadedFile:
     """Read, check and load an ExportedProgram file or an AOTInductor package, with its reference I/O.
 
@@ -120,7 +126,10 @@ def open_file(
     runnable module and its reference engines call must be allowed
     (:mod:`trt_inline.allowed_ops`, extended by ``allow_ops``; TensorRT engines
     only with ``allow_native_code``). ``weights=False`` loads the program with
-    its tensors on the meta device and leaves its reference I/O undecoded (``inspect``). Raises
+    its tensors on the meta device and leaves its reference I/O undecoded (``inspect``).
+    ``read_ahead``: the file's pages are read into the page cache from now on,
+    while the program is built (:meth:`FileView.start_reading_ahead`), until
+    :meth:`LoadedFile.stop_reading_ahead`. Raises
     :class:`VerifyInputError` (one line, naming the file) for anything
     unusable, :class:`UnsafeArchiveError` for a refusal.
     """
@@ -132,9 +141,17 @@ def open_file(
                 allow_native_code=allow_native_code,
                 mutations=allowed_ops.allows("aten::copy_"),
             )
-            loaded = _loaded(contents, weights)
-            if loaded.program is not None and loaded.kind == EXPORTED_PROGRAM and weights:
-                _ = loaded.module  # built and checked now, while the allow-list of this call is in force
+            view = contents.view if isinstance(contents.view, FileView) else None
+            if read_ahead and weights and view is not None and contents.kind == EXPORTED_PROGRAM:
+                view.start_reading_ahead()
+            try:
+                loaded = _loaded(contents, weights)
+                if loaded.program is not None and loaded.kind == EXPORTED_PROGRAM and weights:
+                    _ = loaded.module  # built and checked now, while the allow-list of this call is in force
+            except BaseException:
+                if view is not None:
+                    view.stop_reading_ahead()
+                raise
             return loaded
     except RecursionError:
         raise VerifyInputError(f"{Path(path)}: nested too deeply to be read") from None

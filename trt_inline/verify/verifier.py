@@ -348,111 +348,117 @@ def _verify_here(
     kept: list[Any] | None = None,
 ) -> VerifyReport:
     """:func:`verify` in this process; ``kept`` receives the outputs (for the parent to save)."""
-    loaded: LoadedFile | None = None
-    program: ExportedProgram | None
-    module: torch.fx.GraphModule | None = None
-    if isinstance(path_or_program, ExportedProgram):
-        program, embedded, source = path_or_program, None, "<ExportedProgram>"
-        module = program.module()
-    else:
-        loaded = open_file(
-            path_or_program,
-            allow_pickle=allow_pickle,
-            allow_native_code=allow_native_code,
-            allow_ops=sorted(allowed_ops.allowed_now()),
-        )
-        program, embedded, source = loaded.program, loaded.reference, os.fspath(path_or_program)
-        module = loaded.module if loaded.program is not None and loaded.kind != AOTI_PACKAGE else None
-    report = VerifyReport(source=source, allow_pickle=allow_pickle)
-    if program is not None:
-        report.problems, report.notes = structural_problems(program)
-    else:
-        report.notes.append("the package carries no ExportedProgram: its graph was not checked, only its outputs")
-    if loaded is not None and loaded.unread:
-        report.notes.append(f"extra files not read (they are never loaded as code): {', '.join(loaded.unread)}")
-    if loaded is not None and loaded.passthrough:
-        report.notes.append(
-            "passed to torch as they are (allowed by --allow-pickle / --allow-native-code): "
-            + ", ".join(loaded.passthrough)
-        )
-    if allow_pickle:
-        report.notes.append("pickles in the file were allowed (allow_pickle): only for a file from a trusted source")
-
-    kwargs = dict(kwarg_inputs or {})
-    if expected is not None:
-        if arg_inputs is None and not kwargs:
-            raise VerifyInputError("expected outputs were given without the inputs they belong to")
-        args, want, report.expected_source = list(arg_inputs or ()), tensors_only(expected, "expected outputs"), "given"
-    elif expected_module is not None:
-        if arg_inputs is None and embedded is None:
-            raise VerifyInputError("expected_module needs arg_inputs (the file embeds no inputs)")
-        args = list(arg_inputs) if arg_inputs is not None else embedded.args  # type: ignore[union-attr]
-        kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
-        with recording(expected_module if per_engine else None) as records, torch.no_grad():
-            want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
-        recorded = records if per_engine else None
-        report.expected_source = "module"
-    elif expected_from is not None:
-        newer = _reference_of(expected_from, allow_pickle, allow_native_code)
+    with contextlib.ExitStack() as cleanup:
+        loaded: LoadedFile | None = None
+        program: ExportedProgram | None
+        module: torch.fx.GraphModule | None = None
+        if isinstance(path_or_program, ExportedProgram):
+            program, embedded, source = path_or_program, None, "<ExportedProgram>"
+            module = program.module()
+        else:
+            loaded = open_file(
+                path_or_program,
+                allow_pickle=allow_pickle,
+                allow_native_code=allow_native_code,
+                allow_ops=sorted(allowed_ops.allowed_now()),
+                read_ahead=True,
+            )
+            cleanup.callback(loaded.stop_reading_ahead)
+            program, embedded, source = loaded.program, loaded.reference, os.fspath(path_or_program)
+            module = loaded.module if loaded.program is not None and loaded.kind != AOTI_PACKAGE else None
+        report = VerifyReport(source=source, allow_pickle=allow_pickle)
         if program is not None:
-            _check_signature(program, source, newer, os.fspath(expected_from))
-        args, kwargs, want = newer.args, newer.kwargs, newer.outputs
-        recorded = newer.boundaries
-        report.expected_source = f"from {os.fspath(expected_from)}"
-        device = device or capture_device(newer)
-    elif embedded is not None:
-        args, kwargs, want, report.expected_source = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
-        recorded = embedded.boundaries
-        device = device or capture_device(embedded)
-    else:
-        report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
-        return report
+            report.problems, report.notes = structural_problems(program)
+        else:
+            report.notes.append("the package carries no ExportedProgram: its graph was not checked, only its outputs")
+        if loaded is not None and loaded.unread:
+            report.notes.append(f"extra files not read (they are never loaded as code): {', '.join(loaded.unread)}")
+        if loaded is not None and loaded.passthrough:
+            report.notes.append(
+                "passed to torch as they are (allowed by --allow-pickle / --allow-native-code): "
+                + ", ".join(loaded.passthrough)
+            )
+        if allow_pickle:
+            report.notes.append(
+                "pickles in the file were allowed (allow_pickle): only for a file from a trusted source"
+            )
 
-    if loaded is not None and loaded.kind == AOTI_PACKAGE:
-        if report.problems:
-            report.notes.append("the package was not run: the program it carries failed the structural checks")
+        kwargs = dict(kwarg_inputs or {})
+        if expected is not None:
+            if arg_inputs is None and not kwargs:
+                raise VerifyInputError("expected outputs were given without the inputs they belong to")
+            args, want = list(arg_inputs or ()), tensors_only(expected, "expected outputs")
+            report.expected_source = "given"
+        elif expected_module is not None:
+            if arg_inputs is None and embedded is None:
+                raise VerifyInputError("expected_module needs arg_inputs (the file embeds no inputs)")
+            args = list(arg_inputs) if arg_inputs is not None else embedded.args  # type: ignore[union-attr]
+            kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
+            with recording(expected_module if per_engine else None) as records, torch.no_grad():
+                want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
+            recorded = records if per_engine else None
+            report.expected_source = "module"
+        elif expected_from is not None:
+            newer = _reference_of(expected_from, allow_pickle, allow_native_code)
+            if program is not None:
+                _check_signature(program, source, newer, os.fspath(expected_from))
+            args, kwargs, want = newer.args, newer.kwargs, newer.outputs
+            recorded = newer.boundaries
+            report.expected_source = f"from {os.fspath(expected_from)}"
+            device = device or capture_device(newer)
+        elif embedded is not None:
+            args, kwargs, want, report.expected_source = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
+            recorded = embedded.boundaries
+            device = device or capture_device(embedded)
+        else:
+            report.notes.append("no reference I/O: outputs were not compared (give inputs and expected outputs)")
             return report
-        runnable = _package_model(loaded, report, allow_native_code)
-    else:
-        assert module is not None  # only a package can lack its program
-        runnable = module
-    # One rank of a rank set: every rank's checks are done before any collective runs.
-    in_process_rank_file = _rank_file_checks(loaded, module)
-    progress.report("running the program on the reference inputs")
-    with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
-        got = run_on(runnable, args, kwargs, device)
-    progress.report(f"comparing {len(got)} outputs")
-    if save_outputs is not None:
-        save_tensors(tensors_only(got, "outputs"), save_outputs)
-    if kept is not None:
-        kept.extend(tensors_only(got, "outputs"))
-    if len(got) != len(want):
-        report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
-    for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
-        comparison = compare_output(
-            index, actual, reference_output, tolerance_for(atol, index), tolerance_for(rtol, index)
-        )
-        report.outputs.append(comparison)
-        if comparison.problem:
-            report.problems.append(comparison.problem)
-    mismatch = any(not o.ok for o in report.outputs)
-    # (every rank of a rank set takes this branch or none does: its replays run collectives)
-    if rank_relay.any_rank(per_engine or (mismatch and recorded is not None), in_process=in_process_rank_file):
-        packaged = loaded is not None and loaded.kind == AOTI_PACKAGE
-        try:
-            with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
-                _compare_boundaries(
-                    report, module, recorded, args, kwargs, want, device, atol, rtol,
-                    automatic=not per_engine, packaged=packaged,
-                )  # fmt: skip
-        except VerifyInputError as exc:
-            if per_engine:
-                raise
-            # Asked for nothing more than outputs: their mismatch stands, with why engines could not be compared.
-            report.notes.append(f"engine by engine comparison not possible: {exc}")
-    if random_inputs:
-        _random_runs(report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol)
-    return report
+
+        if loaded is not None and loaded.kind == AOTI_PACKAGE:
+            if report.problems:
+                report.notes.append("the package was not run: the program it carries failed the structural checks")
+                return report
+            runnable = _package_model(loaded, report, allow_native_code)
+        else:
+            assert module is not None  # only a package can lack its program
+            runnable = module
+        # One rank of a rank set: every rank's checks are done before any collective runs.
+        in_process_rank_file = _rank_file_checks(loaded, module)
+        progress.report("running the program on the reference inputs")
+        with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
+            got = run_on(runnable, args, kwargs, device)
+        progress.report(f"comparing {len(got)} outputs")
+        if save_outputs is not None:
+            save_tensors(tensors_only(got, "outputs"), save_outputs)
+        if kept is not None:
+            kept.extend(tensors_only(got, "outputs"))
+        if len(got) != len(want):
+            report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
+        for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
+            comparison = compare_output(
+                index, actual, reference_output, tolerance_for(atol, index), tolerance_for(rtol, index)
+            )
+            report.outputs.append(comparison)
+            if comparison.problem:
+                report.problems.append(comparison.problem)
+        mismatch = any(not o.ok for o in report.outputs)
+        # (every rank of a rank set takes this branch or none does: its replays run collectives)
+        if rank_relay.any_rank(per_engine or (mismatch and recorded is not None), in_process=in_process_rank_file):
+            packaged = loaded is not None and loaded.kind == AOTI_PACKAGE
+            try:
+                with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
+                    _compare_boundaries(
+                        report, module, recorded, args, kwargs, want, device, atol, rtol,
+                        automatic=not per_engine, packaged=packaged,
+                    )  # fmt: skip
+            except VerifyInputError as exc:
+                if per_engine:
+                    raise
+                # Asked for nothing more than outputs: their mismatch stands, with why engines could not be compared.
+                report.notes.append(f"engine by engine comparison not possible: {exc}")
+        if random_inputs:
+            _random_runs(report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol)
+        return report
 
 
 def _compare_boundaries(

@@ -21,9 +21,11 @@ import os
 import threading
 import warnings
 from collections.abc import Iterator
-from typing import Any
 
 import torch
+
+from trt_inline import progress
+from trt_inline.formats import format_size
 
 __all__ = ["BytesView", "FileView", "View", "Window", "unmappable"]
 
@@ -69,7 +71,6 @@ class FileView(View):
         self.path = os.fspath(path)
         with open(self.path, "rb") as handle:
             self.size = os.fstat(handle.fileno()).st_size
-            self._handle: Any = None
             self.mapped: mmap.mmap | None = None
             self.unmapped_reason: str | None = None
             self.read_only = False
@@ -85,45 +86,57 @@ class FileView(View):
                         self.unmapped_reason = f"{type(again).__name__}: {again}"
             except ValueError as exc:
                 self.unmapped_reason = f"{type(exc).__name__}: {exc}"
-        if self.mapped is None:
-            self._handle = open(self.path, "rb")
+        # Bytes are read through a descriptor, tensors through the mapping: a read of a record's header
+        # through the mapping would map the pages around it too (fault-around), for nothing.
+        self._handle = open(self.path, "rb", buffering=0)
+        self._read_ahead: _ReadAhead | None = None
 
-    @contextlib.contextmanager
-    def reading_ahead(self) -> Iterator[None]:
-        """While the block runs, a thread reads the file from start to end, into the page cache.
+    def start_reading_ahead(self) -> bool:
+        """Start reading the file into the page cache, a bounded window ahead of the program; whether it started.
 
         A program reads its weights in the order they were saved, through the
         mapping, page fault by page fault: about half the disk's rate, measured.
-        Read ahead in large sequential reads, the pages are there when it gets to
-        them; of a file larger than memory, the pages it has used are the oldest,
-        and the first the kernel drops.
+        A thread reads the file in large sequential reads instead, so the pages
+        are there when the program gets to them, and it starts while the program
+        is still being built (that work is all CPU). It stays at most a window
+        (half the memory available now) ahead of the furthest page the program
+        has touched: of a file larger than memory, a thread running further
+        ahead pushes out pages the program has not reached yet, and they are read twice.
         """
-        if self.mapped is None or self.size < _READ_AHEAD_FROM:
-            yield
-            return
-        stop = threading.Event()
+        if self.mapped is None or self.size < _READ_AHEAD_FROM or self._read_ahead is not None:
+            return False
+        self._read_ahead = _ReadAhead(self.path, self.mapped, self.size)
+        paced = "" if self._read_ahead.paced else " (not paced: /proc/self/pagemap cannot be read)"
+        window = format_size(self._read_ahead.window)
+        progress.report(f"reading the file ahead of the program, at most {window} ahead{paced}")
+        return True
 
-        def read_ahead() -> None:
-            chunk = bytearray(16 << 20)
-            with contextlib.suppress(OSError), open(self.path, "rb", buffering=0) as handle:
-                while not stop.is_set() and handle.readinto(chunk):
-                    pass
+    def stop_reading_ahead(self) -> None:
+        if self._read_ahead is not None:
+            self._read_ahead.stop()
+            self._read_ahead = None
 
-        thread = threading.Thread(target=read_ahead, name="trt-inline-read-ahead", daemon=True)
-        thread.start()
+    @contextlib.contextmanager
+    def reading_ahead(self) -> Iterator[None]:
+        """While the block runs, the file is read ahead (:meth:`start_reading_ahead`), unless it already is."""
+        started = self.start_reading_ahead()
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
+            if started:
+                self.stop_reading_ahead()
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ValueError(f"bytes {offset}+{length} outside a file of {self.size} bytes")
-        if self.mapped is not None:
-            return self.mapped[offset : offset + length]
-        self._handle.seek(offset)
-        return bytes(self._handle.read(length))
+        chunks, done = [], 0
+        while done < length:
+            chunk = os.pread(self._handle.fileno(), length - done, offset + done)
+            if not chunk:
+                raise ValueError(f"bytes {offset}+{length}: the file ended at {offset + done}")
+            chunks.append(chunk)
+            done += len(chunk)
+        return b"".join(chunks)
 
     def tensor(self, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
         if self.mapped is not None and nbytes and _aligned(offset, dtype):
@@ -132,6 +145,76 @@ class FileView(View):
                 warnings.simplefilter("ignore")  # a read-only mapping: torch warns that writing is undefined
                 return torch.frombuffer(self.mapped, dtype=dtype, count=nbytes // element, offset=offset)
         return _from_bytes(self.read(offset, nbytes), dtype)
+
+
+class _ReadAhead:
+    """A thread reading a mapped file into the page cache, at most ``window`` bytes ahead of the program.
+
+    Where the program is comes from ``/proc/self/pagemap``: a page of the mapping
+    is present there once the program has touched it (reads into the page cache
+    map nothing). Where pagemap cannot be read, the thread is not paced.
+    """
+
+    _CHUNK = 16 << 20
+    _PROBE = 4 << 20  # the granularity at which the program's progress is looked up
+
+    def __init__(self, path: str, mapped: mmap.mmap, size: int) -> None:
+        from trt_inline.verify.isolation import available_memory  # (isolation reads files through views)
+
+        self.path, self.size = path, size
+        # (in a sandboxed child /proc/meminfo may be out of reach: then half the machine's memory)
+        available = available_memory() // 2 or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        self.window = max(self._CHUNK * 4, available)
+        self.progress = 0  # the furthest page the program was last seen to have touched
+        self.position = 0  # how far the thread has read
+        self._pagemap: int | None = None
+        self._base = 0
+        with contextlib.suppress(OSError):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._base = torch.frombuffer(mapped, dtype=torch.uint8, count=1).data_ptr()
+            self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            os.pread(self._pagemap, 8, self._base // mmap.PAGESIZE * 8)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trt-inline-read-ahead", daemon=True)
+        self._thread.start()
+
+    @property
+    def paced(self) -> bool:
+        return self._pagemap is not None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._pagemap is not None:
+            os.close(self._pagemap)
+            self._pagemap = None
+
+    def _touched_below(self, end: int) -> int:
+        """The furthest offset below ``end`` whose page the program has touched (``progress`` if none is newer)."""
+        if self._pagemap is None:
+            return end  # no way to tell: not paced
+        offset = end - self._PROBE
+        while offset > self.progress:
+            entry = os.pread(self._pagemap, 8, (self._base + offset) // mmap.PAGESIZE * 8)
+            if len(entry) == 8 and int.from_bytes(entry, "little") >> 63:
+                return offset
+            offset -= self._PROBE
+        return self.progress
+
+    def _run(self) -> None:
+        chunk = bytearray(self._CHUNK)
+        with contextlib.suppress(OSError), open(self.path, "rb", buffering=0) as handle:
+            while not self._stop.is_set() and self.position < self.size:
+                if self.position >= self.progress + self.window:
+                    self.progress = self._touched_below(self.position)
+                    if self.position >= self.progress + self.window:
+                        self._stop.wait(0.02)
+                        continue
+                done = handle.readinto(chunk)
+                if not done:
+                    break
+                self.position += done
 
 
 def _map(descriptor: int, access: int) -> mmap.mmap:
