@@ -32,6 +32,7 @@ from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.verify.compare import compare_output
 from trt_inline.verify.random_inputs import draw_inputs, size_ranges
 from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, encode_reference_io
+from trt_inline.verify.report import BoundaryRow, VerifyReport
 
 STOCK_RELEASE = "2.13.0"  # the last release whose inline_torch_modules wires fallback inputs by name
 
@@ -313,8 +314,15 @@ def test_statistics_and_non_finite_values() -> None:
     poisoned[3], poisoned[4] = float("nan"), float("inf")
     nan = compare_output(0, poisoned, expected, 1e9, 1e9)
     assert not nan.ok and (nan.nan_count, nan.inf_count) == (1, 1)
-    assert nan.problem == "output 0 has 1 NaN and 1 Inf values where the reference is finite"
-    assert nan.median_abs_diff == 0.0, "statistics are over the finite values"
+    assert nan.problem == "output 0 has 1 NaN and 1 Inf where the reference is finite"
+    assert nan.median_abs_diff == 0.0 and nan.finite_count == 98, "statistics are over the finite values"
+    assert nan.error_text() == "1 NaN and 1 Inf where the reference is finite", "never 'max abs diff inf'"
+    assert nan.statistics_text().endswith("(over the 98 finite values)")
+    all_nan = compare_output(0, torch.full((4,), float("nan")), torch.ones(4), 1e-4, 1e-4)
+    assert all_nan.finite_count == 0 and "cosine" not in all_nan.statistics_text(), "no statistics of nothing"
+    assert all_nan.statistics_text() == "no value is finite on both sides: no error statistics"
+    report = VerifyReport("f.pt2", outputs=[all_nan], expected_source="embedded").to_text()
+    assert "4 NaN where the reference is finite" in report and "max abs diff" not in report, report
 
 
 def test_per_output_tolerances(files: Files) -> None:
@@ -439,3 +447,88 @@ def test_blame_goes_to_the_engine_whose_own_small_error_a_later_engine_amplifies
     assert report.divergence is not None and report.divergence.where.startswith("engine 0 (")
     detail = report.divergence.detail
     assert "amplifies it past tolerance" in detail and "whose own error is 0" in detail
+
+
+def _with_program_edit(files: Files, name: str, edit: object) -> Path:
+    """The good file with ``edit(program)`` applied to its graph, its boundary data kept."""
+    program = torch.export.load(files.good)
+    edit(program)  # type: ignore[operator]
+    program.graph_module.recompile()
+    path = files.root / name
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(files.good)})
+    return path
+
+
+def test_a_crash_after_an_engine_returns_other_shapes_names_that_engine(files: Files) -> None:
+    def reorder_outputs(program: torch.export.ExportedProgram) -> None:
+        node = _engine_nodes(program)[0]
+        text = json.loads(node.args[2])
+        assert text["outputs"] == [6, 7]
+        text["outputs"] = [4, 6]  # the whole [3, 8] product first, then one half: other order, other shapes
+        node.args = (*node.args[:2], json.dumps(text, separators=(",", ":")))
+
+    path = _with_program_edit(files, "reordered_outputs.pt2", reorder_outputs)
+    with pytest.raises(Exception, match=r"[Ss]ize|shape|expand"):
+        torch.export.load(path).module()(files.x)  # the plain run fails, and says nothing of where
+    proc = cli("verify", str(path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = f"engine 0 ({files.engines[0]})"
+    assert f"first divergence: {first}\n" in proc.stdout, proc.stdout
+    report = json.loads(cli("verify", str(path), "--json").stdout)
+    divergence = report["divergence"]
+    assert (
+        divergence["kind"] == "signature" and "its output 0 is [3, 8], the reference's [3, 4]" in divergence["detail"]
+    )
+    assert "the run then raised at " in divergence["detail"], divergence
+    assert any(p.startswith("the program raises on its reference inputs") for p in report["problems"])
+    # the engines the run never reached were run alone on their recorded inputs, and agree
+    unreached = [row for row in report["boundaries"] if "not reached" in row["boundary"]]
+    assert unreached and all(row["own_ok"] for row in unreached), report["boundaries"]
+
+
+def test_a_fallback_region_that_raises_is_named_with_its_exception(files: Files) -> None:
+    def break_second_relu(program: torch.export.ExportedProgram) -> None:
+        relu = [n for n in program.graph.nodes if n.target is torch.ops.aten.relu.default][1]
+        relu.target, relu.args = torch.ops.aten.view.default, (relu.args[0], [5, 7])  # 12 values: raises
+
+    path = _with_program_edit(files, "raising_fallback.pt2", break_second_relu)
+    report = trt_inline.verify(path, isolate=False)
+    assert not report.ok and report.divergence is not None, report.to_text()
+    assert report.divergence.kind == "crash" and report.divergence.where == "fallback region relu_1 (node relu_1)"
+    assert "every engine before it agrees with the reference, and node relu_1 raised" in report.divergence.detail
+    assert report.divergence.producers == ["getitem_2 = engine 1 output 0"]
+    assert all(row.ok and row.own_ok for row in report.boundaries if "not reached" not in row.boundary)
+    proc = cli("verify", str(path))
+    assert proc.returncode == 1 and "first divergence: fallback region relu_1" in proc.stdout, proc.stdout
+    # Inputs the user gave are another matter: a program that rejects them is unusable input (exit 2).
+    inputs = files.root / "inputs.pt"
+    torch.save([files.x], inputs)
+    assert cli("verify", str(path), "--inputs", str(inputs)).returncode == 2
+
+
+def test_an_engine_that_raises_on_inputs_that_agree_is_the_divergence(files: Files) -> None:
+    def bad_split(program: torch.export.ExportedProgram) -> None:
+        node = _engine_nodes(program)[1]
+        text = json.loads(node.args[2])
+        split = next(step for step in text["steps"] if step["target"] == "aten::split_with_sizes.default")
+        split["args"][1] = [4, 5]  # sums to 9 of 8: the engine raises whatever it is given
+        node.args = (*node.args[:2], json.dumps(text, separators=(",", ":")))
+
+    report = trt_inline.verify(_with_program_edit(files, "raising_engine.pt2", bad_split), isolate=False)
+    assert report.divergence is not None and report.divergence.kind == "crash", report.to_text()
+    assert report.divergence.where == f"engine 1 ({files.engines[1]})"
+    detail = report.divergence.detail
+    assert detail.startswith("its inputs agree with the reference and it raised RuntimeError: split_with_sizes")
+    assert "running it alone on its recorded inputs raised RuntimeError" in detail
+    rows = [row.boundary for row in report.boundaries]
+    assert rows[:3] == [f"engine 0 ({files.engines[0]}) inputs", f"engine 0 ({files.engines[0]}) outputs",
+                        f"engine 1 ({files.engines[1]}) inputs"]  # fmt: skip
+    assert rows[-1] == f"engine 2 ({files.engines[2]}) outputs, not reached: run alone"
+    assert report.boundaries[-1].own_ok and report.boundaries[-1].own is not None
+
+
+def test_a_boundary_table_of_random_inputs_says_which_inputs() -> None:
+    row = BoundaryRow("engine 0 (_run_on_acc_0) outputs", 0, [compare_output(0, torch.ones(2), torch.zeros(2), 0, 0)])
+    report = VerifyReport("a.pt2 against b.pt2", boundaries=[row], boundaries_on="random inputs 1 (sizes [[5, 8]])")
+    assert "engine boundaries on random inputs 1 (sizes [[5, 8]]) (max abs diff" in report.to_text()
+    assert "engine boundaries (max abs diff" in VerifyReport("a.pt2", boundaries=[row]).to_text()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from trt_inline.verify.compare import isolated_run
 from trt_inline.verify.reference_io import EngineBoundary
 
 __all__ = [
+    "Crash",
     "EngineCall",
     "ProgramTrace",
     "Region",
@@ -126,11 +127,33 @@ class EngineCall:
 
 
 @dataclass
+class Crash:
+    """Where a run raised: the node, the engine call or fallback region it belongs to, and the exception."""
+
+    node: str
+    engine: int | None  # the engine call's index, where it was an engine that raised
+    region: Region | None  # the fallback region of the node, where it was a torch node
+    error: str  # "RuntimeError: ...", first line only
+
+    def where(self, calls: Sequence[EngineCall]) -> str:
+        if self.engine is not None:
+            return f"engine {self.engine} ({calls[self.engine].label})"
+        return f"{self.region.name() if self.region and self.region.nodes else 'node'} (node {self.node})"
+
+
+@dataclass
 class ProgramTrace:
     calls: list[EngineCall]
     outputs: list[Any]
     output_producers: list[str]
     output_regions: list[Region]
+    # Where the run raised (then ``outputs`` is empty and ``unreached`` holds the engines it did not get to).
+    crash: Crash | None = None
+    unreached: list[EngineCall] = field(default_factory=list)
+
+
+class _Stopped(Exception):
+    """The run raised at a node: what and where is in the tracer's ``crash``."""
 
 
 def as_boundaries(trace: ProgramTrace) -> list[EngineBoundary]:
@@ -158,14 +181,19 @@ class _Tracer(torch.fx.Interpreter):
         self.recorded = recorded
         self.words = Vocabulary(module.graph)
         self.calls: list[EngineCall] = []
+        self.crash: Crash | None = None
         self.engine_count = sum(1 for n in module.graph.nodes if is_engine_call(n))
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if not is_engine_call(n):
-            return super().run_node(n)
+            try:
+                return super().run_node(n)
+            except Exception as exc:
+                region = self.words.region(n) if n.op == "call_function" else None
+                self.crash = Crash(n.name, None, region, f"{type(exc).__name__}: {first_line(exc)}")
+                raise _Stopped from exc
         progress.report("running the program engine by engine", (len(self.calls) + 1, self.engine_count))
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        result = super().run_node(n)
         index = len(self.calls)
         wired = engines.engine_inputs(n)
         call = EngineCall(
@@ -173,7 +201,7 @@ class _Tracer(torch.fx.Interpreter):
             n.name,
             _label(n, index),
             boundary_tensors(args[0]),
-            boundary_tensors(result),
+            [],
             [self.words.producer(a) for a in wired],
             [self.words.region(a) for a in wired],
             [c for out in n.users for c in self.words.consumers(out)],
@@ -181,6 +209,32 @@ class _Tracer(torch.fx.Interpreter):
         if self.recorded is not None and index < len(self.recorded):
             call.alone, call.alone_problem = self._alone(n, args, kwargs, self.recorded[index])
         self.calls.append(call)
+        try:
+            result = super().run_node(n)
+        except Exception as exc:
+            self.crash = Crash(n.name, index, None, f"{type(exc).__name__}: {first_line(exc)}")
+            raise _Stopped from exc
+        call.outputs = boundary_tensors(result)
+        return result
+
+    def unreached(self) -> list[EngineCall]:
+        """After a crash: each engine the run did not get to, run alone on its recorded inputs where there are any."""
+        later = [n for n in self.graph.nodes if is_engine_call(n)][len(self.calls) :]
+        result = []
+        for offset, n in enumerate(later):
+            index = len(self.calls) + offset
+            call = EngineCall(index, n.name, _label(n, index), [], [], [], [], [])
+            if self.recorded is not None and index < len(self.recorded):
+                record = self.recorded[index]
+                try:
+                    if any(isinstance(a, torch.fx.Node) and a.op != "get_attr" for a in n.args[1:]):
+                        raise ValueError("an engine argument computed by the program")
+                    rest = [self.fetch_attr(str(a.target)) if isinstance(a, torch.fx.Node) else a for a in n.args[1:]]
+                    call.inputs = list(record.inputs)
+                    call.alone, call.alone_problem = self._alone(n, (record.inputs, *rest), {}, record)
+                except Exception as exc:
+                    call.alone_problem = f"it could not be run alone ({type(exc).__name__}: {first_line(exc)})"
+            result.append(call)
         return result
 
     def _alone(
@@ -210,7 +264,10 @@ def trace_program(
 ) -> ProgramTrace:
     """Run a flat program (``ExportedProgram.module()``) on the inputs, keeping every engine call's values.
 
-    Runs like :func:`trt_inline.verify.compare.run_on`: on ``device`` if given,
+    Where a node raises, the run stops there and the trace says where
+    (``crash``); the engines after it are each run alone on their recorded
+    inputs (``unreached``), so that their own errors are still known. Runs
+    like :func:`trt_inline.verify.compare.run_on`: on ``device`` if given,
     deterministically, restoring the caller's RNG state and flags.
     """
     if device is not None:
@@ -227,6 +284,10 @@ def trace_program(
             result = tracer.run(*flat, enable_io_processing=False)
     except VerifyInputError:
         raise
+    except _Stopped:
+        with isolated_run(), torch.no_grad():
+            unreached = tracer.unreached()
+        return ProgramTrace(tracer.calls, [], [], [], tracer.crash, unreached)
     except Exception as exc:
         raise VerifyInputError(
             f"the program does not accept the inputs ({type(exc).__name__}: {first_line(exc)})"

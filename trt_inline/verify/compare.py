@@ -111,13 +111,16 @@ def compare_output(
     max_rel = float((diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf")).max())
     problem = None
     if nan_count or inf_count:
-        problem = f"output {index} has {nan_count} NaN and {inf_count} Inf values where the reference is finite"
+        counts = " and ".join(f"{n} {kind}" for n, kind in ((nan_count, "NaN"), (inf_count, "Inf")) if n)
+        problem = f"output {index} has {counts} where the reference is finite"
     elif not ok:
         problem = f"output {index} differs: max abs diff {max_abs:.6g}, max rel diff {max_rel:.6g}"
         problem += f" (atol {atol:g}, rtol {rtol:g})"
+    finite_count = int(both_finite.sum())
     return OutputComparison(
-        index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem, mean, median, p99, cosine, nan_count, inf_count
-    )
+        index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem, mean, median, p99, cosine, nan_count,
+        inf_count, finite_count,
+    )  # fmt: skip
 
 
 def _statistics(

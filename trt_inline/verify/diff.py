@@ -156,12 +156,17 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
         for iteration, (draw, run_args, run_kwargs) in enumerate(sets):
             with opened[1].reading_ahead():
                 trace_b = trace_program(module_b, run_args, run_kwargs, device)
+            if trace_b.crash is not None:  # the reference of the comparison: a run of it must complete
+                raise VerifyInputError(
+                    f"{path_b}: its program raised at {trace_b.crash.where(trace_b.calls)} ({trace_b.crash.error})"
+                )
             with opened[0].reading_ahead():
                 trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
             reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
             rows, divergence = localize(trace_a, reference, atol, rtol)
             if draw is None:
-                report.outputs, report.boundaries = rows[-1].values, rows
+                report.outputs = rows[-1].values if trace_a.crash is None else []
+                report.boundaries = rows
                 outputs = {"a": trace_a.outputs, "b": trace_b.outputs}
             else:
                 report.random_runs.append(
@@ -175,6 +180,8 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 )
             if divergence is not None:
                 report.boundaries, report.divergence = rows, divergence
+                if draw is not None:
+                    report.boundaries_on = f"random inputs {iteration - 1} (sizes {draw.shapes()})"
                 report.problems += own_error_problems(rows)
                 where = "" if draw is None else f" (random inputs {iteration - 1}, sizes {draw.shapes()})"
                 report.problems.append(f"first divergence{where}: {divergence.where}")

@@ -72,9 +72,10 @@ def _worst(values: Sequence[OutputComparison]) -> OutputComparison:
     return next(v for v in values if not v.ok)
 
 
-def _signature(call: EngineCall, record: EngineBoundary) -> str | None:
+def _signature(call: EngineCall, record: EngineBoundary, outputs: bool = True) -> str | None:
     """Why a recorded engine cannot be the same engine as the one that ran here, or None."""
-    for what, mine, theirs in (("inputs", call.inputs, record.inputs), ("outputs", call.outputs, record.outputs)):
+    sides = [("inputs", call.inputs, record.inputs)] + ([("outputs", call.outputs, record.outputs)] if outputs else [])
+    for what, mine, theirs in sides:
         if len(mine) != len(theirs):
             return f"it has {len(mine)} {what}, the reference's engine {len(theirs)}"
         for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
@@ -116,11 +117,7 @@ def _value_divergence(
     their_region: Region | None = None,
 ) -> Divergence:
     """The divergence at a value produced by ``region``, whose own inputs agree with the reference."""
-    error = (
-        f"{comparison.nan_count} NaN and {comparison.inf_count} Inf values"
-        if comparison.nan_count or comparison.inf_count
-        else f"max abs diff {comparison.max_abs_diff:.6g}"
-    )
+    error = comparison.error_text()
     mine, their_reads = _boundary_words(region.reads), _boundary_words(their_region.reads if their_region else [])
     if region.nodes and their_region is not None and mine != their_reads:
         where = f"{region.name()} (feeding {where_value})"
@@ -133,7 +130,8 @@ def _value_divergence(
         where = f"{region.name()} (feeding {where_value})"
         detail = (
             f"{where_value} differs ({error}); the fallback region that computes it reads only values that agree "
-            f"with the reference, so the region itself computes something else. Reference side: {theirs}"
+            "with the reference, so its ops or its wiring differ from the compiled module's (which, diff against "
+            f"a good save of the same module tells). Reference side: {theirs}"
         )
         return Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes))
     where = f"{where_value}, wired from {', '.join(region.reads) or 'nothing'}"
@@ -155,7 +153,8 @@ def localize(
         title = f"engine {call.index} ({call.label})"
         if record.name and record.name != call.label:
             title = f"engine {call.index} ({call.label}, reference {record.name})"
-        mismatch = _signature(call, record)
+        crashed = trace.crash is not None and trace.crash.engine == call.index
+        mismatch = _signature(call, record, outputs=not crashed)
         if mismatch is not None:
             divergence = divergence or Divergence(
                 "signature", title, f"{title} is not the reference's engine {call.index} ({record.name}): {mismatch}",
@@ -174,10 +173,10 @@ def localize(
                 [f"engine {call.index} in[{bad.index}]"],
                 _their_region(reference, call.index, bad.index),
             )
-        outputs = _compare(call.outputs, record.outputs, inner_atol, inner_rtol)
+        outputs = [] if crashed else _compare(call.outputs, record.outputs, inner_atol, inner_rtol)
         own = None if call.alone is None else _compare(call.alone, record.outputs, inner_atol, inner_rtol)
         rows.append(BoundaryRow(f"{title} outputs", call.index, outputs, own, call.alone_problem))
-        if divergence is None and not (rows[-1].ok and rows[-1].own_ok):
+        if divergence is None and not crashed and not (rows[-1].ok and rows[-1].own_ok):
             own_worst = BoundaryRow.worst(own)
             run_worst = BoundaryRow.worst(outputs)
             detail = (
@@ -186,6 +185,13 @@ def localize(
                 + ")"
             )
             divergence = Divergence("engine", title, detail, call.producers, call.consumers)
+    if trace.crash is not None:
+        for call in trace.unreached:
+            own = None if call.alone is None else _compare(call.alone, reference.boundaries[call.index].outputs,
+                                                           inner_atol, inner_rtol)  # fmt: skip
+            title = f"engine {call.index} ({call.label}) outputs, not reached: run alone"
+            rows.append(BoundaryRow(title, call.index, [], own, call.alone_problem))
+        return rows, _crashed(trace, rows, divergence)
     if divergence is None and len(trace.calls) != len(reference.boundaries):
         divergence = Divergence(
             "signature",
@@ -204,6 +210,42 @@ def localize(
             theirs = f"in {reference.name}: {their_region.describe()}"
         divergence = _value_divergence(f"output {bad.index}", region, bad, theirs, ["OUTPUT"], their_region)
     return rows, divergence
+
+
+def _crashed(trace: ProgramTrace, rows: Sequence[BoundaryRow], divergence: Divergence | None) -> Divergence:
+    """A run that raised: the divergence before the crash, if any, is its cause; else where it raised.
+
+    An engine that returns another number or shape of values, or a wrong size,
+    makes a later node raise: the boundary that first differs names it, and the
+    crash is what followed. Where every boundary up to the crash agrees, the
+    engine or fallback region that raised is the divergence itself.
+    """
+    crash = trace.crash
+    assert crash is not None
+    where = crash.where(trace.calls)
+    then = f"the run then raised at {where}: {crash.error}"
+    if divergence is not None:
+        return Divergence(
+            divergence.kind, divergence.where, f"{divergence.detail}; {then}", divergence.producers,
+            divergence.consumers, divergence.nodes,
+        )  # fmt: skip
+    if crash.engine is not None:
+        call = trace.calls[crash.engine]
+        row = next((r for r in rows if r.engine == crash.engine and r.own is not None), None)
+        alone = (
+            f"; run alone on its recorded inputs it {'matches' if row.own_ok else 'differs from'} the reference"
+            if row is not None
+            else f" ({call.alone_problem})"
+            if call.alone_problem
+            else ""
+        )
+        detail = f"its inputs agree with the reference and it raised {crash.error}{alone}"
+        return Divergence("crash", where, detail, call.producers, call.consumers)
+    region = crash.region or Region()
+    detail = f"every engine before it agrees with the reference, and node {crash.node} raised {crash.error}" + (
+        f"; the region reads {', '.join(region.reads)}" if region.reads else ""
+    )
+    return Divergence("crash", where, detail, list(region.reads), [], list(region.nodes))
 
 
 def _amplified(rows: Sequence[BoundaryRow], divergence: Divergence | None, trace: ProgramTrace) -> Divergence | None:

@@ -40,6 +40,25 @@ class OutputComparison:
     # NaN / Inf where the reference has a finite value: a problem of its own, named apart from the diff.
     nan_count: int = 0
     inf_count: int = 0
+    # How many values are finite on both sides: the statistics are over these (none: no statistics).
+    finite_count: int | None = None
+
+    def error_text(self) -> str:
+        """``max abs diff 0.5``; NaN and Inf where the reference is finite are counted, never shown as a diff."""
+        if self.nan_count or self.inf_count:
+            counts = [f"{n} {kind}" for n, kind in ((self.nan_count, "NaN"), (self.inf_count, "Inf")) if n]
+            return f"{' and '.join(counts)} where the reference is finite"
+        return f"max abs diff {self.max_abs_diff:.6g}"
+
+    def statistics_text(self) -> str:
+        if self.finite_count == 0 and self.shape and all(self.shape):
+            return "no value is finite on both sides: no error statistics"
+        return (
+            f"mean {self.mean_abs_diff:.3g}  median {self.median_abs_diff:.3g}  p99 {self.p99_abs_diff:.3g}  "
+            f"cosine similarity {self.cosine_similarity:.6f}"
+            + ("" if self.finite_count is None or not (self.nan_count or self.inf_count)
+               else f"  (over the {self.finite_count} finite values)")
+        )  # fmt: skip
 
 
 @dataclass
@@ -117,7 +136,13 @@ def boundary_table(rows: list[BoundaryRow]) -> list[str]:
             own_text = "not run"
         status = "ok" if row.ok and row.own_ok else ("OWN" if not row.own_ok else "DIFF")
         worst = BoundaryRow.worst(row.values) or 0.0
-        lines.append(f"  {row.boundary:<44} {len(row.values):>6} {worst:>13.6g} {own_text:>13}  {status}")
+        if any(v.nan_count for v in row.values):
+            worst_text = "NaN"
+        elif any(v.inf_count for v in row.values):
+            worst_text = "Inf"
+        else:
+            worst_text = "-" if not row.values else f"{worst:.6g}"
+        lines.append(f"  {row.boundary:<44} {len(row.values):>6} {worst_text:>13} {own_text:>13}  {status}")
     return lines
 
 
@@ -143,6 +168,8 @@ class VerifyReport:
     child_peak_file_bytes: int | None = None
     # Per-engine comparison (``--per-engine``, or an output mismatch with boundary data embedded).
     boundaries: list[BoundaryRow] = field(default_factory=list)
+    # Which inputs the boundaries are of, where not the reference inputs the outputs above are compared on.
+    boundaries_on: str = ""
     divergence: Divergence | None = None
     # Runs on random inputs (``--random-inputs``): the sizes drawn, and what each run found.
     random_runs: list[dict[str, Any]] = field(default_factory=list)
@@ -193,14 +220,12 @@ class VerifyReport:
         for output in self.outputs:
             dims = ", ".join(map(str, output.shape))
             mark = "ok  " if output.ok else "DIFF"
+            relative = "" if output.nan_count or output.inf_count else f"  max rel diff {output.max_rel_diff:.6g}"
             lines.append(
-                f"  {mark} output {output.index}  {output.dtype}[{dims}]  max abs diff {output.max_abs_diff:.6g}  "
-                f"max rel diff {output.max_rel_diff:.6g}  (atol {output.atol:g}, rtol {output.rtol:g})"
+                f"  {mark} output {output.index}  {output.dtype}[{dims}]  {output.error_text()}{relative}  "
+                f"(atol {output.atol:g}, rtol {output.rtol:g})"
             )
-            lines.append(
-                f"       mean {output.mean_abs_diff:.3g}  median {output.median_abs_diff:.3g}  "
-                f"p99 {output.p99_abs_diff:.3g}  cosine similarity {output.cosine_similarity:.6f}"
-            )
+            lines.append(f"       {output.statistics_text()}")
         for run in self.random_runs:
             sizes = "; ".join(str(s) for s in run["sizes"])
             lines.append(
@@ -209,8 +234,8 @@ class VerifyReport:
             )
         if self.boundaries:
             lines.append(
-                "engine boundaries (max abs diff in the run; own error: the engine run alone on the reference's "
-                "inputs to it):"
+                f"engine boundaries{' on ' + self.boundaries_on if self.boundaries_on else ''} (max abs diff in the "
+                "run; own error: the engine run alone on the reference's inputs to it):"
             )
             lines += boundary_table(self.boundaries)
         if self.divergence is not None:

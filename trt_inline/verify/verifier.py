@@ -18,7 +18,7 @@ from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings,
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
-from trt_inline.verify.boundaries import recording, trace_program
+from trt_inline.verify.boundaries import ProgramTrace, recording, trace_program
 from trt_inline.verify.compare import compare_output, run_on, tolerance_for
 from trt_inline.verify.isolation import Limits, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
@@ -425,8 +425,18 @@ def _verify_here(
         # One rank of a rank set: every rank's checks are done before any collective runs.
         in_process_rank_file = _rank_file_checks(loaded, module)
         progress.report("running the program on the reference inputs")
-        with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
-            got = run_on(runnable, args, kwargs, device)
+        try:
+            with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
+                got = run_on(runnable, args, kwargs, device)
+        except VerifyInputError as exc:
+            # Inputs the file itself carries (or a run of the compiled module recorded) are not unusable input:
+            # a program that raises on them is wrong, and where it raises is found boundary by boundary.
+            own_inputs = recorded is not None or report.expected_source == "embedded"
+            rank_file = loaded is not None and loaded.manifest_text is not None
+            if not own_inputs or rank_file or runnable is not module or module is None:
+                raise
+            _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, exc)
+            return report
         progress.report(f"comparing {len(got)} outputs")
         if save_outputs is not None:
             save_tensors(tensors_only(got, "outputs"), save_outputs)
@@ -494,12 +504,49 @@ def _compare_boundaries(
         return
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
-    trace = trace_program(module, args, kwargs, device, recorded)
-    reference = Reference("the compiled module", recorded, want)
-    report.boundaries, report.divergence = localize(trace, reference, atol, rtol)
+    _localized(report, trace_program(module, args, kwargs, device, recorded), recorded, want, atol, rtol)
+
+
+def _localized(
+    report: VerifyReport,
+    trace: ProgramTrace,
+    recorded: list[EngineBoundary],
+    want: list[torch.Tensor],
+    atol: Tolerance,
+    rtol: Tolerance,
+) -> None:
+    """The trace against the compiled module's boundaries, into the report: the table and the first divergence."""
+    report.boundaries, report.divergence = localize(trace, Reference("the compiled module", recorded, want), atol, rtol)
     report.problems += own_error_problems(report.boundaries)
     if report.divergence is not None:
         report.problems.append(f"first divergence: {report.divergence.where}")
+
+
+def _localize_crash(
+    report: VerifyReport,
+    module: torch.fx.GraphModule,
+    recorded: list[EngineBoundary] | None,
+    args: Sequence[torch.Tensor],
+    kwargs: dict[str, torch.Tensor],
+    want: list[torch.Tensor],
+    device: str | None,
+    atol: Tolerance,
+    rtol: Tolerance,
+    failure: VerifyInputError,
+) -> None:
+    """The program raised on its own reference inputs: the report names where, engine by engine where it can."""
+    report.problems.append(f"the program raises on its reference inputs ({first_line(failure)})")
+    progress.report("the run raised: walking the program boundary by boundary to where it did")
+    trace = trace_program(module, args, kwargs, device, recorded)
+    if trace.crash is None:  # it ran this time (a program that raises only sometimes is wrong too)
+        report.notes.append("run again node by node, the program did not raise")
+        return
+    if recorded is None:
+        where = trace.crash.where(trace.calls)
+        report.problems.append(f"it raised at {where}: {trace.crash.error}")
+        report.notes.append("the file has no boundary data (embed_reference='boundaries'): engines not compared")
+        return
+    _localized(report, trace, recorded, want, atol, rtol)
 
 
 def _rank_file_checks(loaded: LoadedFile | None, module: torch.fx.GraphModule | None) -> bool:
@@ -585,8 +632,8 @@ def _random_runs(
         return
     report.notes.append(
         f"{count} runs on random inputs (seed {seed}) within the declared ranges were checked to be accepted and to "
-        "give finite outputs; one file has no reference outputs for them: trt-inline diff A B --random-inputs N "
-        "compares two files on them"
+        "give finite outputs, nothing more: one file has no reference outputs for them, so a wrong value (a fault "
+        "that shows only at other sizes) passes; trt-inline diff A B --random-inputs N compares two files on them"
     )
 
 
