@@ -29,7 +29,7 @@ from trt_inline import formats
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io, open_file
-from trt_inline.verify.compare import compare_output
+from trt_inline.verify.compare import ERROR_STATS, compare_output
 from trt_inline.verify.random_inputs import draw_inputs, size_ranges
 from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, encode_reference_io
 from trt_inline.verify.report import BoundaryRow, VerifyReport
@@ -331,10 +331,43 @@ def test_per_output_tolerances(files: Files) -> None:
     assert strict.returncode == 1 and "atol 0.0001" in strict.stdout
     loose = trt_inline.verify(path, atol={0: 10.0}, isolate=False)
     assert loose.outputs[0].ok and loose.outputs[0].atol == 10.0 and loose.divergence is None
-    assert_unusable(cli("verify", str(path), "--atol", "outx=1"), "name an output as out0, out1")
+    assert_unusable(cli("verify", str(path), "--atol", "outx=1"), "name an output (out0), an engine (engine2, acc_5)")
     assert_unusable(cli("verify", str(path), "--atol", "out0=big"), "'big' is not a number")
     both = cli("verify", str(path), "--atol", "out0=10", "--atol", "1e-9", "--json")
     assert json.loads(both.stdout)["outputs"][0]["atol"] == 10.0
+
+
+def test_per_engine_tolerances_reach_the_boundaries(files: Files) -> None:
+    path = _engine_fault(files, engine=2)
+    # A loose tolerance on the output alone: the output passes, the engine's own error still fails at the default.
+    output_only = json.loads(cli("verify", str(path), "--per-engine", "--atol", "out0=1", "--json").stdout)
+    assert output_only["outputs"][0]["ok"] and not output_only["ok"]
+    assert any(p.startswith("engine 2 (") and "own error is past tolerance" in p for p in output_only["problems"])
+    label = files.engines[2]  # "_run_on_acc_N"
+    for key in ("engine2", label, label.removeprefix("_run_on_")):
+        proc = cli("verify", str(path), "--per-engine", "--atol", "out0=1", "--atol", f"{key}=1")
+        assert proc.returncode == 0, (key, proc.stdout)
+    rows = trt_inline.verify(path, per_engine=True, atol={"out0": 1, "engine2": 1}, isolate=False).boundaries
+    assert {row.engine: row.values[0].atol for row in rows if row.values and row.engine is not None} == {
+        0: 1e-4,
+        1: 1e-4,
+        2: 1.0,
+    }, "engine 2's tolerance reaches engine 2 only"
+    with pytest.raises(VerifyInputError, match="keyed by an output"):
+        trt_inline.verify(path, atol={"engine": 1}, isolate=False)
+
+
+def test_check_error_stat_as_polygraphy() -> None:
+    expected = torch.arange(100, dtype=torch.float64)
+    actual = expected + torch.where(expected == 99, 5.0, 0.01)  # one outlier among small errors
+    verdicts = {stat: compare_output(0, actual, expected, 0.1, 0.0, stat).ok for stat in ERROR_STATS}
+    assert verdicts == {"elemwise": False, "max": False, "mean": True, "median": True, "p99": True}
+    failing = compare_output(0, actual, expected, 0.001, 0.0, "median")
+    assert failing.problem is not None and "median abs error 0.01" in failing.problem
+    assert "--check-error-stat median" in failing.problem
+    relative = compare_output(0, expected * 1.001, expected, 0.0, 0.01, "max")  # within rtol, never within atol
+    assert relative.ok
+    assert_unusable(cli("verify", "x.pt2", "--check-error-stat", "worst"), "invalid choice")
 
 
 # ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 from trt_inline import progress
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.logs import debug_to_stderr
+from trt_inline.verify.compare import ERROR_STATS, tolerance_key
 
 __all__ = ["main"]
 
@@ -169,22 +170,25 @@ def _split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _tolerance(values: list[str] | None, flag: str) -> float | dict[str, float] | None:
-    """``--atol 1e-3`` (every output) and/or ``--atol out0=1e-3`` (one output), repeatable."""
+    """``--atol 1e-3`` (every value) and/or ``--atol out0=1e-3`` / ``engine2=`` / ``acc_5=`` (one), repeatable."""
     if not values:
         return None
-    per_output: dict[str, float] = {}
+    per_value: dict[str, float] = {}
     for value in values:
         key, _, number = value.rpartition("=")
-        index = key.removeprefix("out") if key else "*"
-        if key and not index.isdigit():
-            raise VerifyInputError(f"{flag} {value}: name an output as out0, out1, ... (or give one number for all)")
         try:
-            per_output[index] = float(number)
+            name = tolerance_key(key) if key else "*"
+        except VerifyInputError:
+            raise VerifyInputError(
+                f"{flag} {value}: name an output (out0), an engine (engine2, acc_5) or give one number for all"
+            ) from None
+        try:
+            per_value[name] = float(number)
         except ValueError:
             raise VerifyInputError(f"{flag} {value}: {number!r} is not a number") from None
-    if set(per_output) == {"*"}:
-        return per_output["*"]
-    return per_output
+    if set(per_value) == {"*"}:
+        return per_value["*"]
+    return per_value
 
 
 def _inputs_file(path: str | None) -> tuple[list[Any] | None, dict[str, Any] | None]:
@@ -212,6 +216,7 @@ def _comparison(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "atol": _tolerance(args.atol, "--atol"),
         "rtol": _tolerance(args.rtol, "--rtol"),
+        "check_error_stat": args.check_error_stat,
         "device": args.device,
         "random_inputs": args.random_inputs,
         "seed": args.seed,
@@ -323,6 +328,7 @@ def _run_rank_set(args: argparse.Namespace) -> int:
         per_engine=args.per_engine,
         atol=_tolerance(args.atol, "--atol"),
         rtol=_tolerance(args.rtol, "--rtol"),
+        check_error_stat=args.check_error_stat,
         allow_ops=args.allow_op,
         allow_native_code=args.allow_native_code,
         allow_pickle=args.allow_pickle,
@@ -411,16 +417,30 @@ def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) 
     )
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr and exit 2, like every other unusable input (``--help`` shows usage)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message} (--help shows usage)\n")
+
+
 def _add_comparison_options(parser: argparse.ArgumentParser) -> None:
     """Tolerances, devices, random inputs and what to write: the same for ``verify`` and ``diff``."""
     parser.add_argument(
         "--atol",
         action="append",
-        metavar="[outN=]TOL",
-        help="absolute tolerance: one number for every output, or outN=TOL for output N (repeatable; "
-        "default: per dtype)",
+        metavar="[KEY=]TOL",
+        help="absolute tolerance: one number for every value, or KEY=TOL for one: outN (output N), engineK "
+        "(engine call K's inputs and outputs), acc_N (engine _run_on_acc_N) (repeatable; default: per dtype)",
     )
-    parser.add_argument("--rtol", action="append", metavar="[outN=]TOL", help="relative tolerance, as --atol")
+    parser.add_argument("--rtol", action="append", metavar="[KEY=]TOL", help="relative tolerance, as --atol")
+    parser.add_argument(
+        "--check-error-stat",
+        choices=ERROR_STATS,
+        default="elemwise",
+        help="how a value passes: every element within atol + rtol*|reference| (elemwise, the default), or that "
+        "statistic of the absolute error within atol or of the relative error within rtol",
+    )
     parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
     parser.add_argument(
         "--random-inputs",
@@ -443,9 +463,7 @@ def _add_comparison_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trt-inline", description="Correct ExportedProgram saves of Torch-TensorRT modules."
-    )
+    parser = _OneLineParser(prog="trt-inline", description="Correct ExportedProgram saves of Torch-TensorRT modules.")
     parser.add_argument(
         "--debug", action="store_true", help="show tracebacks, torch's warnings and trt_inline's DEBUG log"
     )

@@ -298,6 +298,7 @@ def verify_rank_set(
     per_engine: bool = False,
     atol: Any = None,
     rtol: Any = None,
+    check_error_stat: str = "elemwise",
     allow_ops: Sequence[str] = (),
     allow_native_code: bool = False,
     allow_pickle: bool = False,
@@ -312,7 +313,7 @@ def verify_rank_set(
     ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``).
     """
     from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits
-    from trt_inline.verify.verifier import normalize_tolerance, report_of_child
+    from trt_inline.verify.verifier import error_stat_checked, normalize_tolerance, report_of_child
 
     made_here = ensure_process_group(DEFAULT_TIMEOUT if timeout is None else timeout)
     try:
@@ -329,9 +330,10 @@ def verify_rank_set(
             )  # fmt: skip
             arguments = {
                 "path": path, "expected_from": None, "atol": normalize_tolerance(atol),
-                "rtol": normalize_tolerance(rtol), "device": None, "per_engine": per_engine, "random_inputs": 0,
-                "seed": 0, "save_outputs": None, "allow_pickle": allow_pickle, "allow_native_code": allow_native_code,
-                "allow_ops": list(allow_ops), "label": None,
+                "rtol": normalize_tolerance(rtol), "stat": error_stat_checked(check_error_stat), "device": None,
+                "per_engine": per_engine, "random_inputs": 0, "seed": 0, "save_outputs": None,
+                "allow_pickle": allow_pickle, "allow_native_code": allow_native_code, "allow_ops": list(allow_ops),
+                "label": None,
             }  # fmt: skip
             tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
             report = report_of_child(

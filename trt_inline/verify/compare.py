@@ -12,7 +12,20 @@ from torch.utils import _pytree as pytree
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.verify.report import OutputComparison, describe_value
 
-__all__ = ["compare_output", "default_tolerance", "isolated_run", "run_on", "tolerance_for"]
+__all__ = [
+    "ERROR_STATS",
+    "boundary_tolerance",
+    "compare_output",
+    "default_tolerance",
+    "isolated_run",
+    "run_on",
+    "tolerance_for",
+    "tolerance_key",
+]
+
+# How a value passes (Polygraphy's --check-error-stat): every element within atol + rtol * |reference|
+# ("elemwise"), or one statistic of the absolute error within atol or of the relative error within rtol.
+ERROR_STATS = ("elemwise", "max", "mean", "median", "p99")
 
 _TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-7, 1e-7),
@@ -27,10 +40,38 @@ def default_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return _TOLERANCES.get(dtype, (0.0, 0.0))
 
 
+def tolerance_key(key: object) -> str:
+    """What a per-value tolerance is keyed by, normalized: an output (``0``, ``out0`` -> ``"0"``), an engine call
+    (``engine2``), an engine by its submodule (``acc_5``, ``_run_on_acc_5`` -> ``"_run_on_acc_5"``), or ``"*"``.
+
+    Raises :class:`VerifyInputError` for anything else.
+    """
+    text = str(key)
+    if text == "*" or text.removeprefix("out").isdigit():
+        return text.removeprefix("out")
+    if text.startswith("engine") and text.removeprefix("engine").isdigit():
+        return text
+    if text.startswith(("acc_", "_run_on_acc_")) and len(text.removeprefix("_run_on").removeprefix("acc_")) > 0:
+        return "_run_on_" + text.removeprefix("_run_on_")
+    raise VerifyInputError(
+        f"a tolerance is keyed by an output (0, out0), an engine (engine2, acc_5, _run_on_acc_5) or '*', got {key!r}"
+    )
+
+
 def tolerance_for(tolerance: float | Mapping[str, float] | None, index: int) -> float | None:
     """The tolerance of output ``index``: one for all, or per output (``{"0": 1e-3, "*": 1e-4}``); None: per dtype."""
     if isinstance(tolerance, Mapping):
         return tolerance.get(str(index), tolerance.get("*"))
+    return tolerance
+
+
+def boundary_tolerance(tolerance: float | Mapping[str, float] | None, engine: int, label: str) -> float | None:
+    """The tolerance at engine call ``engine`` (submodule ``label``): keyed ``engine2``, then by label, then ``*``."""
+    if isinstance(tolerance, Mapping):
+        for key in (f"engine{engine}", label, "*"):
+            if key in tolerance:
+                return tolerance[key]
+        return None
     return tolerance
 
 
@@ -74,9 +115,10 @@ def run_on(
 
 
 def compare_output(
-    index: int, actual: Any, expected: torch.Tensor, atol: float | None, rtol: float | None
+    index: int, actual: Any, expected: torch.Tensor, atol: float | None, rtol: float | None, stat: str = "elemwise"
 ) -> OutputComparison:
-    """One output against its reference: max abs / rel diff, and whether it is within tolerance."""
+    """One output against its reference: max abs / rel diff, and whether it is within tolerance (``stat``:
+    :data:`ERROR_STATS`)."""
     default_atol, default_rtol = default_tolerance(expected.dtype)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
@@ -102,20 +144,29 @@ def compare_output(
     finite_reference = e.isfinite()
     nan_count = int((a.isnan() & ~e.isnan()).sum())
     inf_count = int((a.isinf() & finite_reference).sum())
-    close = diff <= atol + rtol * e.abs()
-    ok = nan_count == 0 and inf_count == 0 and bool(close.all())
     # Statistics over the values where both sides are finite: one NaN must not hide how close the rest is.
     both_finite = a.isfinite() & finite_reference
     worst, mean, median, p99, cosine = _statistics(diff[both_finite], a[both_finite], e[both_finite])
     max_abs = float("inf") if nan_count or inf_count else worst
-    max_rel = float((diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf")).max())
+    relative = (diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf"))
+    max_rel = float(relative.max())
+    if stat == "elemwise":
+        within = bool((diff <= atol + rtol * e.abs()).all())
+        how = f"max abs diff {max_abs:.6g}, max rel diff {max_rel:.6g}"
+    else:
+        which = ERROR_STATS.index(stat) - 1  # max, mean, median, p99: _statistics' order
+        absolute_stat = (worst, mean, median, p99)[which]
+        relative_stat = _statistics(relative[both_finite], a[both_finite], e[both_finite])[which]
+        within = absolute_stat <= atol or relative_stat <= rtol
+        how = f"{stat} abs error {absolute_stat:.6g}, {stat} rel error {relative_stat:.6g}"
+    ok = nan_count == 0 and inf_count == 0 and within
     problem = None
     if nan_count or inf_count:
         counts = " and ".join(f"{n} {kind}" for n, kind in ((nan_count, "NaN"), (inf_count, "Inf")) if n)
         problem = f"output {index} has {counts} where the reference is finite"
     elif not ok:
-        problem = f"output {index} differs: max abs diff {max_abs:.6g}, max rel diff {max_rel:.6g}"
-        problem += f" (atol {atol:g}, rtol {rtol:g})"
+        problem = f"output {index} differs: {how} (atol {atol:g}, rtol {rtol:g}"
+        problem += ")" if stat == "elemwise" else f", --check-error-stat {stat})"
     finite_count = int(both_finite.sum())
     return OutputComparison(
         index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem, mean, median, p99, cosine, nan_count,

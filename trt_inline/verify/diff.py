@@ -27,7 +27,14 @@ from trt_inline.verify.localize import Reference, Tolerance, localize, own_error
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.report import VerifyReport
 from trt_inline.verify.structure import structural_problems
-from trt_inline.verify.verifier import capture_device, normalize_tolerance, report_of_child, save_target, save_tensors
+from trt_inline.verify.verifier import (
+    capture_device,
+    error_stat_checked,
+    normalize_tolerance,
+    report_of_child,
+    save_target,
+    save_tensors,
+)
 
 __all__ = ["diff", "diff_job"]
 
@@ -40,6 +47,7 @@ def diff(
     kwarg_inputs: dict[str, torch.Tensor] | None = None,
     atol: float | Mapping[Any, float] | None = None,
     rtol: float | Mapping[Any, float] | None = None,
+    check_error_stat: str = "elemwise",
     device: str | None = None,
     random_inputs: int = 0,
     seed: int = 0,
@@ -68,6 +76,7 @@ def diff(
         "path_b": os.fspath(path_b),
         "atol": normalize_tolerance(atol),
         "rtol": normalize_tolerance(rtol),
+        "stat": error_stat_checked(check_error_stat),
         "device": device,
         "random_inputs": random_inputs,
         "seed": seed,
@@ -163,7 +172,7 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             with opened[0].reading_ahead():
                 trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
             reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
-            rows, divergence = localize(trace_a, reference, atol, rtol)
+            rows, divergence = localize(trace_a, reference, atol, rtol, arguments["stat"])
             if draw is None:
                 report.outputs = rows[-1].values if trace_a.crash is None else []
                 report.boundaries = rows

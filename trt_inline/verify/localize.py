@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace, Region
-from trt_inline.verify.compare import compare_output, tolerance_for
+from trt_inline.verify.compare import boundary_tolerance, compare_output, tolerance_for
 from trt_inline.verify.reference_io import EngineBoundary
 from trt_inline.verify.report import BoundaryRow, Divergence, OutputComparison
 
@@ -49,23 +49,19 @@ class Reference:
 
 
 def _compare(
-    actual: Sequence[Any], expected: Sequence[torch.Tensor], atol: Tolerance, rtol: Tolerance
+    actual: Sequence[Any], expected: Sequence[torch.Tensor], atol: Tolerance, rtol: Tolerance, stat: str
 ) -> list[OutputComparison]:
     """Value by value; a scalar's 0-d tensor is compared in the reference's dtype (engines choose their own)."""
     result = []
     for index, (got, want) in enumerate(zip(actual, expected, strict=False)):
         if isinstance(got, torch.Tensor) and got.dim() == 0 and want.dim() == 0 and got.dtype != want.dtype:
             got = got.to(want.dtype)
-        result.append(compare_output(index, got, want, tolerance_for(atol, index), tolerance_for(rtol, index)))
+        atol_here, rtol_here = tolerance_for(atol, index), tolerance_for(rtol, index)
+        result.append(compare_output(index, got, want, atol_here, rtol_here, stat))
     if len(actual) != len(expected):
         problem = f"{len(actual)} values where the reference has {len(expected)}"
         result.append(OutputComparison(len(result), [], "", float("inf"), float("inf"), 0.0, 0.0, False, problem))
     return result
-
-
-def _boundary_tolerance(tolerance: Tolerance) -> float | None:
-    """Inside the program, per-output tolerances do not apply: only one given for every value does."""
-    return None if isinstance(tolerance, Mapping) else tolerance
 
 
 def _worst(values: Sequence[OutputComparison]) -> OutputComparison:
@@ -143,12 +139,21 @@ def _value_divergence(
 
 
 def localize(
-    trace: ProgramTrace, reference: Reference, atol: Tolerance, rtol: Tolerance
+    trace: ProgramTrace, reference: Reference, atol: Tolerance, rtol: Tolerance, stat: str = "elemwise"
 ) -> tuple[list[BoundaryRow], Divergence | None]:
-    """Every boundary of ``trace`` compared with ``reference``, and the first one past tolerance, named."""
-    inner_atol, inner_rtol = _boundary_tolerance(atol), _boundary_tolerance(rtol)
+    """Every boundary of ``trace`` compared with ``reference``, and the first one past tolerance, named.
+
+    An engine's inputs and outputs are held to the tolerance keyed by that engine
+    (``engine2``, ``_run_on_acc_5``), else the one for every value (``*`` or a plain
+    number), else the dtype's; the program's outputs to theirs (:func:`tolerance_for`).
+    """
     rows: list[BoundaryRow] = []
     divergence: Divergence | None = None
+
+    def compare(call: EngineCall, actual: Sequence[Any], expected: Sequence[torch.Tensor]) -> list[OutputComparison]:
+        inner_atol = boundary_tolerance(atol, call.index, call.label)
+        return _compare(actual, expected, inner_atol, boundary_tolerance(rtol, call.index, call.label), stat)
+
     for call, record in zip(trace.calls, reference.boundaries, strict=False):
         title = f"engine {call.index} ({call.label})"
         if record.name and record.name != call.label:
@@ -161,7 +166,7 @@ def localize(
                 call.producers, call.consumers,
             )  # fmt: skip
             break
-        inputs = _compare(call.inputs, record.inputs, inner_atol, inner_rtol)
+        inputs = compare(call, call.inputs, record.inputs)
         rows.append(BoundaryRow(f"{title} inputs", call.index, inputs))
         if divergence is None and not rows[-1].ok:
             bad = _worst(inputs)
@@ -173,8 +178,8 @@ def localize(
                 [f"engine {call.index} in[{bad.index}]"],
                 _their_region(reference, call.index, bad.index),
             )
-        outputs = [] if crashed else _compare(call.outputs, record.outputs, inner_atol, inner_rtol)
-        own = None if call.alone is None else _compare(call.alone, record.outputs, inner_atol, inner_rtol)
+        outputs = [] if crashed else compare(call, call.outputs, record.outputs)
+        own = None if call.alone is None else compare(call, call.alone, record.outputs)
         rows.append(BoundaryRow(f"{title} outputs", call.index, outputs, own, call.alone_problem))
         if divergence is None and not crashed and not (rows[-1].ok and rows[-1].own_ok):
             own_worst = BoundaryRow.worst(own)
@@ -187,8 +192,7 @@ def localize(
             divergence = Divergence("engine", title, detail, call.producers, call.consumers)
     if trace.crash is not None:
         for call in trace.unreached:
-            own = None if call.alone is None else _compare(call.alone, reference.boundaries[call.index].outputs,
-                                                           inner_atol, inner_rtol)  # fmt: skip
+            own = None if call.alone is None else compare(call, call.alone, reference.boundaries[call.index].outputs)
             title = f"engine {call.index} ({call.label}) outputs, not reached: run alone"
             rows.append(BoundaryRow(title, call.index, [], own, call.alone_problem))
         return rows, _crashed(trace, rows, divergence)
@@ -199,7 +203,7 @@ def localize(
             f"the run calls {len(trace.calls)} engines, the reference ({reference.name}) {len(reference.boundaries)}",
         )
     divergence = _amplified(rows, divergence, trace)
-    outputs = _compare(trace.outputs, reference.outputs, atol, rtol)
+    outputs = _compare(trace.outputs, reference.outputs, atol, rtol, stat)
     rows.append(BoundaryRow("program outputs", None, outputs))
     if divergence is None and not rows[-1].ok:
         bad = _worst(outputs)

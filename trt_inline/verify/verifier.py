@@ -19,7 +19,7 @@ from trt_inline.formats import atomic_write, format_size
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, recording, trace_program
-from trt_inline.verify.compare import compare_output, run_on, tolerance_for
+from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
 from trt_inline.verify.isolation import Limits, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.pickles import read_torch_save
@@ -51,16 +51,17 @@ __all__ = [
 
 
 def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float | dict[str, float] | None:
-    """One tolerance for every output, or one per output keyed ``"0"``, ``"1"`` ... (``"*"``: the others)."""
+    """One tolerance for every value, or one per output or engine (:func:`~trt_inline.verify.compare.tolerance_key`)."""
     if tolerance is None or isinstance(tolerance, (int, float)):
         return None if tolerance is None else float(tolerance)
-    result = {}
-    for key, value in tolerance.items():
-        text = str(key).removeprefix("out")
-        if text != "*" and not text.isdigit():
-            raise VerifyInputError(f"a per-output tolerance is keyed by output index (0, out0) or '*', got {key!r}")
-        result[text] = float(value)
-    return result
+    return {tolerance_key(key): float(value) for key, value in tolerance.items()}
+
+
+def error_stat_checked(stat: str) -> str:
+    """``stat``, if it is one of :data:`~trt_inline.verify.compare.ERROR_STATS`."""
+    if stat not in ERROR_STATS:
+        raise VerifyInputError(f"check_error_stat is one of {', '.join(ERROR_STATS)}, got {stat!r}")
+    return stat
 
 
 def save_target(path: str | os.PathLike[str]) -> Path:
@@ -87,6 +88,7 @@ def verify(
     expected_from: str | os.PathLike[str] | None = None,
     atol: float | Mapping[Any, float] | None = None,
     rtol: float | Mapping[Any, float] | None = None,
+    check_error_stat: str = "elemwise",
     device: str | None = None,
     per_engine: bool = False,
     random_inputs: int = 0,
@@ -109,8 +111,13 @@ def verify(
     (a newer save of the same module, checked against this file); the reference
     I/O embedded in the file itself. Without any, only the structure is checked
     and ``report.compared`` is false; ``report.expected_source`` says which.
-    ``atol`` / ``rtol``: one for every output, or per output (``{0: 1e-3}``;
-    ``"*"`` for the others); by default per dtype.
+    ``atol`` / ``rtol``: one for every value, or per output (``{0: 1e-3}``), per
+    engine (``{"engine2": 1e-2}``, ``{"acc_5": 1e-2}``: its inputs and outputs), and
+    ``"*"`` for the others; by default per dtype. ``check_error_stat``: how a value
+    passes, as Polygraphy's option of that name: ``"elemwise"`` (every element
+    within ``atol + rtol * |reference|``), or ``"max"``, ``"mean"``, ``"median"``,
+    ``"p99"`` (that statistic of the absolute error within ``atol``, or of the
+    relative error within ``rtol``).
 
     ``per_engine``: compare engine by engine against the boundary data the file
     embeds (``embed_reference="boundaries"``) or, with ``expected_module`` (a
@@ -150,6 +157,7 @@ def verify(
     ExportedProgram file, inputs the program cannot take, a refused file, a
     limit the child hit: :class:`IsolationError`).
     """
+    error_stat_checked(check_error_stat)
     if isinstance(path_or_program, ExportedProgram) or not isolate:
         # In this process a rank file's collectives run on the caller's own process group (a trusted file).
         collectives = distributed.in_rank_set()
@@ -163,6 +171,7 @@ def verify(
                 expected_from=expected_from,
                 atol=normalize_tolerance(atol),
                 rtol=normalize_tolerance(rtol),
+                stat=check_error_stat,
                 device=device,
                 per_engine=per_engine,
                 random_inputs=random_inputs,
@@ -194,6 +203,7 @@ def verify(
         "expected_from": None if expected_from is None else os.fspath(expected_from),
         "atol": normalize_tolerance(atol),
         "rtol": normalize_tolerance(rtol),
+        "stat": check_error_stat,
         "device": device,
         "per_engine": per_engine,
         "random_inputs": random_inputs,
@@ -294,6 +304,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             expected_from=arguments["expected_from"],
             atol=arguments["atol"],
             rtol=arguments["rtol"],
+            stat=arguments.get("stat", "elemwise"),
             device=arguments["device"],
             per_engine=arguments["per_engine"],
             random_inputs=arguments["random_inputs"],
@@ -337,6 +348,7 @@ def _verify_here(
     expected_from: str | os.PathLike[str] | None,
     atol: Tolerance,
     rtol: Tolerance,
+    stat: str,
     device: str | None,
     per_engine: bool,
     random_inputs: int,
@@ -435,7 +447,7 @@ def _verify_here(
             rank_file = loaded is not None and loaded.manifest_text is not None
             if not own_inputs or rank_file or runnable is not module or module is None:
                 raise
-            _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, exc)
+            _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc)
             return report
         progress.report(f"comparing {len(got)} outputs")
         if save_outputs is not None:
@@ -446,7 +458,7 @@ def _verify_here(
             report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
         for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
             comparison = compare_output(
-                index, actual, reference_output, tolerance_for(atol, index), tolerance_for(rtol, index)
+                index, actual, reference_output, tolerance_for(atol, index), tolerance_for(rtol, index), stat
             )
             report.outputs.append(comparison)
             if comparison.problem:
@@ -458,7 +470,7 @@ def _verify_here(
             try:
                 with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
                     _compare_boundaries(
-                        report, module, recorded, args, kwargs, want, device, atol, rtol,
+                        report, module, recorded, args, kwargs, want, device, atol, rtol, stat,
                         automatic=not per_engine, packaged=packaged,
                     )  # fmt: skip
             except VerifyInputError as exc:
@@ -467,7 +479,9 @@ def _verify_here(
                 # Asked for nothing more than outputs: their mismatch stands, with why engines could not be compared.
                 report.notes.append(f"engine by engine comparison not possible: {exc}")
         if random_inputs:
-            _random_runs(report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol)
+            _random_runs(
+                report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol, stat
+            )
         return report
 
 
@@ -481,6 +495,7 @@ def _compare_boundaries(
     device: str | None,
     atol: Tolerance,
     rtol: Tolerance,
+    stat: str,
     *,
     automatic: bool,
     packaged: bool,
@@ -504,7 +519,7 @@ def _compare_boundaries(
         return
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
-    _localized(report, trace_program(module, args, kwargs, device, recorded), recorded, want, atol, rtol)
+    _localized(report, trace_program(module, args, kwargs, device, recorded), recorded, want, atol, rtol, stat)
 
 
 def _localized(
@@ -514,9 +529,11 @@ def _localized(
     want: list[torch.Tensor],
     atol: Tolerance,
     rtol: Tolerance,
+    stat: str,
 ) -> None:
     """The trace against the compiled module's boundaries, into the report: the table and the first divergence."""
-    report.boundaries, report.divergence = localize(trace, Reference("the compiled module", recorded, want), atol, rtol)
+    reference = Reference("the compiled module", recorded, want)
+    report.boundaries, report.divergence = localize(trace, reference, atol, rtol, stat)
     report.problems += own_error_problems(report.boundaries)
     if report.divergence is not None:
         report.problems.append(f"first divergence: {report.divergence.where}")
@@ -532,6 +549,7 @@ def _localize_crash(
     device: str | None,
     atol: Tolerance,
     rtol: Tolerance,
+    stat: str,
     failure: VerifyInputError,
 ) -> None:
     """The program raised on its own reference inputs: the report names where, engine by engine where it can."""
@@ -546,7 +564,7 @@ def _localize_crash(
         report.problems.append(f"it raised at {where}: {trace.crash.error}")
         report.notes.append("the file has no boundary data (embed_reference='boundaries'): engines not compared")
         return
-    _localized(report, trace, recorded, want, atol, rtol)
+    _localized(report, trace, recorded, want, atol, rtol, stat)
 
 
 def _rank_file_checks(loaded: LoadedFile | None, module: torch.fx.GraphModule | None) -> bool:
@@ -592,6 +610,7 @@ def _random_runs(
     expected_module: Callable[..., Any] | None,
     atol: Tolerance,
     rtol: Tolerance,
+    stat: str,
 ) -> None:
     """Runs on inputs drawn within the declared ranges: each must be accepted and give finite outputs.
 
@@ -618,7 +637,7 @@ def _random_runs(
                 differ = [
                     c.problem
                     for i, (got, ref) in enumerate(zip(outputs, want, strict=False))
-                    if (c := compare_output(i, got, ref, tolerance_for(atol, i), tolerance_for(rtol, i))).problem
+                    if (c := compare_output(i, got, ref, tolerance_for(atol, i), tolerance_for(rtol, i), stat)).problem
                 ]
                 if len(outputs) != len(want):
                     differ.append(f"{len(outputs)} outputs, the module {len(want)}")
