@@ -31,7 +31,7 @@ from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.verify.compare import ERROR_STATS, compare_output
 from trt_inline.verify.random_inputs import draw_inputs, size_ranges
-from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, encode_reference_io
+from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.verify.report import BoundaryRow, VerifyReport
 
 STOCK_RELEASE = "2.13.0"  # the last release whose inline_torch_modules wires fallback inputs by name
@@ -565,3 +565,30 @@ def test_a_boundary_table_of_random_inputs_says_which_inputs() -> None:
     report = VerifyReport("a.pt2 against b.pt2", boundaries=[row], boundaries_on="random inputs 1 (sizes [[5, 8]])")
     assert "engine boundaries on random inputs 1 (sizes [[5, 8]]) (max abs diff" in report.to_text()
     assert "engine boundaries (max abs diff" in VerifyReport("a.pt2", boundaries=[row]).to_text()
+
+
+def test_boundaries_saved_on_one_run_are_the_reference_of_another(files: Files, tmp_path: Path) -> None:
+    recorded = tmp_path / "good.boundaries"
+    proc = cli("verify", str(files.plain), "--save-boundaries", str(recorded))  # a file without boundary data
+    assert proc.returncode == 0 and recorded.read_bytes().startswith(b"trt-inline boundaries 1\n"), proc.stderr
+    reference = decode_boundaries_file(recorded.read_bytes(), str(recorded))
+    assert reference.boundaries is not None and [b.name for b in reference.boundaries] == files.engines
+    assert torch.equal(reference.args[0], files.x)
+    # Another "machine": the same program with engine 1's weight moved, checked against the recorded run.
+    fault = _engine_fault(files, engine=1)
+    against = json.loads(cli("verify", str(fault), "--load-boundaries", str(recorded), "--json").stdout)
+    assert against["expected_source"] == f"from {recorded}" and not against["ok"]
+    assert against["divergence"]["where"] == f"engine 1 ({files.engines[1]})", against["divergence"]
+    assert len(against["boundaries"]) == 7, "compared boundary by boundary, without --per-engine"
+    assert cli("verify", str(files.good), "--load-boundaries", str(recorded)).returncode == 0
+    # In this process too; and refusals: a file that is not one, a .pt2 file, boundaries with --expected-from.
+    here = tmp_path / "here.boundaries"
+    assert trt_inline.verify(files.good, save_boundaries=here, isolate=False).ok and here.exists()
+    assert trt_inline.verify(fault, load_boundaries=here, isolate=False).divergence is not None
+    not_one = tmp_path / "not.boundaries"
+    not_one.write_bytes(b"trt-inline boundaries 1\n!!!")
+    assert_unusable(cli("verify", str(files.good), "--load-boundaries", str(not_one)), "not base64")
+    assert_unusable(
+        cli("verify", str(files.good), "--load-boundaries", str(recorded), "--expected-from", str(files.good)),
+        "--load-boundaries is the reference",
+    )

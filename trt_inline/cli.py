@@ -268,6 +268,10 @@ def _run_verify(args: argparse.Namespace) -> int:
         raise VerifyInputError("--inputs and --expected go together")
     if args.inputs is not None and args.expected_from is not None:
         raise VerifyInputError("--expected-from replaces --inputs/--expected; give one or the other")
+    if args.load_boundaries is not None and (args.inputs is not None or args.expected_from is not None):
+        raise VerifyInputError(
+            "--load-boundaries is the reference: give it without --inputs/--expected/--expected-from"
+        )
     arg_inputs = kwarg_inputs = expected = None
     if args.inputs is not None:
         arg_inputs, kwarg_inputs = _split_inputs(_load_tensors(args.inputs, "inputs"))
@@ -280,6 +284,8 @@ def _run_verify(args: argparse.Namespace) -> int:
         expected=expected,
         expected_from=args.expected_from,
         per_engine=args.per_engine,
+        save_boundaries=args.save_boundaries,
+        load_boundaries=args.load_boundaries,
         **_comparison(args),
     )
     return _finish(
@@ -317,7 +323,9 @@ def _run_rank_set(args: argparse.Namespace) -> int:
     unsupported = [
         flag for flag, value in (("--inputs", args.inputs), ("--expected-from", args.expected_from),
                                  ("--random-inputs", args.random_inputs), ("--save-outputs", args.save_outputs),
-                                 ("--plot", args.plot), ("--device", args.device))
+                                 ("--plot", args.plot), ("--device", args.device),
+                                 ("--save-boundaries", args.save_boundaries),
+                                 ("--load-boundaries", args.load_boundaries))
         if value
     ]  # fmt: skip
     if unsupported:
@@ -497,6 +505,17 @@ def _parser() -> argparse.ArgumentParser:
         help="compare engine by engine with the boundary data the file embeds (embed_reference='boundaries'): "
         "each engine alone, then every boundary of the run; names the first engine or fallback region that "
         "diverges (automatic when an output differs and the file embeds boundary data)",
+    )
+    verify_parser.add_argument(
+        "--save-boundaries",
+        metavar="FILE",
+        help="write this run's inputs, outputs and every engine's inputs and outputs to FILE (plain tensors), "
+        "to compare a later run against with --load-boundaries (another machine, another TensorRT)",
+    )
+    verify_parser.add_argument(
+        "--load-boundaries",
+        metavar="FILE",
+        help="compare PATH, engine by engine, with a run --save-boundaries recorded (its inputs are used)",
     )
     verify_parser.add_argument(
         "--ranks",

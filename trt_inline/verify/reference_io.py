@@ -37,9 +37,14 @@ __all__ = [
     "ReferenceIO",
     "capture_reference_io",
     "decode_boundaries",
+    "decode_boundaries_file",
     "decode_reference_io",
+    "encode_boundaries_file",
     "encode_reference_io",
+    "is_boundaries_file",
     "plain_boundaries",
+    "reference_from_payload",
+    "reference_payload",
     "tensors_only",
 ]
 
@@ -111,18 +116,7 @@ def capture_reference_io(
 def encode_reference_io(reference: ReferenceIO) -> str:
     """The extra-file text holding ``reference``."""
     buffer = io.BytesIO()
-    torch.save(
-        {
-            "version": _VERSION,
-            "args": [t.detach().cpu() for t in reference.args],
-            "kwargs": {k: v.detach().cpu() for k, v in reference.kwargs.items()},
-            "outputs": [t.detach().cpu() for t in reference.outputs],
-            "device": reference.device,
-            "output_kinds": list(reference.output_kinds),
-            **({} if reference.boundaries is None else {"boundaries": plain_boundaries(reference.boundaries)}),
-        },
-        buffer,
-    )
+    torch.save(reference_payload(reference), buffer)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -141,6 +135,11 @@ def decode_reference_io(text: str) -> ReferenceIO:
         raise VerifyInputError(
             f"embedded reference I/O refused: it holds something other than plain tensors ({exc})"
         ) from None
+    return reference_from_payload(payload)
+
+
+def reference_from_payload(payload: Any) -> ReferenceIO:
+    """Reference I/O from what the strict reader gave for :func:`encode_reference_io`'s ``torch.save``: checked."""
     if not isinstance(payload, dict) or payload.get("version") != _VERSION:
         raise VerifyInputError("embedded reference I/O has an unknown layout")
     args, kwargs, outputs = payload.get("args"), payload.get("kwargs"), payload.get("outputs")
@@ -158,6 +157,50 @@ def decode_reference_io(text: str) -> ReferenceIO:
     kinds = [str(kind) for kind in kinds] if isinstance(kinds, list) else []
     boundaries = decode_boundaries(payload.get("boundaries"))
     return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries)
+
+
+def reference_payload(reference: ReferenceIO) -> dict[str, Any]:
+    """What :func:`encode_reference_io` saves: tensors, strings and lists only."""
+    return {
+        "version": _VERSION,
+        "args": [t.detach().cpu() for t in reference.args],
+        "kwargs": {k: v.detach().cpu() for k, v in reference.kwargs.items()},
+        "outputs": [t.detach().cpu() for t in reference.outputs],
+        "device": reference.device,
+        "output_kinds": list(reference.output_kinds),
+        **({} if reference.boundaries is None else {"boundaries": plain_boundaries(reference.boundaries)}),
+    }
+
+
+# A boundaries file (verify --save-boundaries): this line, then the reference I/O as a file embeds it.
+_BOUNDARIES_HEADER = b"trt-inline boundaries 1\n"
+
+
+def encode_boundaries_file(reference: ReferenceIO) -> bytes:
+    """A run's inputs, outputs and every engine boundary, as ``--load-boundaries`` reads them."""
+    return _BOUNDARIES_HEADER + encode_reference_io(reference).encode("ascii") + b"\n"
+
+
+def is_boundaries_file(start: bytes) -> bool:
+    """Whether a file beginning with ``start`` is a boundaries file (rather than a ``.pt2`` archive)."""
+    return start.startswith(_BOUNDARIES_HEADER)
+
+
+def decode_boundaries_file(data: bytes, source: str) -> ReferenceIO:
+    """What :func:`encode_boundaries_file` wrote, read strictly (plain tensors only); it must hold boundaries."""
+    if not data.startswith(_BOUNDARIES_HEADER):
+        raise VerifyInputError(f"{source}: not a boundaries file (trt-inline verify --save-boundaries writes them)")
+    try:
+        text = data[len(_BOUNDARIES_HEADER) :].strip().decode("ascii")
+    except UnicodeDecodeError:
+        raise VerifyInputError(f"{source}: a boundaries file holds base64 text after its first line") from None
+    try:
+        reference = decode_reference_io(text)
+    except VerifyInputError as exc:
+        raise VerifyInputError(f"{source}: {exc}") from None
+    if not reference.boundaries:
+        raise VerifyInputError(f"{source}: holds no engine boundaries")
+    return reference
 
 
 def plain_boundaries(records: Sequence[EngineBoundary]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings,
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
-from trt_inline.verify.boundaries import ProgramTrace, recording, trace_program
+from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
 from trt_inline.verify.isolation import Limits, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
@@ -28,7 +28,12 @@ from trt_inline.verify.reference_io import (
     EngineBoundary,
     ReferenceIO,
     decode_boundaries,
+    decode_boundaries_file,
+    encode_boundaries_file,
+    is_boundaries_file,
     plain_boundaries,
+    reference_from_payload,
+    reference_payload,
     tensors_only,
 )
 from trt_inline.verify.report import VerifyReport, describe_value
@@ -94,6 +99,8 @@ def verify(
     random_inputs: int = 0,
     seed: int = 0,
     save_outputs: str | os.PathLike[str] | None = None,
+    save_boundaries: str | os.PathLike[str] | None = None,
+    load_boundaries: str | os.PathLike[str] | None = None,
     allow_pickle: bool = False,
     allow_native_code: bool = False,
     allow_ops: Sequence[str] = (),
@@ -129,7 +136,10 @@ def verify(
     ``random_inputs``: that many more runs on inputs drawn within the program's
     declared dynamic ranges (``seed``), each checked to be accepted and to give
     finite outputs. ``save_outputs``: the program's outputs on the reference
-    inputs, written with ``torch.save`` (plain tensors).
+    inputs, written with ``torch.save`` (plain tensors). ``save_boundaries``:
+    this run's inputs, outputs and every engine boundary, written as a
+    boundaries file; ``load_boundaries``: such a file (from another machine,
+    another TensorRT) as the reference, compared engine by engine.
 
     Files are checked before loading (:mod:`trt_inline.verify.archive`): one
     whose pickles need more than plain tensors and Torch-TensorRT engines is
@@ -158,11 +168,19 @@ def verify(
     limit the child hit: :class:`IsolationError`).
     """
     error_stat_checked(check_error_stat)
+    if load_boundaries is not None:
+        if expected_from is not None or expected is not None or expected_module is not None:
+            raise VerifyInputError("load_boundaries is the reference: give it without expected, expected_module "
+                                   "or expected_from")  # fmt: skip
+        expected_from, per_engine = load_boundaries, True
+    if save_boundaries is not None:
+        save_target(save_boundaries)
     if isinstance(path_or_program, ExportedProgram) or not isolate:
         # In this process a rank file's collectives run on the caller's own process group (a trusted file).
         collectives = distributed.in_rank_set()
+        kept_reference: list[ReferenceIO] | None = [] if save_boundaries is not None else None
         with allowed_ops.allowing(allow_ops, native_code=allow_native_code, collectives=collectives):
-            return _verify_here(
+            report = _verify_here(
                 path_or_program,
                 expected_module=expected_module,
                 arg_inputs=arg_inputs,
@@ -179,7 +197,11 @@ def verify(
                 save_outputs=save_outputs,
                 allow_pickle=allow_pickle,
                 allow_native_code=allow_native_code,
+                kept_reference=kept_reference,
             )
+        if save_boundaries is not None and kept_reference:
+            save_boundaries_file(kept_reference[0], save_boundaries)
+        return report
     path = os.fspath(path_or_program)
     label = None
     recorded = None
@@ -213,6 +235,7 @@ def verify(
         "allow_native_code": allow_native_code,
         "allow_ops": list(allow_ops),
         "label": label,
+        "keep_reference": save_boundaries is not None,
     }
     tensors = {
         "args": None if arg_inputs is None else list(arg_inputs),
@@ -225,7 +248,7 @@ def verify(
         save_target(save_outputs)
     return report_of_child(
         "verify", arguments, tensors, limits, where=path, files=files, sandbox=sandbox, debug=debug,
-        save_outputs=save_outputs,
+        save_outputs=save_outputs, save_boundaries=save_boundaries,
     )  # fmt: skip
 
 
@@ -240,6 +263,7 @@ def report_of_child(
     sandbox: bool,
     debug: bool,
     save_outputs: str | os.PathLike[str] | None = None,
+    save_boundaries: str | os.PathLike[str] | None = None,
     relay: RelayServer | None = None,
 ) -> VerifyReport:
     """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost.
@@ -259,6 +283,8 @@ def report_of_child(
         raise IsolationError(f"{where}: the child process gave a malformed report ({first_line(exc)})") from None
     if save_outputs is not None:
         save_tensors(_outputs_of_child(result.tensors, where), save_outputs)
+    if save_boundaries is not None:
+        save_boundaries_file(_reference_of_child(result.tensors, where), save_boundaries)
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.child_peak_anonymous_bytes, report.child_peak_file_bytes = result.peak_anonymous, result.peak_file
     walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
@@ -286,12 +312,28 @@ def _outputs_of_child(data: bytes, where: str) -> Any:
     return outputs
 
 
+def _reference_of_child(data: bytes, where: str) -> ReferenceIO:
+    """The run a child recorded for ``save_boundaries``: plain tensors, read strictly and checked."""
+    try:
+        value = read_torch_save(BytesView(data), f"{where}: the child's boundaries")
+        return reference_from_payload(value.get("reference") if isinstance(value, dict) else None)
+    except VerifyInputError as exc:
+        raise IsolationError(f"{where}: the child process handed back boundaries that are not plain ({exc})") from None
+
+
+def save_boundaries_file(reference: ReferenceIO, path: str | os.PathLike[str]) -> None:
+    """A boundaries file (``--save-boundaries``), written atomically."""
+    with atomic_write(save_target(path)) as tmp:
+        tmp.write_bytes(encode_boundaries_file(reference))
+
+
 def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     """:func:`verify` inside the child process (:mod:`trt_inline.verify.isolation`).
 
     Returns the report, and with ``keep_outputs`` the outputs too (the parent writes them).
     """
     kept: list[Any] | None = [] if arguments.get("keep_outputs") else None
+    kept_reference: list[ReferenceIO] | None = [] if arguments.get("keep_reference") else None
     with allowed_ops.allowing(
         arguments["allow_ops"], native_code=arguments["allow_native_code"], collectives=rank_relay.client() is not None
     ):
@@ -314,11 +356,15 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             allow_native_code=arguments["allow_native_code"],
             recorded=decode_boundaries(tensors.get("boundaries")),
             kept=kept,
+            kept_reference=kept_reference,
         )
     if arguments["label"]:
         report.expected_source = arguments["label"]
-    if kept is not None:
-        return report.to_dict(), {"outputs": kept}
+    if kept is not None or kept_reference:
+        handed = {"outputs": kept or []}
+        return report.to_dict(), handed | (
+            {"reference": reference_payload(kept_reference[0])} if kept_reference else {}
+        )
     return report.to_dict()
 
 
@@ -358,8 +404,10 @@ def _verify_here(
     allow_native_code: bool,
     recorded: list[EngineBoundary] | None = None,
     kept: list[Any] | None = None,
+    kept_reference: list[ReferenceIO] | None = None,
 ) -> VerifyReport:
-    """:func:`verify` in this process; ``kept`` receives the outputs (for the parent to save)."""
+    """:func:`verify` in this process; ``kept`` receives the outputs, ``kept_reference`` the run with its
+    boundaries (for the parent to save)."""
     with contextlib.ExitStack() as cleanup:
         loaded: LoadedFile | None = None
         program: ExportedProgram | None
@@ -454,6 +502,8 @@ def _verify_here(
             save_tensors(tensors_only(got, "outputs"), save_outputs)
         if kept is not None:
             kept.extend(tensors_only(got, "outputs"))
+        if kept_reference is not None:
+            kept_reference.append(_recorded_run(module, runnable, args, kwargs, device, report.source))
         if len(got) != len(want):
             report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
         for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
@@ -520,6 +570,30 @@ def _compare_boundaries(
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
     _localized(report, trace_program(module, args, kwargs, device, recorded), recorded, want, atol, rtol, stat)
+
+
+def _recorded_run(
+    module: torch.fx.GraphModule | None,
+    runnable: Callable[..., Any],
+    args: Sequence[torch.Tensor],
+    kwargs: dict[str, torch.Tensor],
+    device: str | None,
+    source: str,
+) -> ReferenceIO:
+    """This run's inputs, outputs and engine boundaries (``save_boundaries``), run again engine by engine."""
+    if module is None or runnable is not module:
+        raise VerifyInputError(f"{source}: an AOTInductor package's engines run inside its compiled code: "
+                               "there are no engine boundaries to save")  # fmt: skip
+    progress.report("recording every engine boundary")
+    trace = trace_program(module, args, kwargs, device)
+    if trace.crash is not None:
+        raise VerifyInputError(
+            f"{source}: the program raised at {trace.crash.where(trace.calls)} ({trace.crash.error})"
+        )
+    return ReferenceIO(
+        [a.detach().cpu() for a in args], {k: v.detach().cpu() for k, v in kwargs.items()},
+        tensors_only(trace.outputs, "outputs"), device or "cpu", boundaries=as_boundaries(trace),
+    )  # fmt: skip
 
 
 def _localized(
@@ -689,7 +763,12 @@ def capture_device(reference: ReferenceIO) -> str | None:
 
 
 def _reference_of(path: str | os.PathLike[str], allow_pickle: bool, allow_native_code: bool) -> ReferenceIO:
-    """The reference I/O embedded in another file (safety-checked like the file being verified)."""
+    """The reference I/O embedded in another file (safety-checked like the file being verified), or a boundaries
+    file's (``load_boundaries``)."""
+    with open(path, "rb") as handle:
+        if is_boundaries_file(handle.read(64)):
+            handle.seek(0)
+            return decode_boundaries_file(handle.read(), os.fspath(path))
     loaded = open_file(path, allow_pickle=allow_pickle, allow_native_code=allow_native_code)
     if loaded.reference is None:
         raise VerifyInputError(f"{Path(path)}: carries no reference I/O to check against (save it with arg_inputs)")
