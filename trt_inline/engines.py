@@ -273,6 +273,15 @@ def output_specs(module: torch.nn.Module) -> list[tuple[torch.dtype, torch.devic
     return backend.output_specs(module) if backend is not None else None
 
 
+def engine_submodule_key(text: str) -> str | None:
+    """``_run_on_acc_5`` for ``acc_5`` or ``_run_on_acc_5`` (how a user names an engine submodule), else None."""
+    short = ACC_PREFIX.removeprefix("_run_on_")
+    name = (
+        text if text.startswith(ACC_PREFIX) else ACC_PREFIX + text.removeprefix(short) if text.startswith(short) else ""
+    )
+    return name if len(name) > len(ACC_PREFIX) else None
+
+
 def is_engine_attribute(target: str) -> bool:
     """Whether an attribute (a lifted constant's target) holds an inlined engine, by the exporters' naming."""
     # fullmatch: `$` would also match before a trailing newline, and `\d` any Unicode digit.

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.verify.report import OutputComparison, describe_value
 
@@ -51,8 +52,9 @@ def tolerance_key(key: object) -> str:
         return text.removeprefix("out")
     if text.startswith("engine") and text.removeprefix("engine").isdigit():
         return text
-    if text.startswith(("acc_", "_run_on_acc_")) and len(text.removeprefix("_run_on").removeprefix("acc_")) > 0:
-        return "_run_on_" + text.removeprefix("_run_on_")
+    submodule = engine_submodule_key(text)
+    if submodule is not None:
+        return submodule
     raise VerifyInputError(
         f"a tolerance is keyed by an output (0, out0), an engine (engine2, acc_5, _run_on_acc_5) or '*', got {key!r}"
     )

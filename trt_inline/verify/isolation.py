@@ -82,6 +82,7 @@ __all__ = [
     "Limits",
     "MemorySampler",
     "available_memory",
+    "is_allocation_failure",
     "default_memory_limit",
     "parse_size",
     "reusing_interpreter",
@@ -814,7 +815,7 @@ def child_main(folder: str) -> None:
     except RecursionError:
         result = {"error": "VerifyInputError", "message": "nested too deeply to be read"}
     except Exception as exc:
-        if _is_allocation_failure(exc):
+        if is_allocation_failure(exc):
             result = _memory_error(request)
         else:
             if request.get("debug"):
@@ -936,7 +937,7 @@ def _own_status(field: str) -> int:
     return _proc_kib_field("/proc/self/status", field)
 
 
-def _is_allocation_failure(exc: BaseException) -> bool:
+def is_allocation_failure(exc: BaseException) -> bool:
     """Whether an allocation failed under the limit: the error itself or one it was raised from."""
     seen: BaseException | None = exc
     while seen is not None:

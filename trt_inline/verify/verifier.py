@@ -20,7 +20,7 @@ from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
-from trt_inline.verify.isolation import Limits, run_isolated
+from trt_inline.verify.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.pickles import read_torch_save
 from trt_inline.verify.random_inputs import draw_inputs
@@ -493,7 +493,7 @@ def _verify_here(
             # a program that raises on them is wrong, and where it raises is found boundary by boundary.
             own_inputs = recorded is not None or report.expected_source == "embedded"
             rank_file = loaded is not None and loaded.manifest_text is not None
-            if not own_inputs or rank_file or runnable is not module or module is None:
+            if not own_inputs or rank_file or runnable is not module or module is None or is_allocation_failure(exc):
                 raise
             _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc)
             return report
