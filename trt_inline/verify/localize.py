@@ -161,6 +161,8 @@ def localize(
         crashed = trace.crash is not None and trace.crash.engine == call.index
         mismatch = _signature(call, record, outputs=not crashed)
         if mismatch is not None:
+            if _signature(call, record, outputs=False) is None:  # its outputs do not fit: its inputs still compare
+                rows.append(BoundaryRow(f"{title} inputs", call.index, compare(call, call.inputs, record.inputs)))
             divergence = divergence or Divergence(
                 "signature", title, f"{title} is not the reference's engine {call.index} ({record.name}): {mismatch}",
                 call.producers, call.consumers,
@@ -193,7 +195,7 @@ def localize(
     if trace.crash is not None:
         for call in trace.unreached:
             own = None if call.alone is None else compare(call, call.alone, reference.boundaries[call.index].outputs)
-            title = f"engine {call.index} ({call.label}) outputs, not reached: run alone"
+            title = f"engine {call.index} ({call.label}) outputs (not reached)"
             rows.append(BoundaryRow(title, call.index, [], own, call.alone_problem))
         return rows, _crashed(trace, rows, divergence)
     if divergence is None and len(trace.calls) != len(reference.boundaries):

@@ -128,7 +128,8 @@ class Divergence:
 
 def boundary_table(rows: list[BoundaryRow]) -> list[str]:
     """The per-boundary table: the worst error in the run, the engine's own error run alone, the verdict."""
-    lines = [f"  {'boundary':<44} {'values':>6} {'max abs diff':>13} {'own error':>13}  status"]
+    width = max([44, *(len(row.boundary) for row in rows)])
+    lines = [f"  {'boundary':<{width}} {'values':>6} {'max abs diff':>13} {'own error':>13}  status"]
     for row in rows:
         own = BoundaryRow.worst(row.own)
         own_text = "-" if own is None else f"{own:.6g}"
@@ -142,7 +143,7 @@ def boundary_table(rows: list[BoundaryRow]) -> list[str]:
             worst_text = "Inf"
         else:
             worst_text = "-" if not row.values else f"{worst:.6g}"
-        lines.append(f"  {row.boundary:<44} {len(row.values):>6} {worst_text:>13} {own_text:>13}  {status}")
+        lines.append(f"  {row.boundary:<{width}} {len(row.values):>6} {worst_text:>13} {own_text:>13}  {status}")
     return lines
 
 

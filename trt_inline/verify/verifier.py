@@ -627,7 +627,8 @@ def _localize_crash(
     failure: VerifyInputError,
 ) -> None:
     """The program raised on its own reference inputs: the report names where, engine by engine where it can."""
-    report.problems.append(f"the program raises on its reference inputs ({first_line(failure)})")
+    cause = failure.__cause__ or failure
+    report.problems.append(f"the program raises on its reference inputs ({type(cause).__name__}: {first_line(cause)})")
     progress.report("the run raised: walking the program boundary by boundary to where it did")
     trace = trace_program(module, args, kwargs, device, recorded)
     if trace.crash is None:  # it ran this time (a program that raises only sometimes is wrong too)
