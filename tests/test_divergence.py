@@ -592,3 +592,44 @@ def test_boundaries_saved_on_one_run_are_the_reference_of_another(files: Files, 
         cli("verify", str(files.good), "--load-boundaries", str(recorded), "--expected-from", str(files.good)),
         "--load-boundaries is the reference",
     )
+
+
+class _Chain(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.layers[0](x))
+        x = torch.sigmoid(self.layers[1](x))
+        x = torch.relu(self.layers[2](x))
+        return self.layers[3](x)
+
+
+def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    model, x = _Chain().eval(), torch.randn(3, 8)
+    coarse, fine = tmp_path / "coarse.pt2", tmp_path / "fine.pt2"
+    for path, fallback in ((coarse, ["aten.relu.default"]), (fine, ["aten.relu.default", "aten.sigmoid.default"])):
+        trt_inline.save(trt_inline.reference.compile(model, (x,), torch_executed_ops=fallback), path, arg_inputs=[x])
+    assert [len(_engine_nodes(torch.export.load(p))) for p in (coarse, fine)] == [3, 4]  # the partitions differ
+
+    same = trt_inline.diff(coarse, fine, isolate=False)
+    assert same.ok and same.divergence is None, same.to_text()
+    assert any("partitioned differently: this one runs 3 engine calls" in note for note in same.notes), same.notes
+    assert [row.boundary.split(" (")[0] for row in same.boundaries] == ["relu", "relu_1", "program outputs"]
+    assert cli("diff", str(coarse), str(fine)).returncode == 0
+
+    # The fine file with its third engine (layers[2]) changed: the divergence is between relu and relu_1.
+    program = torch.export.load(fine)
+    third = _engine_nodes(program)[2]
+    weight = json.loads(third.args[2])["weights"][0]
+    constant = next(s.target for s in program.graph_signature.input_specs if s.arg.name == third.args[1].name)
+    program.constants[constant][weight["offset"] : weight["offset"] + weight["nbytes"]].view(torch.float32).add_(0.05)
+    changed = tmp_path / "fine_changed.pt2"
+    torch.export.save(program, changed)
+    diverged = trt_inline.diff(coarse, changed, isolate=False)
+    assert diverged.divergence is not None and diverged.divergence.kind == "partition", diverged.to_text()
+    assert diverged.divergence.where.startswith("relu_1 (engine ")
+    assert "the last value both cut at that agrees is relu: what computes relu_1" in diverged.divergence.detail
+    assert cli("diff", str(coarse), str(changed)).returncode == 1

@@ -3,7 +3,9 @@
 The second file is the reference: its run is traced first, and the first file's
 run is compared with it boundary by boundary (:mod:`trt_inline.verify.localize`),
 engines aligned by position and checked by signature; each engine of the first
-file is also run alone on the second file's inputs to that engine. The report
+file is also run alone on the second file's inputs to that engine. Files whose
+engines do not pair up (partitioned differently) are compared at the values both
+hand between PyTorch nodes and engines, matched by the node computing them. The report
 names the first divergence in both files' words, e.g. a fallback region that
 reads ``engine 1 output 1`` where the other file's reads ``engine 1 output 0``.
 """
@@ -23,7 +25,14 @@ from trt_inline.errors import VerifyInputError
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import as_boundaries, trace_program
 from trt_inline.verify.isolation import Limits, default_memory_limit
-from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
+from trt_inline.verify.localize import (
+    Reference,
+    Tolerance,
+    localize,
+    localize_partitions,
+    own_error_problems,
+    same_partition,
+)
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.report import VerifyReport
 from trt_inline.verify.structure import structural_problems
@@ -171,8 +180,13 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 )
             with opened[0].reading_ahead():
                 trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
-            reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
-            rows, divergence = localize(trace_a, reference, atol, rtol, arguments["stat"])
+            if same_partition(trace_a, trace_b) or trace_a.crash is not None:
+                reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
+                rows, divergence = localize(trace_a, reference, atol, rtol, arguments["stat"])
+            else:  # engines cannot be paired: compared where both partitions cut
+                rows, divergence, how = localize_partitions(trace_a, trace_b, path_b, atol, rtol, arguments["stat"])
+                if how not in report.notes:
+                    report.notes.append(how)
             if draw is None:
                 report.outputs = rows[-1].values if trace_a.crash is None else []
                 report.boundaries = rows

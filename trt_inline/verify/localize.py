@@ -28,7 +28,7 @@ from trt_inline.verify.compare import boundary_tolerance, compare_output, tolera
 from trt_inline.verify.reference_io import EngineBoundary
 from trt_inline.verify.report import BoundaryRow, Divergence, OutputComparison
 
-__all__ = ["Reference", "localize", "own_error_problems"]
+__all__ = ["Reference", "localize", "localize_partitions", "own_error_problems", "same_partition"]
 
 Tolerance = float | Mapping[str, float] | None
 
@@ -317,3 +317,100 @@ def own_error_problems(rows: Sequence[BoundaryRow]) -> list[str]:
                 "alone on its recorded inputs)"
             )
     return problems
+
+
+def same_partition(a: ProgramTrace, b: ProgramTrace) -> bool:
+    """Whether two runs have the same engines in the same order: as many calls, each with the same signature."""
+    return len(a.calls) == len(b.calls) and all(
+        _signature(mine, EngineBoundary(theirs.label, theirs.inputs, theirs.outputs)) is None
+        for mine, theirs in zip(a.calls, b.calls, strict=True)
+    )
+
+
+@dataclass
+class _Cut:
+    """A value both partitions may cut at: one a torch node (or a program input) computes, named by that node."""
+
+    name: str
+    value: torch.Tensor
+    where: str  # "engine 1 in[0]" or "output 0"
+    region: Region
+
+
+def _cuts(trace: ProgramTrace) -> dict[str, _Cut]:
+    """The values crossing into an engine or out of the program that a torch node or an input produced, by name.
+
+    Fallback nodes keep the names the exported program gave them, whatever the
+    partition: they are what two partitions of one program have in common.
+    Values an engine produced are named after their getitem and are not.
+    """
+    cuts: dict[str, _Cut] = {}
+    sites = [(f"engine {c.index} in[{i}]", p, v, r) for c in trace.calls
+             for i, (p, v, r) in enumerate(zip(c.producers, c.inputs, c.regions, strict=False))]  # fmt: skip
+    sites += [
+        (f"output {i}", p, v, r)
+        for i, (p, v, r) in enumerate(zip(trace.output_producers, trace.outputs, trace.output_regions, strict=False))
+    ]
+    for where, producer, value, region in sites:
+        if " = engine " in producer or " (" in producer or not isinstance(value, torch.Tensor):
+            continue  # an engine's output (named by its getitem), or a program input (the same in both)
+        cuts.setdefault(producer.split(" (")[0], _Cut(producer.split(" (")[0], value, where, region))
+    return cuts
+
+
+def localize_partitions(
+    trace: ProgramTrace, reference: ProgramTrace, name: str, atol: Tolerance, rtol: Tolerance, stat: str = "elemwise"
+) -> tuple[list[BoundaryRow], Divergence | None, str]:
+    """Two runs of one program partitioned differently, compared at the cut points both share.
+
+    Engines cannot be paired by position (4 engines against 1, another
+    ``min_block_size``, another TensorRT): the values compared are those both
+    runs hand between a torch node (or an input) and an engine or the output,
+    matched by the node's name, in the order the first run reaches them; then the
+    program outputs. The first shared cut past tolerance names the divergence:
+    it lies in what each run computes between the last agreeing cut and that one.
+    Returns the rows, the divergence, and a line saying how the partitions differ.
+    """
+    mine, theirs = _cuts(trace), _cuts(reference)
+    shared = [key for key in mine if key in theirs and mine[key].value.shape == theirs[key].value.shape]
+    rows: list[BoundaryRow] = []
+    divergence: Divergence | None = None
+    last_agreeing = "the program inputs"
+    for key in shared:
+        a, b = mine[key], theirs[key]
+        values = _compare([a.value], [b.value], _inner(atol), _inner(rtol), stat)
+        rows.append(BoundaryRow(f"{key} (here {a.where}; {name}: {b.where})", None, values))
+        if divergence is None and not rows[-1].ok:
+            detail = (
+                f"{key} differs ({values[0].error_text()}); the last value both cut at that agrees is "
+                f"{last_agreeing}: what computes {key} from it differs (the engines and regions in between). "
+                f"Here: {a.region.describe()}; in {name}: {b.region.describe()}"
+            )
+            divergence = Divergence("partition", f"{key} ({a.where})", detail, list(a.region.reads), [a.where],
+                                    list(a.region.nodes))  # fmt: skip
+        elif divergence is None:
+            last_agreeing = key
+    if trace.crash is None:
+        outputs = _compare(trace.outputs, reference.outputs, atol, rtol, stat)
+        rows.append(BoundaryRow("program outputs", None, outputs))
+        if divergence is None and not rows[-1].ok:
+            bad = _worst(outputs)
+            divergence = Divergence(
+                "partition", f"output {bad.index}",
+                f"output {bad.index} differs ({bad.error_text()}); the last value both cut at that agrees is "
+                f"{last_agreeing}: the divergence lies after it",
+            )  # fmt: skip
+    else:
+        divergence = _crashed(trace, rows, divergence)
+    how = (
+        f"the files are partitioned differently: this one runs {len(trace.calls)} engine calls, {name} "
+        f"{len(reference.calls)}; compared at the {len(shared)} values both hand between PyTorch and an engine "
+        "(or return), matched by the node computing them"
+    )
+    return rows, divergence, how
+
+
+def _inner(tolerance: Tolerance) -> Tolerance:
+    """Cut points are no program output: a tolerance keyed by output does not apply, one for every value does."""
+    return {"*": tolerance["*"]} if isinstance(tolerance, Mapping) and "*" in tolerance else (
+        None if isinstance(tolerance, Mapping) else tolerance)  # fmt: skip
