@@ -13,6 +13,8 @@ import copy
 import io
 import json
 import os
+import subprocess
+import sys
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 import releases
 import torch
+from conftest import REPO
 from models import CrossedHalves
 from test_verify import assert_unusable, cli
 
@@ -633,3 +636,22 @@ def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: P
     assert diverged.divergence.where.startswith("relu_1 (engine ")
     assert "the last value both cut at that agrees is relu: what computes relu_1" in diverged.divergence.detail
     assert cli("diff", str(coarse), str(changed)).returncode == 1
+
+
+def test_extract_writes_the_divergent_engine_as_a_repro_that_fails_alone(files: Files, tmp_path: Path) -> None:
+    path = _engine_fault(files, engine=1)
+    folder = tmp_path / "repro"
+    proc = cli("verify", str(path), "--extract", str(folder))
+    assert proc.returncode == 1 and f"engine 1 ({files.engines[1]}) extracted" in proc.stdout, proc.stdout
+    repro = folder / "repro.pt2"
+    program = torch.export.load(repro)
+    assert len(_engine_nodes(program)) == 1 and len(program.graph_signature.user_inputs) == 2  # that engine alone
+    alone = json.loads(cli("verify", str(repro), "--json").stdout)
+    assert not alone["ok"] and alone["divergence"]["where"] == f"engine 0 ({files.engines[1]})", alone
+    own = next(row for row in alone["boundaries"] if row["own"])
+    assert max(v["max_abs_diff"] for v in own["own"]) > 0.1  # the same fault, on the same recorded inputs
+    script = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, cwd=REPO)
+    assert script.returncode == 1 and "output 0: [3, 4] max abs diff" in script.stdout, script.stdout + script.stderr
+    # A good file: nothing to extract, said so; the engine of a good file extracted by hand passes alone.
+    quiet = trt_inline.verify(files.good, extract=tmp_path / "none", isolate=False)
+    assert quiet.ok and "nothing extracted: no engine diverged" in quiet.notes and not (tmp_path / "none").exists()

@@ -286,6 +286,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         per_engine=args.per_engine,
         save_boundaries=args.save_boundaries,
         load_boundaries=args.load_boundaries,
+        extract=args.extract,
         **_comparison(args),
     )
     return _finish(
@@ -325,7 +326,7 @@ def _run_rank_set(args: argparse.Namespace) -> int:
                                  ("--random-inputs", args.random_inputs), ("--save-outputs", args.save_outputs),
                                  ("--plot", args.plot), ("--device", args.device),
                                  ("--save-boundaries", args.save_boundaries),
-                                 ("--load-boundaries", args.load_boundaries))
+                                 ("--load-boundaries", args.load_boundaries), ("--extract", args.extract))
         if value
     ]  # fmt: skip
     if unsupported:
@@ -516,6 +517,12 @@ def _parser() -> argparse.ArgumentParser:
         "--load-boundaries",
         metavar="FILE",
         help="compare PATH, engine by engine, with a run --save-boundaries recorded (its inputs are used)",
+    )
+    verify_parser.add_argument(
+        "--extract",
+        metavar="DIR",
+        help="write the first engine that diverges to DIR as a program of its own (repro.pt2, with its recorded "
+        "inputs and expected outputs, and repro.py): trt-inline verify DIR/repro.pt2 reproduces it alone",
     )
     verify_parser.add_argument(
         "--ranks",

@@ -14,12 +14,13 @@ from torch.export import ExportedProgram
 from trt_inline import allowed_ops, distributed, progress
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.distributed.manifest import decode_manifest, program_mismatch
-from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line
+from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line, printable
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
+from trt_inline.verify.extract import diverged_engine, engine_repro, write_repro
 from trt_inline.verify.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.pickles import read_torch_save
@@ -101,6 +102,7 @@ def verify(
     save_outputs: str | os.PathLike[str] | None = None,
     save_boundaries: str | os.PathLike[str] | None = None,
     load_boundaries: str | os.PathLike[str] | None = None,
+    extract: str | os.PathLike[str] | None = None,
     allow_pickle: bool = False,
     allow_native_code: bool = False,
     allow_ops: Sequence[str] = (),
@@ -139,7 +141,9 @@ def verify(
     inputs, written with ``torch.save`` (plain tensors). ``save_boundaries``:
     this run's inputs, outputs and every engine boundary, written as a
     boundaries file; ``load_boundaries``: such a file (from another machine,
-    another TensorRT) as the reference, compared engine by engine.
+    another TensorRT) as the reference, compared engine by engine. ``extract``:
+    a folder to write the first divergent engine to as a program of its own
+    (``repro.pt2``, with its recorded inputs and outputs, and ``repro.py``).
 
     Files are checked before loading (:mod:`trt_inline.verify.archive`): one
     whose pickles need more than plain tensors and Torch-TensorRT engines is
@@ -168,6 +172,7 @@ def verify(
     limit the child hit: :class:`IsolationError`).
     """
     error_stat_checked(check_error_stat)
+    repro: list[Any] | None = [] if extract is not None else None  # (what, archive) of the engine extracted
     if load_boundaries is not None:
         if expected_from is not None or expected is not None or expected_module is not None:
             raise VerifyInputError("load_boundaries is the reference: give it without expected, expected_module "
@@ -198,9 +203,12 @@ def verify(
                 allow_pickle=allow_pickle,
                 allow_native_code=allow_native_code,
                 kept_reference=kept_reference,
+                repro=repro,
             )
         if save_boundaries is not None and kept_reference:
             save_boundaries_file(kept_reference[0], save_boundaries)
+        if extract is not None:
+            _write_extract(report, repro or [], extract, allow_native_code)
         return report
     path = os.fspath(path_or_program)
     label = None
@@ -236,6 +244,7 @@ def verify(
         "allow_ops": list(allow_ops),
         "label": label,
         "keep_reference": save_boundaries is not None,
+        "extract": extract is not None,
     }
     tensors = {
         "args": None if arg_inputs is None else list(arg_inputs),
@@ -246,10 +255,13 @@ def verify(
     files = (path,) if expected_from is None else (path, os.fspath(expected_from))
     if save_outputs is not None:
         save_target(save_outputs)
-    return report_of_child(
+    report = report_of_child(
         "verify", arguments, tensors, limits, where=path, files=files, sandbox=sandbox, debug=debug,
-        save_outputs=save_outputs, save_boundaries=save_boundaries,
+        save_outputs=save_outputs, save_boundaries=save_boundaries, repro=repro,
     )  # fmt: skip
+    if extract is not None:
+        _write_extract(report, repro or [], extract, allow_native_code)
+    return report
 
 
 def report_of_child(
@@ -264,6 +276,7 @@ def report_of_child(
     debug: bool,
     save_outputs: str | os.PathLike[str] | None = None,
     save_boundaries: str | os.PathLike[str] | None = None,
+    repro: list[Any] | None = None,
     relay: RelayServer | None = None,
 ) -> VerifyReport:
     """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost.
@@ -285,6 +298,8 @@ def report_of_child(
         save_tensors(_outputs_of_child(result.tensors, where), save_outputs)
     if save_boundaries is not None:
         save_boundaries_file(_reference_of_child(result.tensors, where), save_boundaries)
+    if repro is not None and result.tensors:
+        repro.extend(_repro_of_child(result.tensors, where))
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.child_peak_anonymous_bytes, report.child_peak_file_bytes = result.peak_anonymous, result.peak_file
     walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
@@ -321,6 +336,38 @@ def _reference_of_child(data: bytes, where: str) -> ReferenceIO:
         raise IsolationError(f"{where}: the child process handed back boundaries that are not plain ({exc})") from None
 
 
+def _repro_of_child(data: bytes, where: str) -> list[tuple[str, bytes]]:
+    """The engine a child extracted (``extract``): (what, archive bytes), read strictly."""
+    try:
+        value = read_torch_save(BytesView(data), f"{where}: the child's repro")
+    except VerifyInputError as exc:
+        raise IsolationError(str(exc)) from None
+    entries = value.get("repro", []) if isinstance(value, dict) else None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("what"), str) and isinstance(e.get("archive"), torch.Tensor)
+        and e["archive"].dtype == torch.uint8 and e["archive"].dim() == 1
+        for e in entries
+    ):  # fmt: skip
+        raise IsolationError(f"{where}: the child process handed back a repro that is not an archive")
+    return [(printable(e["what"]), e["archive"].numpy().tobytes()) for e in entries]
+
+
+def _write_extract(report: VerifyReport, repro: list[Any], folder: str | os.PathLike[str], native_code: bool) -> None:
+    """Write what ``extract`` found (or say why nothing) into the report's notes."""
+    if not repro:
+        if report.divergence is None and not any(note.startswith("nothing extracted") for note in report.notes):
+            report.notes.append("nothing extracted: no engine diverged")
+        return
+    what, archive = repro[0]
+    row = next((r for r in report.boundaries if r.boundary.startswith(what) and r.own), None)
+    atol = row.own[0].atol if row is not None and row.own else 1e-4
+    written = write_repro(folder, what, archive, report.source, atol, native_code)
+    report.notes.append(
+        f"{what} extracted with its recorded inputs and outputs: trt-inline verify {written[0]}"
+        f"{' --allow-native-code' if native_code else ''} reproduces it alone; python {written[1]} too"
+    )
+
+
 def save_boundaries_file(reference: ReferenceIO, path: str | os.PathLike[str]) -> None:
     """A boundaries file (``--save-boundaries``), written atomically."""
     with atomic_write(save_target(path)) as tmp:
@@ -334,6 +381,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     """
     kept: list[Any] | None = [] if arguments.get("keep_outputs") else None
     kept_reference: list[ReferenceIO] | None = [] if arguments.get("keep_reference") else None
+    repro: list[Any] | None = [] if arguments.get("extract") else None
     with allowed_ops.allowing(
         arguments["allow_ops"], native_code=arguments["allow_native_code"], collectives=rank_relay.client() is not None
     ):
@@ -357,14 +405,20 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             recorded=decode_boundaries(tensors.get("boundaries")),
             kept=kept,
             kept_reference=kept_reference,
+            repro=repro,
         )
     if arguments["label"]:
         report.expected_source = arguments["label"]
-    if kept is not None or kept_reference:
-        handed = {"outputs": kept or []}
-        return report.to_dict(), handed | (
-            {"reference": reference_payload(kept_reference[0])} if kept_reference else {}
-        )
+    if kept is not None or kept_reference or repro:
+        handed: dict[str, Any] = {"outputs": kept or []}
+        if kept_reference:
+            handed["reference"] = reference_payload(kept_reference[0])
+        if repro:
+            handed["repro"] = [
+                {"what": what, "archive": torch.frombuffer(bytearray(archive), dtype=torch.uint8)}
+                for what, archive in repro
+            ]
+        return report.to_dict(), handed
     return report.to_dict()
 
 
@@ -405,9 +459,10 @@ def _verify_here(
     recorded: list[EngineBoundary] | None = None,
     kept: list[Any] | None = None,
     kept_reference: list[ReferenceIO] | None = None,
+    repro: list[Any] | None = None,
 ) -> VerifyReport:
     """:func:`verify` in this process; ``kept`` receives the outputs, ``kept_reference`` the run with its
-    boundaries (for the parent to save)."""
+    boundaries, ``repro`` the divergent engine as a program of its own (for the parent to write)."""
     with contextlib.ExitStack() as cleanup:
         loaded: LoadedFile | None = None
         program: ExportedProgram | None
@@ -495,7 +550,7 @@ def _verify_here(
             rank_file = loaded is not None and loaded.manifest_text is not None
             if not own_inputs or rank_file or runnable is not module or module is None or is_allocation_failure(exc):
                 raise
-            _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc)
+            _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc, repro)
             return report
         progress.report(f"comparing {len(got)} outputs")
         if save_outputs is not None:
@@ -521,7 +576,7 @@ def _verify_here(
                 with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
                     _compare_boundaries(
                         report, module, recorded, args, kwargs, want, device, atol, rtol, stat,
-                        automatic=not per_engine, packaged=packaged,
+                        automatic=not per_engine, packaged=packaged, repro=repro,
                     )  # fmt: skip
             except VerifyInputError as exc:
                 if per_engine:
@@ -549,6 +604,7 @@ def _compare_boundaries(
     *,
     automatic: bool,
     packaged: bool,
+    repro: list[Any] | None = None,
 ) -> None:
     """Engine by engine against the recorded boundaries: the per-boundary table and the first divergence."""
     if recorded is None:
@@ -569,7 +625,8 @@ def _compare_boundaries(
         return
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
-    _localized(report, trace_program(module, args, kwargs, device, recorded), recorded, want, atol, rtol, stat)
+    trace = trace_program(module, args, kwargs, device, recorded)
+    _localized(report, trace, recorded, want, atol, rtol, stat, None if repro is None else (module, repro))
 
 
 def _recorded_run(
@@ -604,6 +661,7 @@ def _localized(
     atol: Tolerance,
     rtol: Tolerance,
     stat: str,
+    repro: tuple[torch.fx.GraphModule, list[Any]] | None = None,
 ) -> None:
     """The trace against the compiled module's boundaries, into the report: the table and the first divergence."""
     reference = Reference("the compiled module", recorded, want)
@@ -611,6 +669,28 @@ def _localized(
     report.problems += own_error_problems(report.boundaries)
     if report.divergence is not None:
         report.problems.append(f"first divergence: {report.divergence.where}")
+    if repro is not None:
+        _extract(report, trace, recorded, *repro)
+
+
+def _extract(
+    report: VerifyReport,
+    trace: ProgramTrace,
+    recorded: list[EngineBoundary],
+    module: torch.fx.GraphModule,
+    repro: list[Any],
+) -> None:
+    """The divergent engine as a program of its own (``extract``): appended to ``repro`` as (what, archive)."""
+    index = diverged_engine(report.divergence)
+    if index is None or index >= len(trace.calls) or index >= len(recorded):
+        where = report.divergence.where if report.divergence is not None else "none"
+        report.notes.append(f"nothing extracted: --extract writes a diverging engine, and the divergence is {where}")
+        return
+    call = trace.calls[index]
+    try:
+        repro.append((f"engine {index} ({call.label})", engine_repro(module, call.node, recorded[index])))
+    except VerifyInputError as exc:
+        report.notes.append(f"nothing extracted: {exc}")
 
 
 def _localize_crash(
@@ -625,6 +705,7 @@ def _localize_crash(
     rtol: Tolerance,
     stat: str,
     failure: VerifyInputError,
+    repro: list[Any] | None = None,
 ) -> None:
     """The program raised on its own reference inputs: the report names where, engine by engine where it can."""
     cause = failure.__cause__ or failure
@@ -639,7 +720,7 @@ def _localize_crash(
         report.problems.append(f"it raised at {where}: {trace.crash.error}")
         report.notes.append("the file has no boundary data (embed_reference='boundaries'): engines not compared")
         return
-    _localized(report, trace, recorded, want, atol, rtol, stat)
+    _localized(report, trace, recorded, want, atol, rtol, stat, None if repro is None else (module, repro))
 
 
 def _rank_file_checks(loaded: LoadedFile | None, module: torch.fx.GraphModule | None) -> bool:
