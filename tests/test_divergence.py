@@ -343,13 +343,14 @@ def test_per_output_tolerances(files: Files) -> None:
 def test_per_engine_tolerances_reach_the_boundaries(files: Files) -> None:
     path = _engine_fault(files, engine=2)
     # A loose tolerance on the output alone: the output passes, the engine's own error still fails at the default.
-    output_only = json.loads(cli("verify", str(path), "--per-engine", "--atol", "out0=1", "--json").stdout)
-    assert output_only["outputs"][0]["ok"] and not output_only["ok"]
-    assert any(p.startswith("engine 2 (") and "own error is past tolerance" in p for p in output_only["problems"])
+    output_only = trt_inline.verify(path, per_engine=True, atol={"out0": 1}, isolate=False)
+    assert output_only.outputs[0].ok and not output_only.ok
+    assert any(p.startswith("engine 2 (") and "own error is past tolerance" in p for p in output_only.problems)
+    proc = cli("verify", str(path), "--per-engine", "--atol", "out0=1", "--atol", "engine2=1")
+    assert proc.returncode == 0, proc.stdout
     label = files.engines[2]  # "_run_on_acc_N"
-    for key in ("engine2", label, label.removeprefix("_run_on_")):
-        proc = cli("verify", str(path), "--per-engine", "--atol", "out0=1", "--atol", f"{key}=1")
-        assert proc.returncode == 0, (key, proc.stdout)
+    for key in (label, label.removeprefix("_run_on_"), "engine02"):
+        assert trt_inline.verify(path, per_engine=True, atol={"out0": 1, key: 1}, isolate=False).ok, key
     rows = trt_inline.verify(path, per_engine=True, atol={"out0": 1, "engine2": 1}, isolate=False).boundaries
     assert {row.engine: row.values[0].atol for row in rows if row.values and row.engine is not None} == {
         0: 1e-4,
@@ -370,6 +371,11 @@ def test_check_error_stat_as_polygraphy() -> None:
     assert "--check-error-stat median" in failing.problem
     relative = compare_output(0, expected * 1.001, expected, 0.0, 0.01, "max")  # within rtol, never within atol
     assert relative.ok
+    inf, nan = float("inf"), float("nan")
+    finite_against_non_finite = torch.tensor([1.0, 2.0, 3.0, inf]), torch.tensor([1.0, inf, nan, -inf])
+    for stat in ERROR_STATS:  # statistics cover finite pairs: the rest must fail by itself
+        verdict = compare_output(0, *finite_against_non_finite, 1e-4, 1e-4, stat)
+        assert not verdict.ok and verdict.problem is not None, stat
     assert_unusable(cli("verify", "x.pt2", "--check-error-stat", "worst"), "invalid choice")
 
 
@@ -510,7 +516,7 @@ def test_a_crash_after_an_engine_returns_other_shapes_names_that_engine(files: F
     assert proc.returncode == 1, proc.stdout + proc.stderr
     first = f"engine 0 ({files.engines[0]})"
     assert f"first divergence: {first}\n" in proc.stdout, proc.stdout
-    report = json.loads(cli("verify", str(path), "--json").stdout)
+    report = trt_inline.verify(path, isolate=False).to_dict()
     divergence = report["divergence"]
     assert (
         divergence["kind"] == "signature" and "its output 0 is [3, 8], the reference's [3, 4]" in divergence["detail"]
@@ -534,8 +540,10 @@ def test_a_fallback_region_that_raises_is_named_with_its_exception(files: Files)
     assert "every engine before it agrees with the reference, and node relu_1 raised" in report.divergence.detail
     assert report.divergence.producers == ["getitem_2 = engine 1 output 0"]
     assert all(row.ok and row.own_ok for row in report.boundaries if "not reached" not in row.boundary)
-    proc = cli("verify", str(path))
+    recorded = files.root / "raising.boundaries"
+    proc = cli("verify", str(path), "--save-boundaries", str(recorded))
     assert proc.returncode == 1 and "first divergence: fallback region relu_1" in proc.stdout, proc.stdout
+    assert "--save-boundaries: nothing written" in proc.stdout and not recorded.exists(), "no run to record"
     # Inputs the user gave are another matter: a program that rejects them is unusable input (exit 2).
     inputs = files.root / "inputs.pt"
     torch.save([files.x], inputs)
@@ -566,7 +574,8 @@ def test_an_engine_that_raises_on_inputs_that_agree_is_the_divergence(files: Fil
 def test_a_boundary_table_of_random_inputs_says_which_inputs() -> None:
     row = BoundaryRow("engine 0 (_run_on_acc_0) outputs", 0, [compare_output(0, torch.ones(2), torch.zeros(2), 0, 0)])
     report = VerifyReport("a.pt2 against b.pt2", boundaries=[row], boundaries_on="random inputs 1 (sizes [[5, 8]])")
-    assert "engine boundaries on random inputs 1 (sizes [[5, 8]]) (max abs diff" in report.to_text()
+    crossed = VerifyReport.from_dict(report.to_dict())  # as a diff's report comes from its child
+    assert "engine boundaries on random inputs 1 (sizes [[5, 8]]) (max abs diff" in crossed.to_text()
     assert "engine boundaries (max abs diff" in VerifyReport("a.pt2", boundaries=[row]).to_text()
 
 
@@ -583,14 +592,15 @@ def test_boundaries_saved_on_one_run_are_the_reference_of_another(files: Files, 
     assert against["expected_source"] == f"from {recorded}" and not against["ok"]
     assert against["divergence"]["where"] == f"engine 1 ({files.engines[1]})", against["divergence"]
     assert len(against["boundaries"]) == 7, "compared boundary by boundary, without --per-engine"
-    assert cli("verify", str(files.good), "--load-boundaries", str(recorded)).returncode == 0
+    assert trt_inline.verify(files.good, load_boundaries=recorded, isolate=False).ok
     # In this process too; and refusals: a file that is not one, a .pt2 file, boundaries with --expected-from.
     here = tmp_path / "here.boundaries"
     assert trt_inline.verify(files.good, save_boundaries=here, isolate=False).ok and here.exists()
     assert trt_inline.verify(fault, load_boundaries=here, isolate=False).divergence is not None
     not_one = tmp_path / "not.boundaries"
     not_one.write_bytes(b"trt-inline boundaries 1\n!!!")
-    assert_unusable(cli("verify", str(files.good), "--load-boundaries", str(not_one)), "not base64")
+    with pytest.raises(VerifyInputError, match="not base64"):
+        trt_inline.verify(files.good, load_boundaries=not_one, isolate=False)
     assert_unusable(
         cli("verify", str(files.good), "--load-boundaries", str(recorded), "--expected-from", str(files.good)),
         "--load-boundaries is the reference",
@@ -621,7 +631,6 @@ def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: P
     assert same.ok and same.divergence is None, same.to_text()
     assert any("partitioned differently: this one runs 3 engine calls" in note for note in same.notes), same.notes
     assert [row.boundary.split(" (")[0] for row in same.boundaries] == ["relu", "relu_1", "program outputs"]
-    assert cli("diff", str(coarse), str(fine)).returncode == 0
 
     # The fine file with its third engine (layers[2]) changed: the divergence is between relu and relu_1.
     program = torch.export.load(fine)
@@ -646,12 +655,16 @@ def test_extract_writes_the_divergent_engine_as_a_repro_that_fails_alone(files: 
     repro = folder / "repro.pt2"
     program = torch.export.load(repro)
     assert len(_engine_nodes(program)) == 1 and len(program.graph_signature.user_inputs) == 2  # that engine alone
-    alone = json.loads(cli("verify", str(repro), "--json").stdout)
+    alone = trt_inline.verify(repro, isolate=False).to_dict()
     assert not alone["ok"] and alone["divergence"]["where"] == f"engine 0 ({files.engines[1]})", alone
     own = next(row for row in alone["boundaries"] if row["own"])
     assert max(v["max_abs_diff"] for v in own["own"]) > 0.1  # the same fault, on the same recorded inputs
     script = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, cwd=REPO)
-    assert script.returncode == 1 and "output 0: [3, 4] max abs diff" in script.stdout, script.stdout + script.stderr
-    # A good file: nothing to extract, said so; the engine of a good file extracted by hand passes alone.
+    assert script.returncode == 1, script.stdout + script.stderr
+    assert f"first divergence: engine 0 ({files.engines[1]})" in script.stdout and "sandboxed" in script.stdout
+    # A good file: nothing to extract, said so; a folder that cannot be one is refused before the run.
     quiet = trt_inline.verify(files.good, extract=tmp_path / "none", isolate=False)
     assert quiet.ok and "nothing extracted: no engine diverged" in quiet.notes and not (tmp_path / "none").exists()
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(VerifyInputError, match="exists and is not a directory"):
+        trt_inline.verify(path, extract=tmp_path / "a_file", isolate=False)

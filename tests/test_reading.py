@@ -123,14 +123,21 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
         return reader.position
 
     with view.reading_ahead():
-        reader = view._read_ahead
-        assert reader is not None and reader.paced and reader.window == 64 * mib
+        (reader,) = view._reader
+        assert reader.paced and reader.window == 64 * mib
         assert settled(reader, 64 * mib) == 64 * mib  # nothing touched yet: one window, no further
         weights = view.tensor(0, 160 * mib, torch.uint8)
         assert int(weights[: 160 * mib : 4096].sum()) >= 0  # the program touches its first 160 MiB
         position = settled(reader, 200 * mib)
         assert 160 * mib + 64 * mib - 4 * mib <= position <= 160 * mib + 64 * mib
     assert not [t for t in threading.enumerate() if t.name == "trt-inline-read-ahead"]
+    # A view collected while reading ahead stops its reader and closes its descriptor: nothing is left behind.
+    descriptors = len(os.listdir("/proc/self/fd"))
+    collected = FileView(path)
+    assert collected.start_reading_ahead() and len(os.listdir("/proc/self/fd")) > descriptors
+    del collected
+    assert not [t for t in threading.enumerate() if t.name == "trt-inline-read-ahead"]
+    assert len(os.listdir("/proc/self/fd")) == descriptors
 
 
 def test_progress_on_a_terminal_and_never_when_piped_or_json(saved_seed: SavedSeed) -> None:

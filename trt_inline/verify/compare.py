@@ -48,16 +48,22 @@ def tolerance_key(key: object) -> str:
     Raises :class:`VerifyInputError` for anything else.
     """
     text = str(key)
-    if text == "*" or text.removeprefix("out").isdigit():
-        return text.removeprefix("out")
-    if text.startswith("engine") and text.removeprefix("engine").isdigit():
+    if text == "*":
         return text
+    if _is_index(text.removeprefix("out")):
+        return str(int(text.removeprefix("out")))  # "out02" is output 2, as the lookups name it
+    if text.startswith("engine") and _is_index(text.removeprefix("engine")):
+        return f"engine{int(text.removeprefix('engine'))}"
     submodule = engine_submodule_key(text)
     if submodule is not None:
         return submodule
     raise VerifyInputError(
         f"a tolerance is keyed by an output (0, out0), an engine (engine2, acc_5, _run_on_acc_5) or '*', got {key!r}"
     )
+
+
+def _is_index(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def tolerance_for(tolerance: float | Mapping[str, float] | None, index: int) -> float | None:
@@ -161,11 +167,16 @@ def compare_output(
         relative_stat = _statistics(relative[both_finite], a[both_finite], e[both_finite])[which]
         within = absolute_stat <= atol or relative_stat <= rtol
         how = f"{stat} abs error {absolute_stat:.6g}, {stat} rel error {relative_stat:.6g}"
-    ok = nan_count == 0 and inf_count == 0 and within
+    # Where the reference is NaN or Inf and this value is not the same (finite, or the other Inf): the
+    # statistics are over finite pairs only, so these must fail on their own.
+    unmatched = int((~both_finite & ~(both_nan | same_inf)).sum()) - nan_count - inf_count
+    ok = nan_count == 0 and inf_count == 0 and unmatched == 0 and within
     problem = None
     if nan_count or inf_count:
         counts = " and ".join(f"{n} {kind}" for n, kind in ((nan_count, "NaN"), (inf_count, "Inf")) if n)
         problem = f"output {index} has {counts} where the reference is finite"
+    elif unmatched:
+        problem = f"output {index} has {unmatched} values where the reference is NaN or Inf and it is not the same"
     elif not ok:
         problem = f"output {index} differs: {how} (atol {atol:g}, rtol {rtol:g}"
         problem += ")" if stat == "elemwise" else f", --check-error-stat {stat})"

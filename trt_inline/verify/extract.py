@@ -14,7 +14,8 @@ attribute name, so reports name it as before) and every other argument; its
 inputs become placeholders. The reference I/O it embeds is what the engine
 was recorded taking and returning in the compiled module, so ``trt-inline
 verify DIR/repro.pt2`` reproduces the divergence on its own, and
-``python DIR/repro.py`` does the same in a few lines of plain Python.
+``python DIR/repro.py`` does the same from Python (sandboxed as well: the
+archive comes from the child that ran the file, and is as untrusted as it).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from trt_inline.formats import atomic_write
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, EngineBoundary, ReferenceIO, encode_reference_io
 from trt_inline.verify.report import Divergence
 
-__all__ = ["diverged_engine", "engine_repro", "write_repro"]
+__all__ = ["diverged_engine", "engine_repro", "repro_folder", "write_repro"]
 
 _ENGINE = re.compile(r"^engine (\d+) \(")
 
@@ -49,51 +50,52 @@ def diverged_engine(divergence: Divergence | None) -> int | None:
 
 REPRO_SCRIPT = '''"""Reproduces {what} of {source}: alone on its recorded inputs, against its recorded outputs.
 
-    python repro.py [repro.pt2]      (exit 1 when an output is past tolerance, as trt-inline verify)
+    python repro.py [repro.pt2]      (exit 1 when it diverges, as trt-inline verify)
 
-This runs the engine in this process, unsandboxed: for a file you trust. trt-inline verify repro.pt2
-runs the same in a sandboxed child.
+The file is checked and run in a sandboxed child process, as trt-inline verify runs any file: the
+engine in it came from the file that was verified.
 """
 
 import sys
-
-import torch
+from pathlib import Path
 
 import trt_inline
-from trt_inline.verify import open_file
 
-path = sys.argv[1] if len(sys.argv) > 1 else __file__.replace("repro.py", "repro.pt2")
-reference = open_file(path{trust}).reference  # the recorded inputs and outputs, read strictly
-outputs = trt_inline.load(path).module()(*reference.args)
-worst = 0.0
-for index, (got, want) in enumerate(zip(outputs, reference.outputs)):
-    diff = float((got.double() - want.double()).abs().max()) if got.numel() else 0.0
-    print(f"output {{index}}: {{list(got.shape)}} max abs diff {{diff:.6g}}")
-    worst = max(worst, diff)
-sys.exit(1 if worst > {atol} else 0)
+path = sys.argv[1] if len(sys.argv) > 1 else Path(__file__).with_name("repro.pt2")
+report = trt_inline.verify(path, per_engine=True{trust})
+print(report.to_text())
+sys.exit(0 if report.ok else 1)
 '''
 
 
-def write_repro(folder: str | os.PathLike[str], what: str, archive: bytes, source: str, atol: float,
-                native_code: bool) -> list[Path]:  # fmt: skip
+def write_repro(
+    folder: str | os.PathLike[str], what: str, archive: bytes, source: str, native_code: bool
+) -> list[Path]:
     """``folder/repro.pt2`` and ``folder/repro.py`` (atomically; ``folder`` is made, its parent must exist).
 
     ``what`` comes from the file verified (an engine's name): only plain characters
     of it reach the script, so no name can end its docstring.
     """
-    target = Path(folder)
-    if not target.parent.is_dir():
-        raise VerifyInputError(f"--extract: directory {target.parent} does not exist")
+    target = repro_folder(folder)
     target.mkdir(exist_ok=True)
     script = REPRO_SCRIPT.format(
-        what=_plain(what), source=_plain(Path(source).name), atol=repr(float(atol)),
-        trust=", allow_native_code=True" if native_code else "",
-    )  # fmt: skip
+        what=_plain(what), source=_plain(Path(source).name), trust=", allow_native_code=True" if native_code else ""
+    )
     written = [target / "repro.pt2", target / "repro.py"]
     for path, data in zip(written, (archive, script.encode()), strict=True):
         with atomic_write(path) as tmp:
             tmp.write_bytes(data)
     return written
+
+
+def repro_folder(folder: str | os.PathLike[str]) -> Path:
+    """``folder`` if a repro can be written there (checked before the run, so a bad one costs no run)."""
+    target = Path(folder)
+    if not target.parent.is_dir():
+        raise VerifyInputError(f"--extract: directory {target.parent} does not exist")
+    if target.exists() and not target.is_dir():
+        raise VerifyInputError(f"--extract: {target} exists and is not a directory")
+    return target
 
 
 def _plain(text: str) -> str:

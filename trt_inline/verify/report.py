@@ -209,6 +209,7 @@ class VerifyReport:
             child_peak_anonymous_bytes=data.get("child_peak_anonymous_bytes"),
             child_peak_file_bytes=data.get("child_peak_file_bytes"),
             boundaries=[BoundaryRow.from_dict(row) for row in data.get("boundaries", [])],
+            boundaries_on=str(data.get("boundaries_on", "")),
             divergence=None if data.get("divergence") is None else Divergence(**data["divergence"]),
             random_runs=list(data.get("random_runs", [])),
         )

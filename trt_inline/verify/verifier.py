@@ -20,7 +20,7 @@ from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
-from trt_inline.verify.extract import diverged_engine, engine_repro, write_repro
+from trt_inline.verify.extract import diverged_engine, engine_repro, repro_folder, write_repro
 from trt_inline.verify.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.pickles import read_torch_save
@@ -70,11 +70,12 @@ def error_stat_checked(stat: str) -> str:
     return stat
 
 
-def save_target(path: str | os.PathLike[str]) -> Path:
-    """Where ``save_outputs`` goes, refused if its directory does not exist (checked again before the run)."""
+def save_target(path: str | os.PathLike[str], flag: str = "--save-outputs") -> Path:
+    """Where ``save_outputs`` (or another ``flag``'s file) goes, refused if its directory does not exist
+    (checked again before the run)."""
     target = Path(path)
     if not target.parent.is_dir():
-        raise VerifyInputError(f"--save-outputs: directory {target.parent} does not exist")
+        raise VerifyInputError(f"{flag}: directory {target.parent} does not exist")
     return target
 
 
@@ -179,7 +180,9 @@ def verify(
                                    "or expected_from")  # fmt: skip
         expected_from, per_engine = load_boundaries, True
     if save_boundaries is not None:
-        save_target(save_boundaries)
+        save_target(save_boundaries, "--save-boundaries")
+    if extract is not None:
+        repro_folder(extract)
     if isinstance(path_or_program, ExportedProgram) or not isolate:
         # In this process a rank file's collectives run on the caller's own process group (a trusted file).
         collectives = distributed.in_rank_set()
@@ -205,8 +208,8 @@ def verify(
                 kept_reference=kept_reference,
                 repro=repro,
             )
-        if save_boundaries is not None and kept_reference:
-            save_boundaries_file(kept_reference[0], save_boundaries)
+        if save_boundaries is not None:
+            _save_boundaries_or_say(report, kept_reference[0] if kept_reference else None, save_boundaries)
         if extract is not None:
             _write_extract(report, repro or [], extract, allow_native_code)
         return report
@@ -297,7 +300,8 @@ def report_of_child(
     if save_outputs is not None:
         save_tensors(_outputs_of_child(result.tensors, where), save_outputs)
     if save_boundaries is not None:
-        save_boundaries_file(_reference_of_child(result.tensors, where), save_boundaries)
+        recorded_run = _reference_of_child(result.tensors, where) if result.tensors else None
+        _save_boundaries_or_say(report, recorded_run, save_boundaries)
     if repro is not None and result.tensors:
         repro.extend(_repro_of_child(result.tensors, where))
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
@@ -327,11 +331,20 @@ def _outputs_of_child(data: bytes, where: str) -> Any:
     return outputs
 
 
-def _reference_of_child(data: bytes, where: str) -> ReferenceIO:
-    """The run a child recorded for ``save_boundaries``: plain tensors, read strictly and checked."""
+def _save_boundaries_or_say(report: VerifyReport, run: ReferenceIO | None, path: str | os.PathLike[str]) -> None:
+    if run is None:
+        report.notes.append(f"--save-boundaries: nothing written to {path}: no run of the program was recorded")
+    else:
+        save_boundaries_file(run, path)
+
+
+def _reference_of_child(data: bytes, where: str) -> ReferenceIO | None:
+    """The run a child recorded for ``save_boundaries`` (None: it recorded none): plain tensors, read strictly."""
     try:
         value = read_torch_save(BytesView(data), f"{where}: the child's boundaries")
-        return reference_from_payload(value.get("reference") if isinstance(value, dict) else None)
+        if not isinstance(value, dict) or "reference" not in value:
+            return None
+        return reference_from_payload(value["reference"])
     except VerifyInputError as exc:
         raise IsolationError(f"{where}: the child process handed back boundaries that are not plain ({exc})") from None
 
@@ -359,9 +372,7 @@ def _write_extract(report: VerifyReport, repro: list[Any], folder: str | os.Path
             report.notes.append("nothing extracted: no engine diverged")
         return
     what, archive = repro[0]
-    row = next((r for r in report.boundaries if r.boundary.startswith(what) and r.own), None)
-    atol = row.own[0].atol if row is not None and row.own else 1e-4
-    written = write_repro(folder, what, archive, report.source, atol, native_code)
+    written = write_repro(folder, what, archive, report.source, native_code)
     report.notes.append(
         f"{what} extracted with its recorded inputs and outputs: trt-inline verify {written[0]}"
         f"{' --allow-native-code' if native_code else ''} reproduces it alone; python {written[1]} too"
@@ -370,7 +381,7 @@ def _write_extract(report: VerifyReport, repro: list[Any], folder: str | os.Path
 
 def save_boundaries_file(reference: ReferenceIO, path: str | os.PathLike[str]) -> None:
     """A boundaries file (``--save-boundaries``), written atomically."""
-    with atomic_write(save_target(path)) as tmp:
+    with atomic_write(save_target(path, "--save-boundaries")) as tmp:
         tmp.write_bytes(encode_boundaries_file(reference))
 
 

@@ -19,7 +19,9 @@ import errno
 import mmap
 import os
 import threading
+import time
 import warnings
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -69,27 +71,33 @@ class FileView(View):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        with open(self.path, "rb") as handle:
-            self.size = os.fstat(handle.fileno()).st_size
-            self.mapped: mmap.mmap | None = None
-            self.unmapped_reason: str | None = None
-            self.read_only = False
-            try:
-                self.mapped = _map(handle.fileno(), mmap.ACCESS_COPY) if self.size else None
-            except OSError as exc:
-                if exc.errno != errno.ENOMEM:
-                    self.unmapped_reason = f"{type(exc).__name__}: {exc}"
-                else:  # more than the system commits to a private mapping: shared and read-only costs no commit
-                    try:
-                        self.mapped, self.read_only = _map(handle.fileno(), mmap.ACCESS_READ), True
-                    except OSError as again:
-                        self.unmapped_reason = f"{type(again).__name__}: {again}"
-            except ValueError as exc:
+        # One descriptor for everything (the mapping, reads of bytes, reading ahead): what is read is the
+        # file that was opened, whatever the path names later. Bytes are read through it, tensors through
+        # the mapping: a read of a record's header through the mapping would map the pages around it too.
+        self._descriptor = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        # The reader, if any, is stopped before the descriptor it reads is closed (also when collected).
+        self._reader: list[_ReadAhead] = []
+        self._closed = weakref.finalize(self, _release, self._descriptor, self._reader)
+        self.size = os.fstat(self._descriptor).st_size
+        self.mapped: mmap.mmap | None = None
+        self.unmapped_reason: str | None = None
+        self.read_only = False
+        try:
+            self.mapped = _map(self._descriptor, mmap.ACCESS_COPY) if self.size else None
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
                 self.unmapped_reason = f"{type(exc).__name__}: {exc}"
-        # Bytes are read through a descriptor, tensors through the mapping: a read of a record's header
-        # through the mapping would map the pages around it too (fault-around), for nothing.
-        self._handle = open(self.path, "rb", buffering=0)
-        self._read_ahead: _ReadAhead | None = None
+            else:  # more than the system commits to a private mapping: shared and read-only costs no commit
+                try:
+                    self.mapped, self.read_only = _map(self._descriptor, mmap.ACCESS_READ), True
+                except OSError as again:
+                    self.unmapped_reason = f"{type(again).__name__}: {again}"
+        except ValueError as exc:
+            self.unmapped_reason = f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        """Stop reading ahead and close the descriptor (the mapping lives as long as tensors over it)."""
+        self._closed()
 
     def start_reading_ahead(self) -> bool:
         """Start reading the file into the page cache, a bounded window ahead of the program; whether it started.
@@ -103,18 +111,18 @@ class FileView(View):
         has touched: of a file larger than memory, a thread running further
         ahead pushes out pages the program has not reached yet, and they are read twice.
         """
-        if self.mapped is None or self.size < _READ_AHEAD_FROM or self._read_ahead is not None:
+        if self.mapped is None or self.size < _READ_AHEAD_FROM or self._reader or not self._closed.alive:
             return False
-        self._read_ahead = _ReadAhead(self.path, self.mapped, self.size)
-        paced = "" if self._read_ahead.paced else " (not paced: /proc/self/pagemap cannot be read)"
-        window = format_size(self._read_ahead.window)
+        reader = _ReadAhead(self._descriptor, self.mapped, self.size)
+        self._reader.append(reader)
+        paced = "" if reader.paced else " (not paced: /proc/self/pagemap cannot be read)"
+        window = format_size(reader.window)
         progress.report(f"reading the file ahead of the program, at most {window} ahead{paced}")
         return True
 
     def stop_reading_ahead(self) -> None:
-        if self._read_ahead is not None:
-            self._read_ahead.stop()
-            self._read_ahead = None
+        while self._reader:
+            self._reader.pop().stop()
 
     @contextlib.contextmanager
     def reading_ahead(self) -> Iterator[None]:
@@ -131,7 +139,7 @@ class FileView(View):
             raise ValueError(f"bytes {offset}+{length} outside a file of {self.size} bytes")
         chunks, done = [], 0
         while done < length:
-            chunk = os.pread(self._handle.fileno(), length - done, offset + done)
+            chunk = os.pread(self._descriptor, length - done, offset + done)
             if not chunk:
                 raise ValueError(f"bytes {offset}+{length}: the file ended at {offset + done}")
             chunks.append(chunk)
@@ -158,10 +166,10 @@ class _ReadAhead:
     _CHUNK = 16 << 20
     _PROBE = 4 << 20  # the granularity at which the program's progress is looked up
 
-    def __init__(self, path: str, mapped: mmap.mmap, size: int) -> None:
+    def __init__(self, descriptor: int, mapped: mmap.mmap, size: int) -> None:
         from trt_inline.verify.isolation import available_memory  # (isolation reads files through views)
 
-        self.path, self.size = path, size
+        self.descriptor, self.size = descriptor, size
         # (in a sandboxed child /proc/meminfo may be out of reach: then half the machine's memory)
         available = available_memory() // 2 or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
         self.window = max(self._CHUNK * 4, available)
@@ -169,12 +177,18 @@ class _ReadAhead:
         self.position = 0  # how far the thread has read
         self._pagemap: int | None = None
         self._base = 0
+        self._scanned = 0.0  # when the whole window was last looked through
         with contextlib.suppress(OSError):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self._base = torch.frombuffer(mapped, dtype=torch.uint8, count=1).data_ptr()
-            self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-            os.pread(self._pagemap, 8, self._base // mmap.PAGESIZE * 8)
+            pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if len(os.pread(pagemap, 8, self._base // mmap.PAGESIZE * 8)) == 8:
+                    self._pagemap, pagemap = pagemap, -1
+            finally:
+                if pagemap >= 0:
+                    os.close(pagemap)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trt-inline-read-ahead", daemon=True)
         self._thread.start()
@@ -190,31 +204,52 @@ class _ReadAhead:
             os.close(self._pagemap)
             self._pagemap = None
 
-    def _touched_below(self, end: int) -> int:
-        """The furthest offset below ``end`` whose page the program has touched (``progress`` if none is newer)."""
+    def _touched(self, offset: int) -> bool:
+        assert self._pagemap is not None
+        entry = os.pread(self._pagemap, 8, (self._base + offset) // mmap.PAGESIZE * 8)
+        return len(entry) == 8 and bool(int.from_bytes(entry, "little") >> 63)
+
+    def _frontier(self, end: int) -> int:
+        """How far below ``end`` the program has touched pages: ``progress`` moved up to it.
+
+        Looked up from ``progress`` upwards, stopping at the first untouched probe
+        after touched ones: a few reads of pagemap while the program moves on. A
+        program that skips a range (a weight it never reads) leaves a gap: past one,
+        the whole window is looked through, at most once a second.
+        """
         if self._pagemap is None:
             return end  # no way to tell: not paced
-        offset = end - self._PROBE
-        while offset > self.progress:
-            entry = os.pread(self._pagemap, 8, (self._base + offset) // mmap.PAGESIZE * 8)
-            if len(entry) == 8 and int.from_bytes(entry, "little") >> 63:
-                return offset
-            offset -= self._PROBE
-        return self.progress
+        whole = time.monotonic() - self._scanned > 1.0
+        if whole:
+            self._scanned = time.monotonic()
+        furthest, offset = self.progress, self.progress + self._PROBE
+        while offset < end:
+            if self._touched(offset):
+                furthest = offset
+            elif furthest > self.progress or not whole:
+                break
+            offset += self._PROBE
+        return furthest
 
     def _run(self) -> None:
         chunk = bytearray(self._CHUNK)
-        with contextlib.suppress(OSError), open(self.path, "rb", buffering=0) as handle:
+        with contextlib.suppress(OSError):
             while not self._stop.is_set() and self.position < self.size:
                 if self.position >= self.progress + self.window:
-                    self.progress = self._touched_below(self.position)
+                    self.progress = self._frontier(self.position)
                     if self.position >= self.progress + self.window:
                         self._stop.wait(0.02)
                         continue
-                done = handle.readinto(chunk)
+                done = os.preadv(self.descriptor, [chunk], self.position)
                 if not done:
                     break
                 self.position += done
+
+
+def _release(descriptor: int, reader: list[_ReadAhead]) -> None:
+    while reader:
+        reader.pop().stop()
+    os.close(descriptor)
 
 
 def _map(descriptor: int, access: int) -> mmap.mmap:
