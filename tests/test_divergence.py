@@ -33,6 +33,7 @@ from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.verify.compare import ERROR_STATS, compare_output
+from trt_inline.verify.drill import drill_down
 from trt_inline.verify.random_inputs import draw_inputs, size_ranges
 from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.verify.report import BoundaryRow, VerifyReport
@@ -668,3 +669,30 @@ def test_extract_writes_the_divergent_engine_as_a_repro_that_fails_alone(files: 
     (tmp_path / "a_file").write_text("")
     with pytest.raises(VerifyInputError, match="exists and is not a directory"):
         trt_inline.verify(path, extract=tmp_path / "a_file", isolate=False)
+
+
+def test_drill_down_inside_a_reference_engine(files: Files, tmp_path: Path) -> None:
+    # A weight moved in the payload: every step agrees with its own float64 run, so the weights are to blame.
+    report = trt_inline.verify(_engine_fault(files, engine=1), isolate=False)
+    assert report.divergence is not None and report.divergence.kind == "engine"
+    assert "inside it, each of its 6 steps agrees with the same steps run in float64" in report.divergence.detail
+
+    # Half precision that overflows: the first step past its tolerance against float64 is named.
+    class Wide(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(64, 8).half()
+            torch.nn.init.constant_(self.linear.weight, 600.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x)) - 1.0
+
+    x = torch.full((2, 64), 2.0, dtype=torch.float16)  # 64 * 600 * 2 = 76800 > 65504: inf in float16
+    path = tmp_path / "wide.pt2"
+    trt_inline.save(trt_inline.reference.compile(Wide().eval(), (x,), torch_executed_ops=["aten.relu.default"]),
+                    path, arg_inputs=[x])  # fmt: skip
+    module = trt_inline.load(path).module()
+    engine = next(n for n in module.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default)
+    inside = drill_down(module, engine.name, [x])
+    assert inside is not None and "aten::addmm.default" in inside and "not finite in float16" in inside, inside
+    assert drill_down(module, "no_such_node", [x]) is None

@@ -274,6 +274,17 @@ class EngineProgram:
         The device (of outputs, and of weights copied over) is the first tensor
         input's, never a scalar's: a scalar input may sit anywhere.
         """
+        env, device = self._run_steps(inputs, payload, upcast=False)
+        return [as_tensor(env[i], spec, device) for i, spec in zip(self.outputs, self.output_specs, strict=True)]
+
+    def step_values(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor, *, upcast: bool) -> list[Any]:
+        """What each step returns, in order; ``upcast``: its floating inputs and weights in float64 first."""
+        env, _ = self._run_steps(inputs, payload, upcast=upcast)
+        return env[len(env) - len(self.steps) :]
+
+    def _run_steps(
+        self, inputs: Sequence[torch.Tensor], payload: torch.Tensor, *, upcast: bool
+    ) -> tuple[list[Any], Any]:
         if len(inputs) != self.num_inputs:
             raise EngineFormatError(f"engine expects {self.num_inputs} inputs, got {len(inputs)}")
         tensors = [t for i, t in enumerate(inputs) if not self.is_scalar_input(i)]
@@ -281,11 +292,17 @@ class EngineProgram:
         device = like.device if like is not None else payload.device
         values = [self._scalar(i, inputs) if self.is_scalar_input(i) else t for i, t in enumerate(inputs)]
         env: list[Any] = [*values, *self.weight_tensors(payload, like)]
+        if upcast:
+            env = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in env]
         for step in self.steps:
             args = _substitute(step.args, env, device)
             kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
             env.append(step.target(*args, **kwargs))
-        return [as_tensor(env[i], spec, device) for i, spec in zip(self.outputs, self.output_specs, strict=True)]
+        return env, device
+
+    def step_names(self) -> list[str]:
+        """Each step's target, as the program names it (``aten::addmm.default``)."""
+        return [encodable_target(step.target) or repr(step.target) for step in self.steps]
 
 
 def as_tensor(value: Any, spec: ValueSpec | None, device: torch.device) -> torch.Tensor:

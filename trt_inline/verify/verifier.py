@@ -20,6 +20,7 @@ from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
+from trt_inline.verify.drill import drill_down
 from trt_inline.verify.extract import diverged_engine, engine_repro, repro_folder, write_repro
 from trt_inline.verify.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
@@ -637,7 +638,7 @@ def _compare_boundaries(
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
     trace = trace_program(module, args, kwargs, device, recorded)
-    _localized(report, trace, recorded, want, atol, rtol, stat, None if repro is None else (module, repro))
+    _localized(report, trace, recorded, want, atol, rtol, stat, module, repro)
 
 
 def _recorded_run(
@@ -672,16 +673,24 @@ def _localized(
     atol: Tolerance,
     rtol: Tolerance,
     stat: str,
-    repro: tuple[torch.fx.GraphModule, list[Any]] | None = None,
+    module: torch.fx.GraphModule,
+    repro: list[Any] | None = None,
 ) -> None:
-    """The trace against the compiled module's boundaries, into the report: the table and the first divergence."""
+    """The trace against the compiled module's boundaries, into the report: the table and the first divergence
+    (inside it, for a reference engine: the first of its steps that loses precision)."""
     reference = Reference("the compiled module", recorded, want)
     report.boundaries, report.divergence = localize(trace, reference, atol, rtol, stat)
     report.problems += own_error_problems(report.boundaries)
     if report.divergence is not None:
         report.problems.append(f"first divergence: {report.divergence.where}")
+    index = diverged_engine(report.divergence)
+    if report.divergence is not None and report.divergence.kind == "engine" and index is not None:
+        if index < len(trace.calls) and index < len(recorded):
+            inside = drill_down(module, trace.calls[index].node, recorded[index].inputs)
+            if inside is not None:
+                report.divergence.detail += f"; {inside}"
     if repro is not None:
-        _extract(report, trace, recorded, *repro)
+        _extract(report, trace, recorded, module, repro)
 
 
 def _extract(
@@ -731,7 +740,7 @@ def _localize_crash(
         report.problems.append(f"it raised at {where}: {trace.crash.error}")
         report.notes.append("the file has no boundary data (embed_reference='boundaries'): engines not compared")
         return
-    _localized(report, trace, recorded, want, atol, rtol, stat, None if repro is None else (module, repro))
+    _localized(report, trace, recorded, want, atol, rtol, stat, module, repro)
 
 
 def _rank_file_checks(loaded: LoadedFile | None, module: torch.fx.GraphModule | None) -> bool:
