@@ -204,3 +204,46 @@ def test_saved_files_get_the_mode_torch_export_save_gives(saved_seed: SavedSeed,
     ours, theirs = ((tmp_path / name).stat().st_mode & 0o777 for name in ("ours.pt2", "torch.pt2"))
     assert ours == theirs == 0o666 & ~umask, (oct(ours), oct(theirs))
     assert zipfile.is_zipfile(tmp_path / "ours.pt2")
+
+
+def test_read_ahead_of_a_file_larger_than_memory_lets_go_of_pages_well_behind_the_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mmap
+    import time
+
+    from trt_inline.verify.views import _ReadAhead
+
+    mib = 1 << 20
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as handle:
+        block = os.urandom(mib)
+        for _ in range(768):
+            handle.write(block)
+    monkeypatch.setattr(isolation, "available_memory", lambda: 2)  # a 64 MiB window
+    monkeypatch.setattr(_ReadAhead, "_LAG", 64 * mib)
+    descriptor = os.open(path, os.O_RDONLY)
+    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        mapped = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)  # how a file larger than memory is mapped
+        with pytest.warns(UserWarning):
+            weights = torch.frombuffer(mapped, dtype=torch.uint8)
+
+        def mapped_here(offset: int) -> bool:
+            entry = os.pread(pagemap, 8, (weights.data_ptr() + offset) // mmap.PAGESIZE * 8)
+            return bool(int.from_bytes(entry, "little") >> 63)
+
+        assert int(weights[: 512 * mib : 4096].sum()) >= 0  # the program reads its first 512 MiB
+        assert mapped_here(0) and mapped_here(256 * mib)
+        reader = _ReadAhead(descriptor, mapped, path.stat().st_size, release=True)
+        deadline = time.monotonic() + 30
+        while reader.released < 384 * mib and time.monotonic() < deadline:
+            time.sleep(0.02)
+        reader.stop()
+        assert reader.released >= 384 * mib, reader.released
+        assert not mapped_here(0) and not mapped_here(256 * mib), "pages well behind the program are let go"
+        assert mapped_here(500 * mib), "the last 64 MiB before the program are kept"
+        assert int(weights[:4096].sum()) >= 0 and mapped_here(0)  # and read again as any page would be
+    finally:
+        os.close(pagemap)
+        os.close(descriptor)

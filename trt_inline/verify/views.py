@@ -113,7 +113,7 @@ class FileView(View):
         """
         if self.mapped is None or self.size < _READ_AHEAD_FROM or self._reader or not self._closed.alive:
             return False
-        reader = _ReadAhead(self._descriptor, self.mapped, self.size)
+        reader = _ReadAhead(self._descriptor, self.mapped, self.size, release=self.read_only)
         self._reader.append(reader)
         paced = "" if reader.paced else " (not paced: /proc/self/pagemap cannot be read)"
         window = format_size(reader.window)
@@ -166,10 +166,16 @@ class _ReadAhead:
     _CHUNK = 16 << 20
     _PROBE = 4 << 20  # the granularity at which the program's progress is looked up
 
-    def __init__(self, descriptor: int, mapped: mmap.mmap, size: int) -> None:
+    _LAG = 1 << 30  # how far behind the program's frontier pages are let go (a weight being read is behind it)
+
+    def __init__(self, descriptor: int, mapped: mmap.mmap, size: int, *, release: bool = False) -> None:
         from trt_inline.verify.isolation import available_memory  # (isolation reads files through views)
 
         self.descriptor, self.size = descriptor, size
+        # A file larger than memory (mapped shared and read-only): pages well behind the program are unmapped
+        # from it, so that the kernel drops those (read, used) rather than the ones read ahead (not yet used).
+        self._mapped = mapped if release else None
+        self.released = 0
         # (in a sandboxed child /proc/meminfo may be out of reach: then half the machine's memory)
         available = available_memory() // 2 or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
         self.window = max(self._CHUNK * 4, available)
@@ -231,12 +237,27 @@ class _ReadAhead:
             offset += self._PROBE
         return furthest
 
+    def _release_behind(self) -> None:
+        """Unmap the pages more than ``_LAG`` behind the program (they stay cached; a later read maps them again).
+
+        Mapped pages are the last the kernel reclaims: left mapped, the pages the
+        program has used would outlive the ones read ahead for it, which are then
+        dropped and read twice.
+        """
+        end = (self.progress - self._LAG) // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._mapped is None or end - self.released < self._CHUNK * 4:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self._mapped.madvise(mmap.MADV_DONTNEED, self.released, end - self.released)
+        self.released = end
+
     def _run(self) -> None:
         chunk = bytearray(self._CHUNK)
         with contextlib.suppress(OSError):
             while not self._stop.is_set() and self.position < self.size:
                 if self.position >= self.progress + self.window:
                     self.progress = self._frontier(self.position)
+                    self._release_behind()
                     if self.position >= self.progress + self.window:
                         self._stop.wait(0.02)
                         continue
