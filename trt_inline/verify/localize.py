@@ -412,5 +412,6 @@ def localize_partitions(
 
 def _inner(tolerance: Tolerance) -> Tolerance:
     """Cut points are no program output: a tolerance keyed by output does not apply, one for every value does."""
-    return {"*": tolerance["*"]} if isinstance(tolerance, Mapping) and "*" in tolerance else (
-        None if isinstance(tolerance, Mapping) else tolerance)  # fmt: skip
+    if not isinstance(tolerance, Mapping):
+        return tolerance
+    return {"*": tolerance["*"]} if "*" in tolerance else None

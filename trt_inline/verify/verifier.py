@@ -298,13 +298,13 @@ def report_of_child(
         report = VerifyReport.from_dict(bounded_strings(result.value))
     except (KeyError, TypeError, ValueError) as exc:
         raise IsolationError(f"{where}: the child process gave a malformed report ({first_line(exc)})") from None
+    handed = _handed_back(result.tensors, where)  # read once, whatever is taken from it
     if save_outputs is not None:
-        save_tensors(_outputs_of_child(result.tensors, where), save_outputs)
+        save_tensors(_outputs_of_child(handed, where), save_outputs)
     if save_boundaries is not None:
-        recorded_run = _reference_of_child(result.tensors, where) if result.tensors else None
-        _save_boundaries_or_say(report, recorded_run, save_boundaries)
-    if repro is not None and result.tensors:
-        repro.extend(_repro_of_child(result.tensors, where))
+        _save_boundaries_or_say(report, _reference_of_child(handed, where), save_boundaries)
+    if repro is not None:
+        repro.extend(_repro_of_child(handed, where))
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.child_peak_anonymous_bytes, report.child_peak_file_bytes = result.peak_anonymous, result.peak_file
     walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
@@ -316,13 +316,22 @@ def report_of_child(
     return report
 
 
-def _outputs_of_child(data: bytes, where: str) -> Any:
-    """The outputs a child handed back: plain tensors (in lists or dicts), read strictly; refused otherwise."""
+def _handed_back(data: bytes, where: str) -> dict[str, Any]:
+    """What a child handed back besides its report (outputs, a recorded run, a repro), read strictly; {} if nothing."""
+    if not data:
+        return {}
     try:
-        value = read_torch_save(BytesView(data), f"{where}: the child's outputs")
+        value = read_torch_save(BytesView(data), f"{where}: what the child handed back")
     except VerifyInputError as exc:
         raise IsolationError(str(exc)) from None
-    outputs = value.get("outputs") if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        raise IsolationError(f"{where}: the child process handed back something other than a dict")
+    return value
+
+
+def _outputs_of_child(handed: dict[str, Any], where: str) -> Any:
+    """The outputs a child handed back: plain tensors (in lists or dicts); refused otherwise."""
+    outputs = handed.get("outputs")
     leaves = outputs if isinstance(outputs, list) else list(outputs.values()) if isinstance(outputs, dict) else None
     if leaves is None or not all(
         isinstance(t, torch.Tensor) or (isinstance(t, list) and all(isinstance(x, torch.Tensor) for x in t))
@@ -339,24 +348,19 @@ def _save_boundaries_or_say(report: VerifyReport, run: ReferenceIO | None, path:
         save_boundaries_file(run, path)
 
 
-def _reference_of_child(data: bytes, where: str) -> ReferenceIO | None:
-    """The run a child recorded for ``save_boundaries`` (None: it recorded none): plain tensors, read strictly."""
+def _reference_of_child(handed: dict[str, Any], where: str) -> ReferenceIO | None:
+    """The run a child recorded for ``save_boundaries`` (None: it recorded none), checked: plain tensors."""
+    if "reference" not in handed:
+        return None
     try:
-        value = read_torch_save(BytesView(data), f"{where}: the child's boundaries")
-        if not isinstance(value, dict) or "reference" not in value:
-            return None
-        return reference_from_payload(value["reference"])
+        return reference_from_payload(handed["reference"])
     except VerifyInputError as exc:
         raise IsolationError(f"{where}: the child process handed back boundaries that are not plain ({exc})") from None
 
 
-def _repro_of_child(data: bytes, where: str) -> list[tuple[str, bytes]]:
-    """The engine a child extracted (``extract``): (what, archive bytes), read strictly."""
-    try:
-        value = read_torch_save(BytesView(data), f"{where}: the child's repro")
-    except VerifyInputError as exc:
-        raise IsolationError(str(exc)) from None
-    entries = value.get("repro", []) if isinstance(value, dict) else None
+def _repro_of_child(handed: dict[str, Any], where: str) -> list[tuple[str, bytes]]:
+    """The engine a child extracted (``extract``): (what, archive bytes), checked."""
+    entries = handed.get("repro", [])
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and isinstance(e.get("what"), str) and isinstance(e.get("archive"), torch.Tensor)
         and e["archive"].dtype == torch.uint8 and e["archive"].dim() == 1
