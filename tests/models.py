@@ -84,6 +84,21 @@ class MultiOutputBothSides(nn.Module):
         return values * 2 + right, indices + left.sum(dim=-1, keepdim=True).long()
 
 
+class Chain(nn.Module):
+    """Four linear layers, relu, sigmoid, relu between: partitioned differently by which of them fall back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.layers[0](x))
+        x = torch.sigmoid(self.layers[1](x))
+        x = torch.relu(self.layers[2](x))
+        result: torch.Tensor = self.layers[3](x)
+        return result
+
+
 class CrossedHalves(nn.Module):
     """Three engines, each returning two halves; a relu between them reads one half, the next engine both.
 

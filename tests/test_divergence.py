@@ -24,16 +24,17 @@ import pytest
 import releases
 import torch
 from conftest import REPO
-from models import CrossedHalves
+from models import Chain, CrossedHalves
 from test_verify import assert_unusable, cli
 
 import trt_inline
-from trt_inline import formats
+from trt_inline import engines, formats
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.verify.compare import ERROR_STATS, compare_output
-from trt_inline.verify.drill import drill_down
+from trt_inline.verify.drill import drill_down, rebuild_drill_down
+from trt_inline.verify.extract import region_repro
 from trt_inline.verify.random_inputs import draw_inputs, size_ranges
 from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.verify.report import BoundaryRow, VerifyReport
@@ -608,44 +609,53 @@ def test_boundaries_saved_on_one_run_are_the_reference_of_another(files: Files, 
     )
 
 
-class _Chain(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.layers[0](x))
-        x = torch.sigmoid(self.layers[1](x))
-        x = torch.relu(self.layers[2](x))
-        return self.layers[3](x)
-
-
 def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: Path) -> None:
     torch.manual_seed(3)
-    model, x = _Chain().eval(), torch.randn(3, 8)
+    model, x = Chain().eval(), torch.randn(3, 8)
     coarse, fine = tmp_path / "coarse.pt2", tmp_path / "fine.pt2"
     for path, fallback in ((coarse, ["aten.relu.default"]), (fine, ["aten.relu.default", "aten.sigmoid.default"])):
         trt_inline.save(trt_inline.reference.compile(model, (x,), torch_executed_ops=fallback), path, arg_inputs=[x])
     assert [len(_engine_nodes(torch.export.load(p))) for p in (coarse, fine)] == [3, 4]  # the partitions differ
 
+    # Each save recorded which exported node each engine output computes (a fallback of the compiled module
+    # reads it): layers[2]'s product (addmm_2) is engine 1's output in one and engine 2's in the other.
+    provenance = [decode_reference_io(_extra(p)).provenance for p in (coarse, fine)]
+    assert provenance == [[["addmm"], ["addmm_2"], [""]], [["addmm"], ["addmm_1"], ["addmm_2"], [""]]], provenance
+
     same = trt_inline.diff(coarse, fine, isolate=False)
     assert same.ok and same.divergence is None, same.to_text()
     assert any("partitioned differently: this one runs 3 engine calls" in note for note in same.notes), same.notes
-    assert [row.boundary.split(" (")[0] for row in same.boundaries] == ["relu", "relu_1", "program outputs"]
+    cuts = [row.boundary for row in same.boundaries]
+    assert [cut.split(" (")[0] for cut in cuts] == ["addmm", "relu", "addmm_2", "relu_1", "program outputs"], cuts
+    assert cuts[2] == f"addmm_2 (here engine 1 out[0]; {fine}: engine 2 out[0])"
 
-    # The fine file with its third engine (layers[2]) changed: the divergence is between relu and relu_1.
+    # The fine file with its third engine (layers[2]) changed: named at that engine's output, the finest cut.
     program = torch.export.load(fine)
     third = _engine_nodes(program)[2]
     weight = json.loads(third.args[2])["weights"][0]
     constant = next(s.target for s in program.graph_signature.input_specs if s.arg.name == third.args[1].name)
     program.constants[constant][weight["offset"] : weight["offset"] + weight["nbytes"]].view(torch.float32).add_(0.05)
-    changed = tmp_path / "fine_changed.pt2"
-    torch.export.save(program, changed)
+    changed, unrecorded = tmp_path / "fine_changed.pt2", tmp_path / "fine_changed_unrecorded.pt2"
+    torch.export.save(program, changed, extra_files={REFERENCE_IO_FILE: _extra(fine)})
     diverged = trt_inline.diff(coarse, changed, isolate=False)
     assert diverged.divergence is not None and diverged.divergence.kind == "partition", diverged.to_text()
-    assert diverged.divergence.where.startswith("relu_1 (engine ")
-    assert "the last value both cut at that agrees is relu: what computes relu_1" in diverged.divergence.detail
+    assert diverged.divergence.where == "addmm_2 (engine 1 out[0])", diverged.to_text()
+    assert "the last value both cut at that agrees is relu: what computes addmm_2" in diverged.divergence.detail
+    assert f"in {changed}: engine 2 ({_engine_label(program, 2)})" in diverged.divergence.detail
     assert cli("diff", str(coarse), str(changed)).returncode == 1
+    # Without that record (a file saved by torch alone) the finest shared cut is what both leave to PyTorch.
+    torch.export.save(program, unrecorded)
+    coarser = trt_inline.diff(coarse, unrecorded, isolate=False)
+    assert coarser.divergence is not None and coarser.divergence.where.startswith("relu_1 (engine "), coarser.to_text()
+    assert "the last value both cut at that agrees is relu: what computes relu_1" in coarser.divergence.detail
+
+
+def _engine_label(program: torch.export.ExportedProgram, index: int) -> str:
+    """The submodule an engine call's engine attribute names (``_run_on_acc_5`` of ``_run_on_acc_5_engine``)."""
+    lifted = {spec.arg.name: str(spec.target) for spec in program.graph_signature.input_specs if spec.target}
+    label = engines.engine_submodule_name(_engine_nodes(program)[index], lifted)
+    assert label is not None
+    return label
 
 
 def test_extract_writes_the_divergent_engine_as_a_repro_that_fails_alone(files: Files, tmp_path: Path) -> None:
@@ -665,10 +675,63 @@ def test_extract_writes_the_divergent_engine_as_a_repro_that_fails_alone(files: 
     assert f"first divergence: engine 0 ({files.engines[1]})" in script.stdout and "sandboxed" in script.stdout
     # A good file: nothing to extract, said so; a folder that cannot be one is refused before the run.
     quiet = trt_inline.verify(files.good, extract=tmp_path / "none", isolate=False)
-    assert quiet.ok and "nothing extracted: no engine diverged" in quiet.notes and not (tmp_path / "none").exists()
+    assert quiet.ok and "nothing extracted: nothing diverged" in quiet.notes and not (tmp_path / "none").exists()
     (tmp_path / "a_file").write_text("")
     with pytest.raises(VerifyInputError, match="exists and is not a directory"):
         trt_inline.verify(path, extract=tmp_path / "a_file", isolate=False)
+
+
+class _ScaledSkip(torch.nn.Module):
+    """Engine, then a fallback region reading that engine's output, the program input and a buffer, then engine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)) * self.scale + x)
+
+
+def test_extract_writes_a_diverging_fallback_region_as_a_repro_that_fails_alone(tmp_path: Path) -> None:
+    torch.manual_seed(5)
+    x = torch.randn(3, 8)
+    fallback = ["aten.relu.default", "aten.mul.Tensor", "aten.add.Tensor"]
+    compiled = trt_inline.reference.compile(_ScaledSkip().eval(), (x,), torch_executed_ops=fallback)
+    good = tmp_path / "good.pt2"
+    trt_inline.save(compiled, good, arg_inputs=[x], embed_reference="boundaries")
+    program = torch.export.load(good)
+    assert len(_engine_nodes(program)) == 2
+    (mul,) = [n for n in program.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+    mul.target = torch.ops.aten.div.Tensor  # the region between the engines now divides by the buffer
+    program.graph_module.recompile()
+    fault = tmp_path / "fault.pt2"
+    torch.export.save(program, fault, extra_files={REFERENCE_IO_FILE: _extra(good)})
+
+    folder = tmp_path / "repro"
+    proc = cli("verify", str(fault), "--extract", str(folder))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "first divergence: fallback region relu, mul, add (feeding engine 1 in[0])" in proc.stdout, proc.stdout
+    assert "fallback region relu, mul, add extracted with its recorded inputs and outputs" in proc.stdout
+    repro = torch.export.load(folder / "repro.pt2")  # that region alone: its ops, reading x and engine 0's output
+    assert not _engine_nodes(repro)
+    ops = [n.target for n in repro.graph.nodes if n.op == "call_function"]
+    assert ops == [torch.ops.aten.relu.default, torch.ops.aten.div.Tensor, torch.ops.aten.add.Tensor], ops
+    assert len(repro.graph_signature.user_inputs) == 2 and len(repro.graph_signature.inputs_to_buffers) == 1
+    # The same error as at the boundary it feeds in the whole file, in a fresh sandboxed process.
+    whole = trt_inline.verify(fault, isolate=False).to_dict()
+    fed = next(row for row in whole["boundaries"] if row["boundary"] == "engine 1 (_run_on_acc_3) inputs")
+    alone = trt_inline.verify(folder / "repro.pt2").to_dict()
+    assert not alone["ok"] and alone["outputs"][0]["max_abs_diff"] == fed["values"][0]["max_abs_diff"] > 0.1
+    script = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, cwd=REPO)
+    assert script.returncode == 1 and "DIFF output 0" in script.stdout, script.stdout + script.stderr
+    # The good file's region, extracted by hand the same way, agrees with what was recorded.
+    module = trt_inline.load(good).module()
+    recorded = decode_reference_io(_extra(good))
+    assert recorded.boundaries is not None
+    archive = region_repro(module, (1, 0), recorded.boundaries, [x], recorded.outputs)
+    (tmp_path / "region.pt2").write_bytes(archive)
+    assert trt_inline.verify(tmp_path / "region.pt2", isolate=False).ok
 
 
 def test_drill_down_inside_a_reference_engine(files: Files, tmp_path: Path) -> None:
@@ -696,3 +759,12 @@ def test_drill_down_inside_a_reference_engine(files: Files, tmp_path: Path) -> N
     inside = drill_down(module, engine.name, [x])
     assert inside is not None and "aten::addmm.default" in inside and "not finite in float16" in inside, inside
     assert drill_down(module, "no_such_node", [x]) is None
+
+    # The same region rebuilt as one engine per step (how the GPU suite looks inside a TensorRT engine).
+    region = torch.export.export(Wide().eval(), (x,)).run_decompositions().module()
+    rebuilt = rebuild_drill_down(region, [x], lambda step, inputs: trt_inline.reference.compile(step, inputs))
+    assert "step 1 (addmm: aten.addmm.default) is the first whose engine differs" in rebuilt, rebuilt
+    assert "not finite in float16" in rebuilt
+    small = torch.full((2, 64), 0.01, dtype=torch.float16)
+    rebuilt = rebuild_drill_down(region, [small], lambda step, inputs: trt_inline.reference.compile(step, inputs))
+    assert "rebuilt as 4 engines of one step each, every step agrees" in rebuilt, rebuilt

@@ -521,8 +521,9 @@ def _parser() -> argparse.ArgumentParser:
     verify_parser.add_argument(
         "--extract",
         metavar="DIR",
-        help="write the first engine that diverges to DIR as a program of its own (repro.pt2, with its recorded "
-        "inputs and expected outputs, and repro.py): trt-inline verify DIR/repro.pt2 reproduces it alone",
+        help="write the first engine or fallback region that diverges to DIR as a program of its own (repro.pt2, "
+        "with its recorded inputs and expected outputs, and repro.py): trt-inline verify DIR/repro.pt2 reproduces it "
+        "alone",
     )
     verify_parser.add_argument(
         "--ranks",

@@ -138,26 +138,28 @@ class Vocabulary:
         if not isinstance(value, torch.fx.Node):
             return Region()
         if value not in self._regions:
-            nodes: set[torch.fx.Node] = set()
-            reads: set[torch.fx.Node] = set()
-            stack = [value]
-            while stack:
-                node = stack.pop()
-                if node in nodes or node in reads:
-                    continue
-                if node.op == "placeholder" and self.kinds.get(node.name, "user input") != "user input":
-                    continue  # a weight lifted to a placeholder: part of the region, not a boundary
-                if node.op == "placeholder" or self.engine_output(node) or node in self.engine_index:
-                    reads.add(node)
-                elif node.op == "call_function":
-                    nodes.add(node)
-                    stack.extend(node.all_input_nodes)
-                # get_attr (a weight or constant): part of the region, not a boundary
-            self._regions[value] = Region(
-                [n.name for n in sorted(nodes, key=self._order.__getitem__)],
-                [self.producer(n) for n in sorted(reads, key=self._order.__getitem__)],
-            )
+            nodes, reads = self.region_nodes(value)
+            self._regions[value] = Region([n.name for n in nodes], [self.producer(n) for n in reads])
         return self._regions[value]
+
+    def region_nodes(self, value: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+        """:meth:`region` as nodes: the region's torch nodes and the boundary values it reads, in graph order."""
+        nodes: set[torch.fx.Node] = set()
+        reads: set[torch.fx.Node] = set()
+        stack = [value]
+        while stack:
+            node = stack.pop()
+            if node in nodes or node in reads:
+                continue
+            if node.op == "placeholder" and self.kinds.get(node.name, "user input") != "user input":
+                continue  # a weight lifted to a placeholder: part of the region, not a boundary
+            if node.op == "placeholder" or self.engine_output(node) or node in self.engine_index:
+                reads.add(node)
+            elif node.op == "call_function":
+                nodes.add(node)
+                stack.extend(node.all_input_nodes)
+            # get_attr (a weight or constant): part of the region, not a boundary
+        return sorted(nodes, key=self._order.__getitem__), sorted(reads, key=self._order.__getitem__)
 
 
 def _input_kinds(program: ExportedProgram) -> dict[str, str]:

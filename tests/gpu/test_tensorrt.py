@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, as_list, load_in_fresh_process, max_abs_diff
-from models import ConvBnRelu, MultiOutputBothSides, ScalarCase, TinyResNet, scalar_cases
+from models import Chain, ConvBnRelu, MultiOutputBothSides, ScalarCase, TinyResNet, scalar_cases
 
 import trt_inline
 
@@ -370,6 +370,68 @@ def test_per_engine_and_diff_on_tensorrt_engines(tmp_path: Path, monkeypatch: py
     assert code == 1 and relus[-1].name in report["divergence"]["nodes"], report["divergence"]
     code, report = _cli_json("diff", str(path), str(path), "--allow-native-code", "--random-inputs", "2")
     assert code == 0 and report["divergence"] is None
+
+
+def test_diff_of_two_tensorrt_partitions_compares_engine_outputs_by_provenance(tmp_path: Path) -> None:
+    """Two partitions of one model on TensorRT: equal within tolerance, compared where both cut, engine outputs too."""
+    import zipfile
+
+    from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
+
+    torch_tensorrt = _torch_tensorrt()
+
+    model, x = Chain().eval().cuda(), torch.randn(3, 8).cuda()
+    paths = []
+    for name, ops in (("coarse", {torch.ops.aten.relu.default}),
+                      ("fine", {torch.ops.aten.relu.default, torch.ops.aten.sigmoid.default})):  # fmt: skip
+        compiled = torch_tensorrt.dynamo.compile(
+            torch.export.export(model, (x,)), (x,), min_block_size=1, torch_executed_ops=ops
+        )
+        paths.append(tmp_path / f"{name}.pt2")
+        torch_tensorrt.save(compiled, str(paths[-1]), output_format="exported_program", arg_inputs=[x])
+    provenance = []
+    for path in paths:
+        with zipfile.ZipFile(path) as archive:
+            extra = archive.read(next(n for n in archive.namelist() if n.endswith(REFERENCE_IO_FILE))).decode()
+        provenance.append(decode_reference_io(extra).provenance)
+    assert all(any(name for names in p or [] for name in names) for p in provenance), provenance
+    code, report = _cli_json("diff", str(paths[0]), str(paths[1]), "--allow-native-code", "--atol", "1e-3")
+    assert code == 0 and report["divergence"] is None, report
+    assert any("partitioned differently" in note for note in report["notes"]), report["notes"]
+    assert any(" out[" in row["boundary"] for row in report["boundaries"]), report["boundaries"]
+
+
+def test_drill_down_rebuilds_a_tensorrt_engine_as_one_engine_per_step() -> None:
+    """Inside a TensorRT engine whose half-precision product overflows: its region rebuilt one engine per step."""
+    from trt_inline.verify.drill import rebuild_drill_down
+
+    torch_tensorrt = _torch_tensorrt()
+
+    class Wide(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(64, 8).half()
+            torch.nn.init.constant_(self.linear.weight, 600.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x)) - 1.0
+
+    model, x = Wide().eval().cuda(), torch.full((2, 64), 2.0, dtype=torch.float16, device="cuda")
+
+    def compile_fp16(module: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:
+        # Weights and inputs are half precision: the engine runs in it whatever the typing mode.
+        exported = torch.export.export(module, tuple(inputs))
+        return torch_tensorrt.dynamo.compile(exported, tuple(inputs), min_block_size=1)
+
+    whole = compile_fp16(model, [x])
+    engines = [n for n, _ in whole.named_children() if n.startswith("_run_on_acc_")]
+    assert len(engines) == 1  # one engine: its layers are not observable
+    with torch.no_grad():
+        assert not bool(whole(x).isfinite().all())  # 64 * 600 * 2 = 76800 > 65504
+    region = torch.export.export(model, (x,)).run_decompositions().module()
+    sentence = rebuild_drill_down(region, [x], compile_fp16)
+    assert "(addmm: aten.addmm.default) is the first whose engine differs" in sentence, sentence
+    assert "not finite in float16" in sentence
 
 
 _RANK_SET_WORKER = textwrap.dedent(

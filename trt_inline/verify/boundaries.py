@@ -42,6 +42,7 @@ __all__ = [
     "Region",
     "as_boundaries",
     "boundary_tensors",
+    "engine_provenance",
     "record_program_boundaries",
     "recording",
     "trace_program",
@@ -77,6 +78,43 @@ def _source(node: Any) -> str:
     if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "call_module":
         return f"{node.args[0].target} output {node.args[1]}"
     return node.name
+
+
+def engine_provenance(module: Any) -> list[list[str]] | None:
+    """For each engine call of a compiled module, in graph order, the exported-program node each output computes.
+
+    The partitioner names a submodule's placeholders after the nodes whose
+    values they receive, so a fallback reading an engine's output says which
+    node of the exported program that output is::
+
+        _run_on_acc_1 ─► getitem_1 ─► _run_on_gpu_2(…, getitem_1)     (_run_on_gpu_2's placeholder: linear_1)
+                                      → _run_on_acc_1 output 1 computes linear_1
+
+    ``diff`` of two partitions of one model compares engine outputs that compute
+    the same node. An output read only by engines or returned says nothing: "".
+    None for a module that is not a compiled one (no engine submodules).
+    """
+    if not isinstance(module, torch.fx.GraphModule):
+        return None
+    engine_nodes = [n for n in module.graph.nodes if is_accelerated_call(module, n)]
+    return [_computed_nodes(module, engine_node) for engine_node in engine_nodes] if engine_nodes else None
+
+
+def _computed_nodes(module: torch.fx.GraphModule, engine_node: torch.fx.Node) -> list[str]:
+    getitems = [u for u in engine_node.users if u.op == "call_function" and u.target is operator.getitem]
+    values = {int(u.args[1]): u for u in getitems if isinstance(u.args[1], int)} if getitems else {0: engine_node}
+    computes = [""] * (max(values) + 1 if values else 0)
+    for index, value in values.items():
+        for user in value.users:
+            fallback_module = module.get_submodule(str(user.target)) if user.op == "call_module" else None
+            if not isinstance(fallback_module, torch.fx.GraphModule) or is_accelerated_call(module, user):
+                continue
+            placeholders = [n for n in fallback_module.graph.nodes if n.op == "placeholder"]
+            position = next((p for p, arg in enumerate(user.args) if arg is value), None)
+            if position is not None and position < len(placeholders):
+                computes[index] = str(placeholders[position].target)
+                break
+    return computes
 
 
 @contextlib.contextmanager

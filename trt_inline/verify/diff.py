@@ -131,6 +131,11 @@ def _checked(loaded: LoadedFile) -> LoadedFile:
     return loaded
 
 
+def _provenance(loaded: LoadedFile) -> list[list[str]] | None:
+    """What each engine output of a file computes, as its save recorded (None where it did not)."""
+    return loaded.reference.provenance if loaded.reference is not None else None
+
+
 def _inputs(
     tensors: dict[str, Any], a: LoadedFile, b: LoadedFile
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], str | None]:
@@ -184,7 +189,10 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
                 rows, divergence = localize(trace_a, reference, atol, rtol, arguments["stat"])
             else:  # engines cannot be paired: compared where both partitions cut
-                rows, divergence, how = localize_partitions(trace_a, trace_b, path_b, atol, rtol, arguments["stat"])
+                provenance = (_provenance(opened[0]), _provenance(opened[1]))
+                rows, divergence, how = localize_partitions(
+                    trace_a, trace_b, path_b, atol, rtol, arguments["stat"], provenance
+                )
                 if how not in report.notes:
                     report.notes.append(how)
             if draw is None:

@@ -14,11 +14,22 @@ Where every step agrees with its float64 run, the engine computes what its
 program says to the precision it runs at: what differs from the compiled module
 is the program or its weights. The CPU stand-in for comparing every layer of a
 TensorRT engine (Polygraphy's ``--mark all``), which needs the GPU.
+
+A TensorRT engine's layers cannot be observed from its plan: :func:`rebuild_drill_down`
+rebuilds the region an engine covers (its ATen graph) as one engine per step,
+with the compiler given (``torch_tensorrt.dynamo.compile`` on a GPU), and
+compares each step's engine, run on what the steps before it compute in float64,
+with the same step in float64::
+
+    region:  in_0 ─► addmm ─► relu ─► sub ─► out       rebuilt:  [addmm] [relu] [sub]   each alone
+                       ▲                                             ▲
+                       └─ its engine and float64 part here: named ───┘
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +39,10 @@ from trt_inline.engines import REFERENCE_OP, engine_op
 from trt_inline.reference.program import load_program
 from trt_inline.verify.compare import default_tolerance
 
-__all__ = ["drill_down"]
+__all__ = ["drill_down", "rebuild_drill_down"]
+
+# Compiles a one-step program for its inputs into something callable on them: an engine of that step.
+StepCompiler = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
 
 def drill_down(module: torch.fx.GraphModule, engine_node_name: str, inputs: Sequence[torch.Tensor]) -> str | None:
@@ -56,6 +70,83 @@ def drill_down(module: torch.fx.GraphModule, engine_node_name: str, inputs: Sequ
         f"inside it, each of its {len(names)} steps agrees with the same steps run in float64: it computes what "
         "its program says, so its program or its weights differ from the compiled module's"
     )
+
+
+def rebuild_drill_down(region: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], compile_step: StepCompiler) -> str:
+    """A sentence on which step of ``region`` loses precision once each step is an engine of its own.
+
+    ``region``: the ATen graph an engine covers (``ExportedProgram.module()`` of
+    the model for a one-engine compile, or an accelerated block before
+    conversion), run on ``inputs``. Each ``call_function`` step becomes a program
+    of one node whose inputs (values and weights) are placeholders; it is
+    compiled with ``compile_step`` and run on the values the whole region
+    computes in float64 at its inputs, cast to the dtypes the region runs them
+    in; its result is compared with the same step in float64. The first past
+    its dtype's tolerance is named.
+    """
+    at_precision = _node_values(region, inputs, upcast=False)
+    in_float64 = _node_values(region, inputs, upcast=True)
+    steps = [n for n in region.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    steps = [n for n in steps if _tensors(at_precision.get(n))]
+    for index, node in enumerate(steps):
+        program, sources = _one_step(node, at_precision)
+        step_inputs = [in_float64[s].to(at_precision[s].dtype) for s in sources]
+        with torch.no_grad():
+            result = compile_step(program, step_inputs)(*step_inputs)
+        error = _past_tolerance(result, in_float64[node])
+        if error is not None:
+            return (
+                f"rebuilt as {len(steps)} engines of one step each, step {index} ({node.name}: {node.target}) is the "
+                f"first whose engine differs from the same step in float64 ({error}): precision is lost there"
+            )
+    return (
+        f"rebuilt as {len(steps)} engines of one step each, every step agrees with the same step in float64: "
+        "the region computes what its graph says at its precision"
+    )
+
+
+def _tensors(value: Any) -> bool:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return bool(values) and all(isinstance(v, torch.Tensor) for v in values)
+
+
+def _node_values(region: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], *, upcast: bool) -> dict[Any, Any]:
+    """Every node's value in a run of ``region``; ``upcast``: floating inputs and weights in float64 first."""
+
+    def wide(value: Any) -> Any:
+        return value.double() if upcast and isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    values: dict[Any, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            result = super().run_node(n)
+            values[n] = wide(result) if n.op in ("placeholder", "get_attr") else result
+            return values[n]
+
+    with torch.no_grad():
+        Recorder(region).run(*inputs, enable_io_processing=False)
+    return values
+
+
+def _one_step(node: torch.fx.Node, values: dict[Any, Any]) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
+    """``node`` as a program of its own: each tensor it reads a placeholder, any other value a constant."""
+    graph = torch.fx.Graph()
+    sources: list[torch.fx.Node] = []
+    placeholders: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def wire(argument: torch.fx.Node) -> Any:
+        if not isinstance(values.get(argument), torch.Tensor):
+            return values.get(argument)
+        if argument not in placeholders:
+            placeholders[argument] = graph.placeholder(f"in_{len(sources)}")
+            sources.append(argument)
+        return placeholders[argument]
+
+    args = torch.fx.map_arg(node.args, wire)
+    kwargs = torch.fx.map_arg(node.kwargs, wire)
+    graph.output(graph.call_function(node.target, args, kwargs))  # type: ignore[arg-type]
+    return torch.fx.GraphModule(torch.nn.Module(), graph), sources
 
 
 def _past_tolerance(value: Any, exact: Any) -> str | None:

@@ -1,4 +1,4 @@
-"""A divergence as a standalone repro: the one engine that diverged, its recorded inputs and expected outputs.
+"""A divergence as a standalone repro: the engine or fallback region that diverged, its recorded inputs and outputs.
 
 ``verify --extract DIR`` (:func:`engine_repro`) turns the first divergent engine
 of a file into a program of its own::
@@ -16,6 +16,8 @@ was recorded taking and returning in the compiled module, so ``trt-inline
 verify DIR/repro.pt2`` reproduces the divergence on its own, and
 ``python DIR/repro.py`` does the same from Python (sandboxed as well: the
 archive comes from the child that ran the file, and is as untrusted as it).
+A diverging fallback region is extracted the same way (:func:`region_repro`):
+its PyTorch nodes alone, on the engine outputs and inputs it was recorded reading.
 """
 
 from __future__ import annotations
@@ -24,28 +26,43 @@ import io
 import operator
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.fx
+from torch.utils import _pytree as pytree
 
 from trt_inline import compat
 from trt_inline.engines import engine_inputs, is_engine_call
 from trt_inline.errors import VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.formats import atomic_write
+from trt_inline.graph_table import Vocabulary
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, EngineBoundary, ReferenceIO, encode_reference_io
 from trt_inline.verify.report import Divergence
 
-__all__ = ["diverged_engine", "engine_repro", "repro_folder", "write_repro"]
+__all__ = ["diverged_engine", "diverged_value", "engine_repro", "region_repro", "repro_folder", "write_repro"]
 
 _ENGINE = re.compile(r"^engine (\d+) \(")
+_FEEDING = re.compile(r"\(feeding (?:engine (\d+) in\[(\d+)\]|output (\d+))\)$")
 
 
 def diverged_engine(divergence: Divergence | None) -> int | None:
     """The index of the engine call a divergence names (an engine, one that raised, or one that does not fit)."""
     match = _ENGINE.match(divergence.where) if divergence is not None else None
     return int(match.group(1)) if match else None
+
+
+def diverged_value(divergence: Divergence | None) -> tuple[int, int] | int | None:
+    """What a diverging fallback region computes: (engine, input position), or a program output's index."""
+    if divergence is None or divergence.kind != "fallback":
+        return None
+    match = _FEEDING.search(divergence.where)
+    if match is None:
+        return None
+    engine, position, output = match.groups()
+    return int(output) if output is not None else (int(engine), int(position))
 
 
 REPRO_SCRIPT = '''"""Reproduces {what} of {source}: alone on its recorded inputs, against its recorded outputs.
@@ -62,7 +79,7 @@ from pathlib import Path
 import trt_inline
 
 path = sys.argv[1] if len(sys.argv) > 1 else Path(__file__).with_name("repro.pt2")
-report = trt_inline.verify(path, per_engine=True{trust})
+report = trt_inline.verify(path{per_engine}{trust})
 print(report.to_text())
 sys.exit(0 if report.ok else 1)
 '''
@@ -73,13 +90,16 @@ def write_repro(
 ) -> list[Path]:
     """``folder/repro.pt2`` and ``folder/repro.py`` (atomically; ``folder`` is made, its parent must exist).
 
-    ``what`` comes from the file verified (an engine's name): only plain characters
-    of it reach the script, so no name can end its docstring.
+    ``what`` comes from the file verified (an engine's or a region's name): only
+    plain characters of it reach the script, so no name can end its docstring.
     """
     target = repro_folder(folder)
     target.mkdir(exist_ok=True)
     script = REPRO_SCRIPT.format(
-        what=_plain(what), source=_plain(Path(source).name), trust=", allow_native_code=True" if native_code else ""
+        what=_plain(what),
+        source=_plain(Path(source).name),
+        per_engine=", per_engine=True" if _ENGINE.match(what) else "",  # a region's repro has no engine
+        trust=", allow_native_code=True" if native_code else "",
     )
     written = [target / "repro.pt2", target / "repro.py"]
     for path, data in zip(written, (archive, script.encode()), strict=True):
@@ -152,3 +172,104 @@ def engine_repro(module: torch.fx.GraphModule, engine_node_name: str, record: En
     except Exception as exc:
         raise VerifyInputError(f"{engine_node_name}: torch cannot build a program of it alone ({exc})") from exc
     return buffer.getvalue()
+
+
+def region_repro(
+    module: torch.fx.GraphModule,
+    fed: tuple[int, int] | int,
+    recorded: Sequence[EngineBoundary],
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+) -> bytes:
+    """A ``.pt2`` archive of the fallback region computing an engine input or program output, on recorded values.
+
+    ::
+
+        before (the whole file)                              after (DIR/repro.pt2)
+
+        engine 1 ─► getitem_3 ─► relu_1 ─► mul ─► engine 2     getitem_3 ─► relu_1 ─► mul ─► OUTPUT
+                                          ▲                                         ▲
+        x ────────────────────────────────┘                   x ───────────────────┘
+
+    ``fed``: the engine input (engine, position) or program output (index) the
+    region computes (:func:`diverged_value`); what the compiled module recorded
+    there (``recorded``, ``outputs``) is the repro's expected output. The
+    region's nodes are copied with their weights; each value it reads (an
+    engine's output, a program input) becomes a placeholder of the same name,
+    holding what was recorded there (``inputs`` for the program's own inputs).
+    Raises :class:`VerifyInputError` where a value it reads was not recorded or
+    torch cannot build the program.
+    """
+    value, expected = _fed_value(module, fed, recorded, outputs)
+    words = Vocabulary(module.graph)
+    nodes, reads = words.region_nodes(value)
+    if not nodes:
+        raise VerifyInputError(f"{value.name} is wired straight from another value: there is no region to extract")
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    read_values = []
+    for read in reads:
+        if read.op == "placeholder" and placeholders.index(read) < len(inputs):
+            read_values.append(inputs[placeholders.index(read)])
+        elif words.engine_output(read) and isinstance(read.args[1], int):
+            engine = words.engine_index[read.args[0]]  # type: ignore[index]
+            outputs = recorded[engine].outputs if engine < len(recorded) else []
+            if read.args[1] >= len(outputs):
+                raise VerifyInputError(f"{read.name}: engine {engine} output {read.args[1]} was not recorded")
+            read_values.append(outputs[read.args[1]])
+        else:
+            raise VerifyInputError(f"{read.name}: the region reads a value that was not recorded")
+    graph = torch.fx.Graph()
+    root = torch.nn.Module()
+    copied: dict[torch.fx.Node, torch.fx.Node] = {}
+    for read in reads:
+        copied[read] = graph.placeholder(read.name)
+        copied[read].meta.update(read.meta)
+    for node in nodes:
+        for argument in node.all_input_nodes:
+            if argument not in copied and argument.op == "get_attr":
+                name = f"_{len(root._buffers)}_{str(argument.target).replace('.', '_')}"
+                root.register_buffer(name, _attribute(module, str(argument.target)))
+                copied[argument] = graph.get_attr(name)
+                copied[argument].meta.update(argument.meta)
+        copied[node] = graph.node_copy(node, copied.__getitem__)
+    graph.output((copied[value],))
+    try:
+        program = exported_program_from_graph(torch.fx.GraphModule(root, graph), None, (tuple(read_values), {}))
+        reference = ReferenceIO(list(read_values), {}, [expected])
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
+    except Exception as exc:
+        raise VerifyInputError(f"{value.name}: torch cannot build a program of its region alone ({exc})") from exc
+    return buffer.getvalue()
+
+
+def _fed_value(
+    module: torch.fx.GraphModule,
+    fed: tuple[int, int] | int,
+    recorded: Sequence[EngineBoundary],
+    outputs: Sequence[torch.Tensor],
+) -> tuple[torch.fx.Node, torch.Tensor]:
+    """The node computing an engine input (engine, position) or a program output (index), and its recorded value."""
+    expected: Sequence[torch.Tensor]
+    if isinstance(fed, tuple):
+        engine, position = fed
+        engine_nodes = [n for n in module.graph.nodes if is_engine_call(n)]
+        wired = engine_inputs(engine_nodes[engine]) if engine < len(engine_nodes) else []
+        expected = recorded[engine].inputs if engine < len(recorded) else []
+        value, index = (wired[position] if position < len(wired) else None), position
+    else:
+        output_node = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+        returned = pytree.tree_leaves(output_node.args[0])
+        value, index, expected = (returned[fed] if fed < len(returned) else None), fed, outputs
+    if not isinstance(value, torch.fx.Node) or index >= len(expected):
+        raise VerifyInputError("the value the diverging region computes was not recorded")
+    return value, expected[index]
+
+
+def _attribute(module: torch.nn.Module, target: str) -> torch.Tensor:
+    value: object = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        raise VerifyInputError(f"{target}: the region reads a {type(value).__name__}, not a tensor")
+    return value

@@ -329,49 +329,74 @@ def same_partition(a: ProgramTrace, b: ProgramTrace) -> bool:
 
 @dataclass
 class _Cut:
-    """A value both partitions may cut at: one a torch node (or a program input) computes, named by that node."""
+    """A value both partitions may cut at, named by the exported program's node computing it."""
 
     name: str
     value: torch.Tensor
-    where: str  # "engine 1 in[0]" or "output 0"
-    region: Region
+    where: str  # "engine 1 in[0]", "engine 1 out[0]" or "output 0"
+    what: str  # what computes it in this file, in the inspect vocabulary
+    reads: list[str]  # the values its fallback region reads (none for an engine's output)
+    nodes: list[str]  # its fallback region's nodes (none for an engine's output)
+    feeds: list[str]  # the engine input or program output it is (none for an engine's output)
 
 
-def _cuts(trace: ProgramTrace) -> dict[str, _Cut]:
-    """The values crossing into an engine or out of the program that a torch node or an input produced, by name.
+def _cuts(trace: ProgramTrace, provenance: Sequence[Sequence[str]] | None) -> dict[str, _Cut]:
+    """The values crossing between PyTorch and an engine (or out of the program) whose node is known, by name.
 
     Fallback nodes keep the names the exported program gave them, whatever the
-    partition: they are what two partitions of one program have in common.
-    Values an engine produced are named after their getitem and are not.
+    partition: a value a torch node computes is named by that node. A value an
+    engine computes is named by its getitem, which two partitions do not share;
+    where the file recorded at save which node each engine output computes
+    (``provenance``: a fallback of the compiled module read it), it is named by
+    that node too. Program inputs are the same in both runs and are not cuts.
     """
     cuts: dict[str, _Cut] = {}
-    sites = [(f"engine {c.index} in[{i}]", p, v, r) for c in trace.calls
-             for i, (p, v, r) in enumerate(zip(c.producers, c.inputs, c.regions, strict=False))]  # fmt: skip
-    sites += [
-        (f"output {i}", p, v, r)
-        for i, (p, v, r) in enumerate(zip(trace.output_producers, trace.outputs, trace.output_regions, strict=False))
-    ]
-    for where, producer, value, region in sites:
-        if " = engine " in producer or " (" in producer or not isinstance(value, torch.Tensor):
-            continue  # an engine's output (named by its getitem), or a program input (the same in both)
-        cuts.setdefault(producer.split(" (")[0], _Cut(producer.split(" (")[0], value, where, region))
+
+    def add(name: str, value: Any, where: str, what: str, region: Region | None = None) -> None:
+        if isinstance(value, torch.Tensor):
+            reads, nodes, feeds = (list(region.reads), list(region.nodes), [where]) if region else ([], [], [])
+            cuts.setdefault(name, _Cut(name, value, where, what, reads, nodes, feeds))
+
+    def add_produced(where: str, producer: str, value: Any, region: Region) -> None:
+        if " = engine " not in producer and " (" not in producer:  # not an engine's output, nor an input
+            add(producer, value, where, region.describe(), region)
+
+    for call in trace.calls:
+        for index, (producer, value, region) in enumerate(zip(call.producers, call.inputs, call.regions, strict=False)):
+            add_produced(f"engine {call.index} in[{index}]", producer, value, region)
+        names = provenance[call.index] if provenance is not None and call.index < len(provenance) else []
+        for index, (name, value) in enumerate(zip(names, call.outputs, strict=False)):
+            if name:
+                add(name, value, f"engine {call.index} out[{index}]", f"engine {call.index} ({call.label})")
+    for index, (producer, value, region) in enumerate(
+        zip(trace.output_producers, trace.outputs, trace.output_regions, strict=False)
+    ):
+        add_produced(f"output {index}", producer, value, region)
     return cuts
 
 
 def localize_partitions(
-    trace: ProgramTrace, reference: ProgramTrace, name: str, atol: Tolerance, rtol: Tolerance, stat: str = "elemwise"
+    trace: ProgramTrace,
+    reference: ProgramTrace,
+    name: str,
+    atol: Tolerance,
+    rtol: Tolerance,
+    stat: str = "elemwise",
+    provenance: tuple[Sequence[Sequence[str]] | None, Sequence[Sequence[str]] | None] = (None, None),
 ) -> tuple[list[BoundaryRow], Divergence | None, str]:
     """Two runs of one program partitioned differently, compared at the cut points both share.
 
     Engines cannot be paired by position (4 engines against 1, another
     ``min_block_size``, another TensorRT): the values compared are those both
-    runs hand between a torch node (or an input) and an engine or the output,
-    matched by the node's name, in the order the first run reaches them; then the
-    program outputs. The first shared cut past tolerance names the divergence:
-    it lies in what each run computes between the last agreeing cut and that one.
-    Returns the rows, the divergence, and a line saying how the partitions differ.
+    runs hand between PyTorch and an engine (or return), matched by the
+    exported program's node computing them (``provenance``: each file's record
+    of what its engines' outputs compute), in the order the first run reaches
+    them; then the program outputs. The first shared cut past tolerance names
+    the divergence: it lies in what each run computes between the last
+    agreeing cut and that one. Returns the rows, the divergence, and a line
+    saying how the partitions differ.
     """
-    mine, theirs = _cuts(trace), _cuts(reference)
+    mine, theirs = _cuts(trace, provenance[0]), _cuts(reference, provenance[1])
     shared = [key for key in mine if key in theirs and mine[key].value.shape == theirs[key].value.shape]
     rows: list[BoundaryRow] = []
     divergence: Divergence | None = None
@@ -384,10 +409,9 @@ def localize_partitions(
             detail = (
                 f"{key} differs ({values[0].error_text()}); the last value both cut at that agrees is "
                 f"{last_agreeing}: what computes {key} from it differs (the engines and regions in between). "
-                f"Here: {a.region.describe()}; in {name}: {b.region.describe()}"
+                f"Here: {a.what}; in {name}: {b.what}"
             )
-            divergence = Divergence("partition", f"{key} ({a.where})", detail, list(a.region.reads), [a.where],
-                                    list(a.region.nodes))  # fmt: skip
+            divergence = Divergence("partition", f"{key} ({a.where})", detail, a.reads, a.feeds, a.nodes)
         elif divergence is None:
             last_agreeing = key
     if trace.crash is None:
@@ -402,10 +426,11 @@ def localize_partitions(
             )  # fmt: skip
     else:
         divergence = _crashed(trace, rows, divergence)
+    recorded = " (and engine outputs, by the node each file recorded they compute)" if any(provenance) else ""
     how = (
         f"the files are partitioned differently: this one runs {len(trace.calls)} engine calls, {name} "
         f"{len(reference.calls)}; compared at the {len(shared)} values both hand between PyTorch and an engine "
-        "(or return), matched by the node computing them"
+        f"(or return), matched by the node computing them{recorded}"
     )
     return rows, divergence, how
 

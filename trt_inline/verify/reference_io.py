@@ -78,6 +78,9 @@ class ReferenceIO:
     output_kinds: list[str] = field(default_factory=list)
     # Every engine call's inputs and outputs, in the order they ran; None where not recorded.
     boundaries: list[EngineBoundary] | None = None
+    # For each engine call, the exported program's node each output computes ("" where unknown);
+    # None where not recorded (see trt_inline.verify.boundaries.engine_provenance).
+    provenance: list[list[str]] | None = None
 
     def nbytes(self, *, boundaries: bool = True) -> int:
         tensors = [*self.args, *self.kwargs.values(), *self.outputs]
@@ -156,7 +159,15 @@ def reference_from_payload(payload: Any) -> ReferenceIO:
     kinds = payload.get("output_kinds", [])
     kinds = [str(kind) for kind in kinds] if isinstance(kinds, list) else []
     boundaries = decode_boundaries(payload.get("boundaries"))
-    return ReferenceIO(list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries)
+    provenance = payload.get("provenance")
+    if provenance is not None and not (
+        isinstance(provenance, list)
+        and all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in provenance)
+    ):
+        raise VerifyInputError("embedded reference I/O: its provenance must be lists of node names")
+    return ReferenceIO(
+        list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries, provenance
+    )
 
 
 def reference_payload(reference: ReferenceIO) -> dict[str, Any]:
@@ -169,6 +180,7 @@ def reference_payload(reference: ReferenceIO) -> dict[str, Any]:
         "device": reference.device,
         "output_kinds": list(reference.output_kinds),
         **({} if reference.boundaries is None else {"boundaries": plain_boundaries(reference.boundaries)}),
+        **({} if reference.provenance is None else {"provenance": [list(p) for p in reference.provenance]}),
     }
 
 

@@ -21,7 +21,14 @@ from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
 from trt_inline.verify.drill import drill_down
-from trt_inline.verify.extract import diverged_engine, engine_repro, repro_folder, write_repro
+from trt_inline.verify.extract import (
+    diverged_engine,
+    diverged_value,
+    engine_repro,
+    region_repro,
+    repro_folder,
+    write_repro,
+)
 from trt_inline.verify.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.pickles import read_torch_save
@@ -144,7 +151,7 @@ def verify(
     this run's inputs, outputs and every engine boundary, written as a
     boundaries file; ``load_boundaries``: such a file (from another machine,
     another TensorRT) as the reference, compared engine by engine. ``extract``:
-    a folder to write the first divergent engine to as a program of its own
+    a folder to write the first divergent engine or fallback region to as a program of its own
     (``repro.pt2``, with its recorded inputs and outputs, and ``repro.py``).
 
     Files are checked before loading (:mod:`trt_inline.verify.archive`): one
@@ -174,7 +181,7 @@ def verify(
     limit the child hit: :class:`IsolationError`).
     """
     error_stat_checked(check_error_stat)
-    repro: list[Any] | None = [] if extract is not None else None  # (what, archive) of the engine extracted
+    repro: list[Any] | None = [] if extract is not None else None  # (what, archive) of the engine or region extracted
     if load_boundaries is not None:
         if expected_from is not None or expected is not None or expected_module is not None:
             raise VerifyInputError("load_boundaries is the reference: give it without expected, expected_module "
@@ -359,7 +366,7 @@ def _reference_of_child(handed: dict[str, Any], where: str) -> ReferenceIO | Non
 
 
 def _repro_of_child(handed: dict[str, Any], where: str) -> list[tuple[str, bytes]]:
-    """The engine a child extracted (``extract``): (what, archive bytes), checked."""
+    """The engine or region a child extracted (``extract``): (what, archive bytes), checked."""
     entries = handed.get("repro", [])
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and isinstance(e.get("what"), str) and isinstance(e.get("archive"), torch.Tensor)
@@ -374,7 +381,7 @@ def _write_extract(report: VerifyReport, repro: list[Any], folder: str | os.Path
     """Write what ``extract`` found (or say why nothing) into the report's notes."""
     if not repro:
         if report.divergence is None and not any(note.startswith("nothing extracted") for note in report.notes):
-            report.notes.append("nothing extracted: no engine diverged")
+            report.notes.append("nothing extracted: nothing diverged")
         return
     what, archive = repro[0]
     written = write_repro(folder, what, archive, report.source, native_code)
@@ -478,7 +485,7 @@ def _verify_here(
     repro: list[Any] | None = None,
 ) -> VerifyReport:
     """:func:`verify` in this process; ``kept`` receives the outputs, ``kept_reference`` the run with its
-    boundaries, ``repro`` the divergent engine as a program of its own (for the parent to write)."""
+    boundaries, ``repro`` the divergent engine or region as a program of its own (for the parent to write)."""
     with contextlib.ExitStack() as cleanup:
         loaded: LoadedFile | None = None
         program: ExportedProgram | None
@@ -642,7 +649,7 @@ def _compare_boundaries(
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
     trace = trace_program(module, args, kwargs, device, recorded)
-    _localized(report, trace, recorded, want, atol, rtol, stat, module, repro)
+    _localized(report, trace, recorded, want, atol, rtol, stat, module, [*args, *kwargs.values()], repro)
 
 
 def _recorded_run(
@@ -678,6 +685,7 @@ def _localized(
     rtol: Tolerance,
     stat: str,
     module: torch.fx.GraphModule,
+    inputs: Sequence[torch.Tensor],
     repro: list[Any] | None = None,
 ) -> None:
     """The trace against the compiled module's boundaries, into the report: the table and the first divergence
@@ -694,27 +702,37 @@ def _localized(
             if inside is not None:
                 report.divergence.detail += f"; {inside}"
     if repro is not None:
-        _extract(report, trace, recorded, module, repro)
+        _extract(report, trace, recorded, want, module, inputs, repro)
 
 
 def _extract(
     report: VerifyReport,
     trace: ProgramTrace,
     recorded: list[EngineBoundary],
+    want: list[torch.Tensor],
     module: torch.fx.GraphModule,
+    inputs: Sequence[torch.Tensor],
     repro: list[Any],
 ) -> None:
-    """The divergent engine as a program of its own (``extract``): appended to ``repro`` as (what, archive)."""
+    """The divergent engine or fallback region as a program of its own (``extract``): appended to ``repro``."""
     index = diverged_engine(report.divergence)
-    if index is None or index >= len(trace.calls) or index >= len(recorded):
-        where = report.divergence.where if report.divergence is not None else "none"
-        report.notes.append(f"nothing extracted: --extract writes a diverging engine, and the divergence is {where}")
-        return
-    call = trace.calls[index]
+    fed = diverged_value(report.divergence)
     try:
-        repro.append((f"engine {index} ({call.label})", engine_repro(module, call.node, recorded[index])))
+        if index is not None and index < len(trace.calls) and index < len(recorded):
+            call = trace.calls[index]
+            repro.append((f"engine {index} ({call.label})", engine_repro(module, call.node, recorded[index])))
+            return
+        if fed is not None and report.divergence is not None:
+            what = report.divergence.where.split(" (feeding ")[0]
+            repro.append((what, region_repro(module, fed, recorded, inputs, want)))
+            return
     except VerifyInputError as exc:
         report.notes.append(f"nothing extracted: {exc}")
+        return
+    where = report.divergence.where if report.divergence is not None else "none"
+    report.notes.append(
+        f"nothing extracted: --extract writes a diverging engine or fallback region, and the divergence is {where}"
+    )
 
 
 def _localize_crash(
@@ -744,7 +762,7 @@ def _localize_crash(
         report.problems.append(f"it raised at {where}: {trace.crash.error}")
         report.notes.append("the file has no boundary data (embed_reference='boundaries'): engines not compared")
         return
-    _localized(report, trace, recorded, want, atol, rtol, stat, module, repro)
+    _localized(report, trace, recorded, want, atol, rtol, stat, module, [*args, *kwargs.values()], repro)
 
 
 def _rank_file_checks(loaded: LoadedFile | None, module: torch.fx.GraphModule | None) -> bool:
