@@ -8,7 +8,7 @@ file, and the median time of ``trt_inline.verify`` (in a child process, the CLI'
 path), of ``verify(..., per_engine=True)`` and of ``diff`` of two saves, each
 with its ratio to the plain verify.
 
-    python benchmarks/bench_per_engine.py [--layers 8 32] [--width 512] [--rows 64] [--repeats 5]
+    python benchmarks/bench_per_engine.py [--layers 8 32 128] [--width 512] [--rows 64] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--layers", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
