@@ -86,6 +86,8 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         return allowed
     if not record.aot_inductor:
         allowed.append(r"has no output_format='aot_inductor'")
+    if not record.executorch:
+        allowed.append(r"has no output_format='executorch'")
     if not record.retrace_inlines:
         allowed += [r"retraces the compiled module directly", r"export\(\) does not re-export the inlined graph"]
     if not record.wires_by_name:
@@ -149,6 +151,33 @@ def release_file(version: str, member: str) -> str:
         for wheel_file in wheels:
             wheel_file.unlink()
     return cached.read_text()
+
+
+# ExecuTorch's Python package and what `executorch.exir` imports (its other requirements are for its
+# runtimes and tools): what a user installs with `torch_tensorrt[executorch]`, less the GPU runtime.
+EXECUTORCH = ("executorch==1.5.1", "flatbuffers==25.12.19", "ruamel.yaml==0.19.1", "tabulate==0.10.0")
+
+
+def executorch_site() -> Path:
+    """A folder to put on ``PYTHONPATH`` for ``import executorch.exir`` (installed into the cache once).
+
+    Installed without dependencies, so that no other torch is ever resolved.
+    """
+    target = CACHE / EXECUTORCH[0].replace("==", "-")
+    if (target / "executorch" / "exir").is_dir():
+        return target
+    partial = target.with_name(target.name + ".partial")
+    subprocess.run(["rm", "-rf", str(partial)], check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+         "--only-binary=:all:", "--target", str(partial), *EXECUTORCH],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise Unavailable(f"cannot install {' '.join(EXECUTORCH)}: {reason}")
+    partial.rename(target)
+    return target
 
 
 # ---------------------------------------------------------------------------
@@ -247,6 +276,62 @@ torch.library.define("tensorrt::execute_engine", "(Tensor[] input_tensors, Tenso
 """
 
 
+# What `output_format="executorch"` imports from Torch-TensorRT around ExecuTorch's own lowering (real): its
+# partitioner hands TensorRT engines to the TensorRT delegate. The shell's engines are reference engines, which
+# no ExecuTorch runtime runs: a stand-in delegate takes them (its blob is the engine call's graph), so that
+# ExecuTorch writes the .pte; every edge program handed to the partitioner is kept in EDGE_PROGRAMS.
+_EXECUTORCH_STAND_INS = """
+import copy
+
+import torch.fx
+from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+
+EDGE_PROGRAMS = []
+
+
+class StandInEngineBackend(BackendDetails):
+    @staticmethod
+    def preprocess(edge_program, compile_specs):
+        return PreprocessResult(processed_bytes=str(edge_program.graph).encode())
+
+
+class TensorRTPartitioner(Partitioner):
+    def __init__(self, compile_specs=None):
+        super().__init__()
+
+    def partition(self, exported_program):
+        EDGE_PROGRAMS.append(copy.deepcopy(exported_program))  # before its engine calls become delegate calls
+        tags = {}
+        for index, node in enumerate(exported_program.graph.nodes):
+            if node.op == "call_function" and "execute_engine" in str(node.target):
+                tag = f"engine_{index}"
+                tags[tag] = DelegationSpec(StandInEngineBackend.__name__, [])
+                holder = node.args[1]  # the engine's payload (a lifted buffer or constant): part of the delegate
+                held = [holder] if isinstance(holder, torch.fx.Node) and holder.op == "placeholder" else []
+                for tagged in [node, *node.users, *held]:
+                    tagged.meta["delegation_tag"] = tag
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+
+def get_edge_compile_config():
+    return EdgeCompileConfig(_check_ir_validity=False)
+
+
+def export(exported_program, *, partitioners=None, compile_config=None, **ignored):
+    return to_edge_transform_and_lower(
+        exported_program,
+        partitioner=[TensorRTPartitioner(), *(partitioners or [])],
+        compile_config=compile_config or get_edge_compile_config(),
+    )
+"""
+
+_STAND_IN_NO_OP = """
+torch.library.define("tensorrt::no_op_placeholder_for_execute_engine", "(Tensor[] inputs) -> Tensor[]")
+"""
+
+
 def package_tree(
     root: Path,
     version: str,
@@ -254,17 +339,34 @@ def package_tree(
     *,
     with_save: bool = False,
     stand_in_engine_op: bool = False,
+    executorch: bool = False,
 ) -> Path:
-    """A ``torch_tensorrt`` package around the release's real exporter (and its real ``save``)."""
+    """A ``torch_tensorrt`` package around the release's real exporter (and its real ``save``).
+
+    ``executorch``: with stand-ins for Torch-TensorRT's ExecuTorch partitioner
+    (``executorch`` itself must be importable where the shell is used).
+    """
     package = root / "torch_tensorrt"
     (package / "dynamo" / "runtime").mkdir(parents=True)
     (package / "dynamo" / "partitioning").mkdir()
     # 2.14's save looks the engine op up on every call (the real package registers it at import).
-    needs_op = stand_in_engine_op or minor(version) >= (2, 14)
+    needs_op = stand_in_engine_op or executorch or minor(version) >= (2, 14)
     init = f"__version__ = {version!r}\n" + (_STAND_IN_ENGINE_OP if needs_op else "")
+    init += _STAND_IN_NO_OP if executorch else ""
     if with_save:
         init += "from torch_tensorrt._compile import *  # noqa: F403\n"
         compile_source = extract(release_file(version, "_compile.py"), ["save"])
+        if executorch:  # what the stand-ins stand for: the runtime and the ExecuTorch extra
+            compile_source += "\nENABLED_FEATURES.torch_tensorrt_runtime = True\n"
+            (package / "executorch").mkdir()
+            (package / "executorch" / "__init__.py").write_text(_EXECUTORCH_STAND_INS)
+            # 2.14's save checks this option before anything else (None: no budget).
+            (package / "executorch" / "partitioner.py").write_text(
+                "def normalize_weight_streaming_budget_per_engine(budget):\n    return budget\n"
+            )
+            (package / "dynamo" / "runtime" / "meta_ops").mkdir()
+            (package / "dynamo" / "runtime" / "meta_ops" / "__init__.py").write_text("")
+            (package / "dynamo" / "runtime" / "meta_ops" / "register_meta_ops.py").write_text("")
         (package / "_compile.py").write_text(compile_source + '\n__all__ = ["save"]\n')
     (package / "__init__.py").write_text(init)
     (package / "_features.py").write_text(
@@ -289,7 +391,7 @@ def package_tree(
     # aliased KV-cache mutations (it reads engines only through torch_tensorrt.executorch, absent here):
     # reference engines hold no TensorRT engine, so none of these is ever asked about one.
     (runtime / "_TorchTensorRTModule.py").write_text(
-        "ENGINE_IDX = 3\nNAME_IDX = 1\n\n\ndef deserialize_aliased_io(text):\n    return {}\n"
+        "ENGINE_IDX = 3\nNAME_IDX = 1\nSERIALIZATION_LEN = 11\n\n\ndef deserialize_aliased_io(text):\n    return {}\n"
     )
     (runtime / "_serialized_engine_layout.py").write_text(
         "ENGINE_IDX = 3\nALIASED_IO_IDX = INPUT_BINDING_NAMES_IDX = OUTPUT_BINDING_NAMES_IDX = -1\n\n\n"

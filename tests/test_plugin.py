@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,13 +40,19 @@ TESTS = Path(__file__).resolve().parent
 RELEASE = releases.release_for_torch()
 
 
-def release_tree(tmp_path: Path, *, with_save: bool = True, stand_in_engine_op: bool = False) -> Path:
+def release_tree(
+    tmp_path: Path, *, with_save: bool = True, stand_in_engine_op: bool = False, executorch: bool = False
+) -> Path:
     """The shell package of the release the installed torch belongs to; skip where there is none."""
     if RELEASE is None:
         pytest.skip(f"no Torch-TensorRT release requires torch {torch.__version__}")
     try:
         return releases.package_tree(
-            tmp_path / "site", RELEASE.version, with_save=with_save, stand_in_engine_op=stand_in_engine_op
+            tmp_path / "site",
+            RELEASE.version,
+            with_save=with_save,
+            stand_in_engine_op=stand_in_engine_op,
+            executorch=executorch,
         )
     except releases.Unavailable as exc:
         unavailable(exc)
@@ -105,8 +112,11 @@ def package_tree(root: Path, version: str, exporter_source: str) -> Path:
     return releases.package_tree(root, version, exporter_source)
 
 
-def run_python(code: str, tree: Path, *args: str, disable: bool = False) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(TESTS), str(REPO)]))
+def run_python(
+    code: str, tree: Path, *args: str, disable: bool = False, path: Sequence[Path] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code args`` with the shell ``tree`` (and ``path``) importable, as a user's process."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(TESTS), str(REPO), *map(str, path)]))
     env.pop("TRT_INLINE_DISABLE", None)
     if disable:
         env["TRT_INLINE_DISABLE"] = "1"
@@ -153,13 +163,21 @@ print(json.dumps(results))
 
 
 def run_python_forks(
-    code: str, tree: Path, argument_lists: list[list[str]], *, preload: tuple[str, ...] = (), disable: bool = False
+    code: str,
+    tree: Path,
+    argument_lists: list[list[str]],
+    *,
+    preload: tuple[str, ...] = (),
+    disable: bool = False,
+    path: Sequence[Path] = (),
 ) -> list[tuple[int, str]]:
     """``run_python(code, tree, *arguments)`` for each argument list: ``[(exit status, output)]``.
 
     ``preload``: modules ``code`` imports before anything else, imported once before the forks.
     """
-    proc = run_python(_FORKS, tree, textwrap.dedent(code), json.dumps(argument_lists), *preload, disable=disable)
+    proc = run_python(
+        _FORKS, tree, textwrap.dedent(code), json.dumps(argument_lists), *preload, disable=disable, path=path
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [(status, output) for status, output in json.loads(proc.stdout.strip().splitlines()[-1])]
 

@@ -22,6 +22,7 @@ __all__ = [
     "AOT_INDUCTOR",
     "BOUNDARIES",
     "DISABLE_ENV",
+    "EXECUTORCH",
     "EXPORTED_PROGRAM",
     "EXTRA_FOLDER",
     "OUTPUT_FORMATS",
@@ -41,6 +42,8 @@ __all__ = [
 EXPORTED_PROGRAM = "exported_program"
 AOT_INDUCTOR = "aot_inductor"
 OUTPUT_FORMATS = (EXPORTED_PROGRAM, AOT_INDUCTOR)
+# torch_tensorrt.save's ExecuTorch program (2.12+): lowered by ExecuTorch from the flat program; verify cannot open it.
+EXECUTORCH = "executorch"
 
 # Under an archive's root folder: AOTInductor's compiled model, and extra files (torch.export.save's extra_files).
 AOTI_FOLDER = "data/aotinductor/"

@@ -87,6 +87,8 @@ class Release:
     aot_inductor: bool
     # Whether TorchTensorRTModule defines __deepcopy__ (shares the engine instead of re-creating it).
     engine_deepcopy: bool
+    # Whether torch_tensorrt.save has output_format="executorch" (an ExecuTorch .pte lowered from the flat program).
+    executorch: bool = False
     # Whether the legacy exporter's lift() writes `persistent` on buffer specs (else the plugin's lift replaces it).
     lift_persistent: bool = False
     # Python globals a pickled engine object may name in this release's archives (beyond TorchBind classes).
@@ -150,17 +152,18 @@ RELEASES: tuple[Release, ...] = (
     Release(
         "2.12.1", "2.12.1", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
+        executorch=True,
     ),
     Release(
         "2.13.0", "2.13.0", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
-        engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
+        executorch=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
     ),
     Release(
         "2.14.0", "2.14.1", ("gm", "cross_compile_module", "expose_aliased_mutations"),
         _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program", "export"),
         wires_by_name=False, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
-        lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
+        executorch=True, lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
     ),
 )  # fmt: skip
 

@@ -248,15 +248,19 @@ def doors() -> dict[str, str]:
     The doors: ``save`` (``torch_tensorrt.save``), ``dynamo.export``
     (``torch_tensorrt.dynamo.export``), ``cross-compile``
     (``save_cross_compiled_exported_program``), ``refit``
-    (``refit_module_weights`` of a loaded program).
+    (``refit_module_weights`` of a loaded program), ``executorch``
+    (``torch_tensorrt.save(..., output_format="executorch")``, 2.12+, and
+    ``torch_tensorrt.executorch.export`` of a compiled module, 2.14).
 
     ``torch_tensorrt.save`` (every output format that flattens: exported
-    program, AOTInductor, ExecuTorch from 2.13) and cross-compiling reach the
-    passes through the exporter's module globals; ``torch_tensorrt.dynamo.export``
+    program, AOTInductor, ExecuTorch), cross-compiling and the ExecuTorch
+    export reach the passes through the exporter's module globals; ``torch_tensorrt.dynamo.export``
     and refit bind exporter functions by name, so their own bindings are read.
     A door whose module is not imported yet says so (the import hook patches it then).
     """
     active = is_active()
+    version = releases.installed_version()
+    release = releases.for_version(version) if version is not None else None
     through_exporter = "trt-inline's passes" if active else "stock"
     if sys.modules.get(EXPORTER) is None:
         through_exporter = "not imported yet"
@@ -284,6 +288,7 @@ def doors() -> dict[str, str]:
         "dynamo.export": export,
         "cross-compile": through_exporter,
         "refit": bound("torch_tensorrt.dynamo._refit", "inline_torch_modules"),
+        "executorch": through_exporter if release is None or release.executorch else "absent in this release",
     }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import compat, distributed, embedding, export, formats, package, releases
+from trt_inline import compat, distributed, embedding, engines, export, formats, package, releases
 from trt_inline.formats import REFERENCE_IO_ENV
 from trt_inline.plugin import ranges
 
@@ -65,7 +65,8 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
         extra = _reference_io_for_save(module, file_path, kwargs)
         if save_id is not None and isinstance(module, torch.nn.Module):
             extra[distributed.MANIFEST_FILE] = distributed.manifest_for(module, save_id).encode()
-        packaged = kwargs.get("output_format") == formats.AOT_INDUCTOR
+        output_format = kwargs.get("output_format", formats.EXPORTED_PROGRAM)
+        packaged = output_format == formats.AOT_INDUCTOR
         if extra and accepts_extra_files and not packaged:
             kwargs["extra_files"] = {**(kwargs.get("extra_files") or {}), **extra}
         token = _SAMPLE_INPUTS.set(_tensor_inputs(kwargs))
@@ -82,12 +83,43 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
             package.extend_package(Path(file_path), Path(file_path), program=None, extra_files=extra)
         elif extra and not accepts_extra_files:
             export.write_program(torch.export.load(file_path), Path(file_path), extra)
-        if kwargs.get("dynamic_shapes") is not None and not packaged:
+        if output_format == formats.EXECUTORCH and not kwargs.get("retrace", True):
+            _warn_on_lowered_sizes(module, file_path)
+        # Ranges are read back from an ExportedProgram file only (a package or an ExecuTorch .pte is none).
+        if kwargs.get("dynamic_shapes") is not None and output_format == formats.EXPORTED_PROGRAM:
             _warn_on_narrowed_ranges(module, file_path, kwargs["dynamic_shapes"])
         return result
 
     save.__trt_inline_stock__ = stock_save  # type: ignore[attr-defined]
     return save
+
+
+def _warn_on_lowered_sizes(module: Any, file_path: str) -> None:
+    """One warning where ExecuTorch's lowering of a ``retrace=False`` program narrows a size an engine returns.
+
+    ExecuTorch traces the program again to lower it. A size an engine returns is
+    read back as a fresh symbol there, equated with the input size it stands
+    for, and held to that size's internal range ``[2, max]``: the ``.pte``
+    rejects a batch of 1 that a ``Dim(min=1)`` declares. With ``retrace=True``
+    the program is exported with the range declared for that symbol, and keeps it.
+    """
+    if not isinstance(module, torch.fx.GraphModule):
+        return
+    returned = [
+        f"{node.target} output {index}"
+        for node in module.graph.nodes
+        if engines.is_accelerated_call(module, node)
+        for index, value in enumerate(node.meta.get("val") or ())
+        if isinstance(value, torch.SymInt)
+    ]
+    if returned:
+        warnings.warn(
+            f"trt-inline: {file_path}: output_format='executorch' with retrace=False: ExecuTorch traces the program "
+            f"again to lower it, and a size an engine returns ({', '.join(returned)}) is then held to [2, max], so "
+            "the .pte rejects a size of 1 (or 0) that dynamic_shapes declares; retrace=True keeps the declared range",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_on_narrowed_ranges(module: Any, file_path: str, dynamic_shapes: Any) -> None:

@@ -221,14 +221,16 @@ def region_repro(
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     copied: dict[torch.fx.Node, torch.fx.Node] = {}
+    weights = 0
     for read in reads:
         copied[read] = graph.placeholder(read.name)
         copied[read].meta.update(read.meta)
     for node in nodes:
         for argument in node.all_input_nodes:
             if argument not in copied and argument.op == "get_attr":
-                name = f"_{len(root._buffers)}_{str(argument.target).replace('.', '_')}"
+                name = f"_{weights}_{str(argument.target).replace('.', '_')}"
                 root.register_buffer(name, _attribute(module, str(argument.target)))
+                weights += 1
                 copied[argument] = graph.get_attr(name)
                 copied[argument].meta.update(argument.meta)
         copied[node] = graph.node_copy(node, copied.__getitem__)
