@@ -88,6 +88,8 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         allowed.append(r"has no output_format='aot_inductor'")
     if not record.executorch:
         allowed.append(r"has no output_format='executorch'")
+    if record.minor < (2, 6):
+        allowed.append(r"has no cross-compiling")
     if not record.retrace_inlines:
         allowed += [r"retraces the compiled module directly", r"export\(\) does not re-export the inlined graph"]
     if not record.wires_by_name:
@@ -331,6 +333,18 @@ _STAND_IN_NO_OP = """
 torch.library.define("tensorrt::no_op_placeholder_for_execute_engine", "(Tensor[] inputs) -> Tensor[]")
 """
 
+# Cross-compiling's placeholder op in the layout the releases give it (2.13+: the engine slot typed Tensor,
+# though the exporter puts its base64 text there, and the Windows loader reads text): inputs, then one
+# argument per field of an engine's packed info (SERIALIZATION_LEN below), the engine at ENGINE_IDX.
+_STAND_IN_CROSS_COMPILE_OP = """
+torch.library.define(
+    "tensorrt::no_op_placeholder_for_execute_engine",
+    "(Tensor[] inputs, str abi_version, str name, str serialized_device_info, Tensor serialized_engine, "
+    + ", ".join(f"str field_{index}" for index in range(4, 11))
+    + ") -> Tensor[]",
+)
+"""
+
 
 def package_tree(
     root: Path,
@@ -340,19 +354,21 @@ def package_tree(
     with_save: bool = False,
     stand_in_engine_op: bool = False,
     executorch: bool = False,
+    cross_compile: bool = False,
 ) -> Path:
     """A ``torch_tensorrt`` package around the release's real exporter (and its real ``save``).
 
     ``executorch``: with stand-ins for Torch-TensorRT's ExecuTorch partitioner
     (``executorch`` itself must be importable where the shell is used).
+    ``cross_compile``: with cross-compiling's placeholder op.
     """
     package = root / "torch_tensorrt"
     (package / "dynamo" / "runtime").mkdir(parents=True)
     (package / "dynamo" / "partitioning").mkdir()
     # 2.14's save looks the engine op up on every call (the real package registers it at import).
-    needs_op = stand_in_engine_op or executorch or minor(version) >= (2, 14)
+    needs_op = stand_in_engine_op or executorch or cross_compile or minor(version) >= (2, 14)
     init = f"__version__ = {version!r}\n" + (_STAND_IN_ENGINE_OP if needs_op else "")
-    init += _STAND_IN_NO_OP if executorch else ""
+    init += _STAND_IN_NO_OP if executorch else _STAND_IN_CROSS_COMPILE_OP if cross_compile else ""
     if with_save:
         init += "from torch_tensorrt._compile import *  # noqa: F403\n"
         compile_source = extract(release_file(version, "_compile.py"), ["save"])
@@ -397,7 +413,11 @@ def package_tree(
         "ENGINE_IDX = 3\nALIASED_IO_IDX = INPUT_BINDING_NAMES_IDX = OUTPUT_BINDING_NAMES_IDX = -1\n\n\n"
         "def deserialize_binding_names(text):\n    return []\n"
     )
-    (runtime / "_TRTEngine.py").write_text("class EngineSerializer:\n    pass\n\n\nclass TRTEngine:\n    pass\n")
+    # The engine the Windows loader (replace_execute_engine_no_op_node) builds from packed info: kept as given.
+    (runtime / "_TRTEngine.py").write_text(
+        "class EngineSerializer:\n    pass\n\n\nclass TRTEngine:\n    def __init__(self, info=None):\n"
+        "        self.info = info\n"
+    )
     source = exporter_source if exporter_source is not None else release_file(version, "dynamo/_exporter.py")
     (package / "dynamo" / "_exporter.py").write_text(source)
     return root

@@ -275,3 +275,103 @@ def test_executorch_lowers_the_program_trt_inline_flattened(tmp_path: Path) -> N
             assert sorted(report["diffs"]) == ["5", "8"], report
         else:
             assert not warned and report["errors"] == {}, (case, exporter, report)
+
+
+_CROSS_COMPILE = """
+    import inspect, io, json, sys, torch
+    import torch_tensorrt, trt_inline
+    import torch_tensorrt.dynamo._exporter as ex
+    from torch_tensorrt.dynamo.runtime import _TorchTensorRTModule as runtime
+    from conftest import as_list, max_abs_diff
+    from models import CrossedHalves
+    from trt_inline.reference.engine import ReferenceEngine
+
+    class TorchTensorRTModule(torch.nn.Module):
+        '''Stands for Torch-TensorRT's engine module: its packed info carries a reference engine.'''
+
+        def __init__(self, engine):
+            super().__init__()
+            self.reference = engine
+
+        def forward(self, *inputs):
+            return self.reference(*inputs)
+
+        def _pack_engine_info(self):
+            info = [""] * runtime.SERIALIZATION_LEN
+            blob = io.BytesIO()
+            torch.save({"program": self.reference.program, "payload": self.reference.engine}, blob)
+            info[runtime.NAME_IDX], info[runtime.ENGINE_IDX] = self.reference.name, blob.getvalue()
+            return info
+
+    TorchTensorRTModule.__module__ = runtime.__name__
+    runtime.TorchTensorRTModule = TorchTensorRTModule
+    folder, step = sys.argv[1], sys.argv[2]
+    if step in ("save", "stock"):
+        if step == "stock":  # the release's own export(), the plugin's passes otherwise
+            ex.export = ex.export.__wrapped__
+        torch.manual_seed(0)
+        x = torch.randn(3, 8)
+        compiled = trt_inline.reference.compile(CrossedHalves().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+        for name, module in list(compiled.named_children()):
+            if isinstance(module, ReferenceEngine):
+                setattr(compiled, name, TorchTensorRTModule(module))
+        # What save_cross_compiled_exported_program (dynamo/_compiler.py) does: export, then torch.export.save.
+        flag = "cross_compile_flag" if "cross_compile_flag" in inspect.signature(ex.export).parameters else (
+            "cross_compile_module")
+        try:
+            program = ex.export(compiled, **{flag: True})
+        except Exception as exc:
+            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+            sys.exit(0)
+        torch.export.save(program, f"{folder}/cross.pt2")
+        with torch.no_grad():
+            torch.save(((x,), as_list(compiled(x))), f"{folder}/expected.pt")
+        print(json.dumps({"error": None}))
+    else:  # load_cross_compiled_exported_program's conversion (Windows), in a fresh process
+        program = torch.export.load(f"{folder}/cross.pt2")
+        slots = [type(n.args[1 + runtime.ENGINE_IDX]).__name__ for n in program.graph.nodes
+                 if "no_op_placeholder" in str(n.target)]
+        gm = ex.replace_execute_engine_no_op_node(program).graph_module
+        engines = 0
+        for node in list(gm.graph.nodes):   # each engine the release's loader rebuilt runs as its reference engine
+            if node.target is not torch.ops.tensorrt.execute_engine.default:
+                continue
+            packed = torch.load(io.BytesIO(getattr(gm, node.args[1].target).info[runtime.ENGINE_IDX]))
+            gm.register_buffer(f"payload_{engines}", packed["payload"])
+            with gm.graph.inserting_before(node):
+                payload = gm.graph.get_attr(f"payload_{engines}")
+            node.target = torch.ops.trt_inline.execute_engine.default
+            node.args = (node.args[0], payload, packed["program"])
+            engines += 1
+        gm.recompile()
+        inputs, expected = torch.load(f"{folder}/expected.pt")
+        with torch.no_grad():
+            diff = max_abs_diff(as_list(gm(*inputs)), expected)
+        print(json.dumps({"slots": slots, "engines": engines, "diff": diff}))
+"""
+
+
+def test_cross_compiled_program_is_wired_by_position_and_loads_as_windows_does(tmp_path: Path) -> None:
+    """Cross-compiling: ``export(gm, cross_compile_module=True)`` + save, then the release's own Windows loader.
+
+    Engines stand in for TensorRT's (their packed info carries a reference
+    engine); the loader's conversion (``replace_execute_engine_no_op_node``)
+    is the release's own, then each engine it rebuilt runs as that reference
+    engine, and the program is compared with the compiled module bit for bit.
+    """
+    if RELEASE is not None and releases.minor(RELEASE.version) < (2, 6):
+        pytest.skip(f"Torch-TensorRT {RELEASE.version} has no cross-compiling")
+    tree = release_tree(tmp_path, cross_compile=True)
+    (status, saved), (_, stock) = run_python_forks(
+        _CROSS_COMPILE, tree, [[str(tmp_path), "save"], [str(tmp_path / "stock"), "stock"]]
+    )
+    assert status == 0 and json.loads(saved.strip().splitlines()[-1]) == {"error": None}, saved[-4000:]
+    assert RELEASE is not None
+    stock_error = json.loads(stock.strip().splitlines()[-1])["error"]
+    if RELEASE.retrace_inlines:  # 2.11+: export() re-exports with torch.export.export, and is given no inputs
+        assert stock_error is not None and "missing a required argument" in stock_error, stock_error
+    proc = run_python(_CROSS_COMPILE, tree, str(tmp_path), "load")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["slots"] == ["str", "str", "str"], report  # base64 text, as the loader reads it
+    assert report["engines"] == 3 and report["diff"] == 0.0, report

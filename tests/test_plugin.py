@@ -41,7 +41,12 @@ RELEASE = releases.release_for_torch()
 
 
 def release_tree(
-    tmp_path: Path, *, with_save: bool = True, stand_in_engine_op: bool = False, executorch: bool = False
+    tmp_path: Path,
+    *,
+    with_save: bool = True,
+    stand_in_engine_op: bool = False,
+    executorch: bool = False,
+    cross_compile: bool = False,
 ) -> Path:
     """The shell package of the release the installed torch belongs to; skip where there is none."""
     if RELEASE is None:
@@ -53,6 +58,7 @@ def release_tree(
             with_save=with_save,
             stand_in_engine_op=stand_in_engine_op,
             executorch=executorch,
+            cross_compile=cross_compile,
         )
     except releases.Unavailable as exc:
         unavailable(exc)

@@ -58,7 +58,8 @@ _WHY = {
     "lift (wrapped)": "passes `_guards_fn` calls and settled assertions to the serializer",
     "create_trt_exp_program": "records ranges for input sizes only and no sample inputs",
     "export": "re-exports the inlined graph (retrace) without size-oblivious tracing: a scalar an engine returns, "
-    "equated with an input size, narrows a Dim(min=1) to 2 and the file rejects batch 1",
+    "equated with an input size, narrows a Dim(min=1) to 2 and the file rejects batch 1; and re-exports even when "
+    "cross-compiling, which gives it no inputs (missing a required argument)",
     "copy": "transform deep-copies every weight and engine (a second copy of the model in memory; an engine "
     "module without __deepcopy__ is deserialized again)",
 }

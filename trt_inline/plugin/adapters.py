@@ -235,10 +235,18 @@ def size_oblivious_export(stock_export: Callable[..., Any]) -> Callable[..., Any
     ``Dim(min=1)`` is narrowed to 2 and the program rejects batch 1. The
     re-export is traced size-obliviously, as :func:`trt_inline.save` traces it
     (the legacy exporter is not traced and is left as it is).
+
+    Cross-compiling (``save_cross_compiled_exported_program``) calls it with
+    ``cross_compile_module=True`` and no inputs, which a re-export cannot trace
+    (``missing a required argument``): there the legacy exporter writes the
+    program, as it did for this door before 2.11.
     """
 
     @functools.wraps(stock_export)
     def export(*args: Any, **kwargs: Any) -> Any:
+        given = kwargs.get("arg_inputs") is not None or bool(kwargs.get("kwarg_inputs"))
+        if kwargs.get("cross_compile_module") and not given and "use_legacy_exporter" not in kwargs:
+            kwargs["use_legacy_exporter"] = True
         if kwargs.get("use_legacy_exporter"):
             return stock_export(*args, **kwargs)
         with compat.backed_size_oblivious():
