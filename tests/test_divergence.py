@@ -617,10 +617,17 @@ def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: P
         trt_inline.save(trt_inline.reference.compile(model, (x,), torch_executed_ops=fallback), path, arg_inputs=[x])
     assert [len(_engine_nodes(torch.export.load(p))) for p in (coarse, fine)] == [3, 4]  # the partitions differ
 
-    # Each save recorded which exported node each engine output computes (a fallback of the compiled module
-    # reads it): layers[2]'s product (addmm_2) is engine 1's output in one and engine 2's in the other.
+    # Each save recorded which exported node each engine input and output is (where a fallback of the compiled
+    # module computes or reads it): layers[2]'s product (addmm_2) is engine 1's output in one, engine 2's in the
+    # other; the sigmoid only one of them leaves to PyTorch is an engine input there.
     provenance = [decode_reference_io(_extra(p)).provenance for p in (coarse, fine)]
-    assert provenance == [[["addmm"], ["addmm_2"], [""]], [["addmm"], ["addmm_1"], ["addmm_2"], [""]]], provenance
+    assert provenance[0] is not None and provenance[1] is not None
+    assert [(e["inputs"], e["outputs"]) for e in provenance[0]["engines"]] == [
+        ([""], ["addmm"]), (["relu"], ["addmm_2"]), (["relu_1"], [""])
+    ], provenance[0]  # fmt: skip
+    assert [(e["inputs"], e["outputs"]) for e in provenance[1]["engines"]] == [
+        ([""], ["addmm"]), (["relu"], ["addmm_1"]), (["sigmoid"], ["addmm_2"]), (["relu_1"], [""])
+    ], provenance[1]  # fmt: skip
 
     same = trt_inline.diff(coarse, fine, isolate=False)
     assert same.ok and same.divergence is None, same.to_text()
@@ -643,11 +650,42 @@ def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: P
     assert "the last value both cut at that agrees is relu: what computes addmm_2" in diverged.divergence.detail
     assert f"in {changed}: engine 2 ({_engine_label(program, 2)})" in diverged.divergence.detail
     assert cli("diff", str(coarse), str(changed)).returncode == 1
-    # Without that record (a file saved by torch alone) the finest shared cut is what both leave to PyTorch.
+    # Without that record (a file saved by torch alone) the values are matched by the saved programs' own node
+    # names, and engine outputs not at all: the finest shared cut is what both leave to PyTorch.
     torch.export.save(program, unrecorded)
     coarser = trt_inline.diff(coarse, unrecorded, isolate=False)
     assert coarser.divergence is not None and coarser.divergence.where.startswith("relu_1 (engine "), coarser.to_text()
     assert "the last value both cut at that agrees is relu: what computes relu_1" in coarser.divergence.detail
+    assert any("one file did not record the exported nodes at save" in note for note in coarser.notes)
+
+
+class _MaxBothWays(torch.nn.Module):
+    """``max(dim)`` returning values and indices: the exported program names its getitems as a re-export does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        values, indices = torch.max(self.a(x).view(3, 4, 2), dim=-1)
+        return self.b(values), torch.relu(values), torch.neg(indices)
+
+
+def test_diff_of_partitions_matches_values_by_the_exported_node_not_the_saved_name(tmp_path: Path) -> None:
+    """The saved programs name their getitems anew (engine ones counted in); the record at save names them alike."""
+    torch.manual_seed(0)
+    model, x = _MaxBothWays().eval(), torch.randn(3, 8)
+    paths = [tmp_path / "max_in_engine.pt2", tmp_path / "max_falls_back.pt2"]
+    for path, extra in zip(paths, ([], ["aten.max.dim"]), strict=True):
+        compiled = trt_inline.reference.compile(
+            model, (x,), torch_executed_ops=["aten.relu.default", "aten.neg.default", *extra]
+        )
+        trt_inline.save(compiled, path, arg_inputs=[x])
+    report = trt_inline.diff(paths[0], paths[1], isolate=False)
+    assert report.ok and report.divergence is None, report.to_text()
+    # the values reach engine 1 of one file from engine 0's output of the other: compared, as one value
+    assert report.boundaries[0].boundary == f"getitem (here engine 0 out[0]; {paths[1]}: engine 1 in[0])"
+    assert report.boundaries[0].values[0].dtype == "float32"
 
 
 def _engine_label(program: torch.export.ExportedProgram, index: int) -> str:
@@ -768,3 +806,13 @@ def test_drill_down_inside_a_reference_engine(files: Files, tmp_path: Path) -> N
     small = torch.full((2, 64), 0.01, dtype=torch.float16)
     rebuilt = rebuild_drill_down(region, [small], lambda step, inputs: trt_inline.reference.compile(step, inputs))
     assert "rebuilt as 4 engines of one step each, every step agrees" in rebuilt, rebuilt
+
+    # A cast inside the region: the float64 run does not follow it down, so the cast itself is named.
+    class CastDown(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu((x * 40000.0).half()) + 1.0
+
+    wide = torch.full((2, 4), 2.0)
+    region = torch.export.export(CastDown(), (wide,)).run_decompositions().module()
+    rebuilt = rebuild_drill_down(region, [wide], lambda step, inputs: trt_inline.reference.compile(step, inputs))
+    assert "step 1 (_to_copy: aten._to_copy.default) is the first" in rebuilt, rebuilt

@@ -22,7 +22,7 @@ import torch.fx
 from trt_inline import engines, package
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.formats import BOUNDARIES, PACKAGE_INFO_FILE
-from trt_inline.verify.boundaries import engine_provenance, record_program_boundaries, recording
+from trt_inline.verify.boundaries import provenance, record_program_boundaries, recording
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, capture_reference_io, encode_reference_io
 
 __all__ = ["DEFAULT_REFERENCE_LIMIT_BYTES", "embeds_boundaries", "reference_extra_files"]
@@ -67,7 +67,7 @@ def reference_extra_files(
             if not records and _is_flat(module):
                 records = record_program_boundaries(module, args, dict(kwarg_inputs or {}))
             reference_io.boundaries = records
-        reference_io.provenance = engine_provenance(module)
+        reference_io.provenance = provenance(module)
     except VerifyInputError as exc:
         warnings.warn(f"trt-inline: reference I/O not embedded in {target}: {exc}", stacklevel=3)
         return {}

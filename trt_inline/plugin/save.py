@@ -83,7 +83,8 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
             package.extend_package(Path(file_path), Path(file_path), program=None, extra_files=extra)
         elif extra and not accepts_extra_files:
             export.write_program(torch.export.load(file_path), Path(file_path), extra)
-        if output_format == formats.EXECUTORCH and not kwargs.get("retrace", True):
+        legacy = not kwargs.get("retrace", True) or kwargs.get("use_legacy_exporter")
+        if output_format == formats.EXECUTORCH and legacy:
             _warn_on_lowered_sizes(module, file_path)
         # Ranges are read back from an ExportedProgram file only (a package or an ExecuTorch .pte is none).
         if kwargs.get("dynamic_shapes") is not None and output_format == formats.EXPORTED_PROGRAM:
@@ -95,13 +96,14 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
 
 
 def _warn_on_lowered_sizes(module: Any, file_path: str) -> None:
-    """One warning where ExecuTorch's lowering of a ``retrace=False`` program narrows a size an engine returns.
+    """One warning where ExecuTorch's lowering of a legacy-exported program narrows a size an engine returns.
 
     ExecuTorch traces the program again to lower it. A size an engine returns is
     read back as a fresh symbol there, equated with the input size it stands
     for, and held to that size's internal range ``[2, max]``: the ``.pte``
-    rejects a batch of 1 that a ``Dim(min=1)`` declares. With ``retrace=True``
-    the program is exported with the range declared for that symbol, and keeps it.
+    rejects a batch of 1 that a ``Dim(min=1)`` declares. Re-exported instead
+    (``retrace=True`` without ``use_legacy_exporter``), the program carries the
+    range declared for that symbol, and keeps it.
     """
     if not isinstance(module, torch.fx.GraphModule):
         return
@@ -114,9 +116,10 @@ def _warn_on_lowered_sizes(module: Any, file_path: str) -> None:
     ]
     if returned:
         warnings.warn(
-            f"trt-inline: {file_path}: output_format='executorch' with retrace=False: ExecuTorch traces the program "
-            f"again to lower it, and a size an engine returns ({', '.join(returned)}) is then held to [2, max], so "
-            "the .pte rejects a size of 1 (or 0) that dynamic_shapes declares; retrace=True keeps the declared range",
+            f"trt-inline: {file_path}: output_format='executorch' from the legacy exporter (retrace=False or "
+            "use_legacy_exporter=True): ExecuTorch traces the program again to lower it, and a size an engine returns "
+            f"({', '.join(returned)}) is then held to [2, max], so the .pte rejects a size of 1 (or 0) that "
+            "dynamic_shapes declares; retrace=True keeps the declared range",
             RuntimeWarning,
             stacklevel=3,
         )

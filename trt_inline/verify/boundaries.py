@@ -42,7 +42,7 @@ __all__ = [
     "Region",
     "as_boundaries",
     "boundary_tensors",
-    "engine_provenance",
+    "provenance",
     "record_program_boundaries",
     "recording",
     "trace_program",
@@ -80,27 +80,61 @@ def _source(node: Any) -> str:
     return node.name
 
 
-def engine_provenance(module: Any) -> list[list[str]] | None:
-    """For each engine call of a compiled module, in graph order, the exported-program node each output computes.
+def provenance(module: Any) -> dict[str, Any] | None:
+    """Which node of the exported program each value crossing between PyTorch and an engine is, in a compiled module.
 
-    The partitioner names a submodule's placeholders after the nodes whose
-    values they receive, so a fallback reading an engine's output says which
-    node of the exported program that output is::
+    ``{"engines": [{"inputs": [...], "outputs": [...]}, ...], "outputs": [...]}``:
+    for each engine call in graph order, the exported node each input and each
+    output is; then the program's outputs. The partitioner keeps the exported
+    program's node names inside a fallback, and names a submodule's placeholders
+    after the nodes whose values they receive::
 
-        _run_on_acc_1 ─► getitem_1 ─► _run_on_gpu_2(…, getitem_1)     (_run_on_gpu_2's placeholder: linear_1)
-                                      → _run_on_acc_1 output 1 computes linear_1
+        _run_on_acc_1 ─► getitem_1 ─► _run_on_gpu_2(…, getitem_1)      (its placeholder: linear_1)
+                                      → _run_on_acc_1 output 1 is linear_1
+        _run_on_gpu_2 ─► getitem_2 ─► _run_on_acc_3(getitem_2)         (_run_on_gpu_2 returns relu)
+                                      → _run_on_acc_3 input 0 is relu
 
-    ``diff`` of two partitions of one model compares engine outputs that compute
-    the same node. An output read only by engines or returned says nothing: "".
-    None for a module that is not a compiled one (no engine submodules).
+    ``diff`` of two partitions of one model compares the values both name
+    alike. The names of a saved program's own nodes are no such key: a
+    re-export names them again, counting only the nodes left to PyTorch. "" where
+    the module does not say (a program input, an engine output read only by
+    engines or returned). None for a module that is not a compiled one.
     """
     if not isinstance(module, torch.fx.GraphModule):
         return None
     engine_nodes = [n for n in module.graph.nodes if is_accelerated_call(module, n)]
-    return [_computed_nodes(module, engine_node) for engine_node in engine_nodes] if engine_nodes else None
+    if not engine_nodes:
+        return None
+    output_node = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    return {
+        "engines": [
+            {"inputs": [_exported_name(module, a) for a in n.args], "outputs": _computed_nodes(module, n)}
+            for n in engine_nodes
+        ],
+        "outputs": [_exported_name(module, value) for value in pytree.tree_leaves(output_node.args[0])],
+    }
+
+
+def _exported_name(module: torch.fx.GraphModule, value: Any) -> str:
+    """The exported node a fallback's output is (its output's argument); "" for anything else."""
+    call, index = value, None
+    if isinstance(value, torch.fx.Node) and value.target is operator.getitem:
+        call, index = value.args[0], value.args[1]
+    if not (isinstance(call, torch.fx.Node) and call.op == "call_module") or is_accelerated_call(module, call):
+        return ""
+    fallback_module = module.get_submodule(str(call.target))
+    if not isinstance(fallback_module, torch.fx.GraphModule):
+        return ""
+    result = next(n for n in reversed(fallback_module.graph.nodes) if n.op == "output").args[0]
+    if isinstance(index, int) and isinstance(result, (list, tuple)):
+        result = result[index] if index < len(result) else None
+    if not isinstance(result, torch.fx.Node):
+        return ""
+    return str(result.target) if result.op == "placeholder" else result.name
 
 
 def _computed_nodes(module: torch.fx.GraphModule, engine_node: torch.fx.Node) -> list[str]:
+    """The exported node each output of an engine is, where a fallback reads it (its placeholder's name)."""
     getitems = [u for u in engine_node.users if u.op == "call_function" and u.target is operator.getitem]
     values = {int(u.args[1]): u for u in getitems if isinstance(u.args[1], int)} if getitems else {0: engine_node}
     computes = [""] * (max(values) + 1 if values else 0)

@@ -5,7 +5,7 @@ run is compared with it boundary by boundary (:mod:`trt_inline.verify.localize`)
 engines aligned by position and checked by signature; each engine of the first
 file is also run alone on the second file's inputs to that engine. Files whose
 engines do not pair up (partitioned differently) are compared at the values both
-hand between PyTorch nodes and engines, matched by the node computing them. The report
+hand between PyTorch nodes and engines, matched by the exported node computing them. The report
 names the first divergence in both files' words, e.g. a fallback region that
 reads ``engine 1 output 1`` where the other file's reads ``engine 1 output 0``.
 """
@@ -131,8 +131,8 @@ def _checked(loaded: LoadedFile) -> LoadedFile:
     return loaded
 
 
-def _provenance(loaded: LoadedFile) -> list[list[str]] | None:
-    """What each engine output of a file computes, as its save recorded (None where it did not)."""
+def _provenance(loaded: LoadedFile) -> dict[str, Any] | None:
+    """Which exported node each value between PyTorch and an engine is, as a file's save recorded (None: not)."""
     return loaded.reference.provenance if loaded.reference is not None else None
 
 

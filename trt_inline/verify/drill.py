@@ -36,6 +36,7 @@ import torch
 import torch.fx
 
 from trt_inline.engines import REFERENCE_OP, engine_op
+from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.reference.program import load_program
 from trt_inline.verify.compare import default_tolerance
 
@@ -82,7 +83,8 @@ def rebuild_drill_down(region: torch.fx.GraphModule, inputs: Sequence[torch.Tens
     compiled with ``compile_step`` and run on the values the whole region
     computes in float64 at its inputs, cast to the dtypes the region runs them
     in; its result is compared with the same step in float64. The first past
-    its dtype's tolerance is named.
+    its dtype's tolerance is named. Raises :class:`VerifyInputError` naming a
+    step that cannot be compiled or run alone.
     """
     at_precision = _node_values(region, inputs, upcast=False)
     in_float64 = _node_values(region, inputs, upcast=True)
@@ -91,8 +93,14 @@ def rebuild_drill_down(region: torch.fx.GraphModule, inputs: Sequence[torch.Tens
     for index, node in enumerate(steps):
         program, sources = _one_step(node, at_precision)
         step_inputs = [in_float64[s].to(at_precision[s].dtype) for s in sources]
-        with torch.no_grad():
-            result = compile_step(program, step_inputs)(*step_inputs)
+        try:
+            with torch.no_grad():
+                result = compile_step(program, step_inputs)(*step_inputs)
+        except Exception as exc:
+            raise VerifyInputError(
+                f"step {index} ({node.name}: {node.target}) could not be compiled and run alone: "
+                f"{type(exc).__name__}: {first_line(exc)}"
+            ) from exc
         error = _past_tolerance(result, in_float64[node])
         if error is not None:
             return (
@@ -111,18 +119,33 @@ def _tensors(value: Any) -> bool:
 
 
 def _node_values(region: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], *, upcast: bool) -> dict[Any, Any]:
-    """Every node's value in a run of ``region``; ``upcast``: floating inputs and weights in float64 first."""
+    """Every node's value in a run of ``region``; ``upcast``: in float64 throughout.
+
+    Upcast, every floating value (inputs, weights, each step's result) is
+    float64 and a step asked for another floating dtype (a cast, a constant
+    made in the graph) is asked for float64: the reference never drops to the
+    region's own precision.
+    """
 
     def wide(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return type(value)(wide(v) for v in value)
         return value.double() if upcast and isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
     values: dict[Any, Any] = {}
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
-            result = super().run_node(n)
-            values[n] = wide(result) if n.op in ("placeholder", "get_attr") else result
+            values[n] = wide(super().run_node(n))
             return values[n]
+
+        def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if upcast and str(target) == "aten._assert_tensor_metadata.default":
+                return None  # it asserts the region's own dtypes, which this run leaves on purpose
+            dtype = kwargs.get("dtype")
+            if upcast and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+                kwargs = {**kwargs, "dtype": torch.float64}
+            return super().call_function(target, args, kwargs)
 
     with torch.no_grad():
         Recorder(region).run(*inputs, enable_io_processing=False)

@@ -69,8 +69,8 @@ REPRO_SCRIPT = '''"""Reproduces {what} of {source}: alone on its recorded inputs
 
     python repro.py [repro.pt2]      (exit 1 when it diverges, as trt-inline verify)
 
-The file is checked and run in a sandboxed child process, as trt-inline verify runs any file: the
-engine in it came from the file that was verified.
+The file is checked and run in a sandboxed child process, as trt-inline verify runs any file: what
+it holds came from the file that was verified.
 """
 
 import sys
@@ -201,6 +201,26 @@ def region_repro(
     torch cannot build the program.
     """
     value, expected = _fed_value(module, fed, recorded, outputs)
+    try:
+        root, graph, read_values = _region_graph(module, value, recorded, inputs)
+        program = exported_program_from_graph(torch.fx.GraphModule(root, graph), None, (tuple(read_values), {}))
+        reference = ReferenceIO(list(read_values), {}, [expected])
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
+    except VerifyInputError:
+        raise
+    except Exception as exc:  # a graph this cannot copy is a repro not written, never a verify that fails
+        raise VerifyInputError(f"{value.name}: torch cannot build a program of its region alone ({exc})") from exc
+    return buffer.getvalue()
+
+
+def _region_graph(
+    module: torch.fx.GraphModule,
+    value: torch.fx.Node,
+    recorded: Sequence[EngineBoundary],
+    inputs: Sequence[torch.Tensor],
+) -> tuple[torch.nn.Module, torch.fx.Graph, list[torch.Tensor]]:
+    """The region computing ``value`` as a graph of its own (with the weights it reads), and its recorded inputs."""
     words = Vocabulary(module.graph)
     nodes, reads = words.region_nodes(value)
     if not nodes:
@@ -212,19 +232,19 @@ def region_repro(
             read_values.append(inputs[placeholders.index(read)])
         elif words.engine_output(read) and isinstance(read.args[1], int):
             engine = words.engine_index[read.args[0]]  # type: ignore[index]
-            outputs = recorded[engine].outputs if engine < len(recorded) else []
-            if read.args[1] >= len(outputs):
+            engine_outputs = recorded[engine].outputs if engine < len(recorded) else []
+            if read.args[1] >= len(engine_outputs):
                 raise VerifyInputError(f"{read.name}: engine {engine} output {read.args[1]} was not recorded")
-            read_values.append(outputs[read.args[1]])
+            read_values.append(engine_outputs[read.args[1]])
         else:
             raise VerifyInputError(f"{read.name}: the region reads a value that was not recorded")
     graph = torch.fx.Graph()
     root = torch.nn.Module()
     copied: dict[torch.fx.Node, torch.fx.Node] = {}
-    weights = 0
     for read in reads:
         copied[read] = graph.placeholder(read.name)
         copied[read].meta.update(read.meta)
+    weights = 0
     for node in nodes:
         for argument in node.all_input_nodes:
             if argument not in copied and argument.op == "get_attr":
@@ -235,14 +255,7 @@ def region_repro(
                 copied[argument].meta.update(argument.meta)
         copied[node] = graph.node_copy(node, copied.__getitem__)
     graph.output((copied[value],))
-    try:
-        program = exported_program_from_graph(torch.fx.GraphModule(root, graph), None, (tuple(read_values), {}))
-        reference = ReferenceIO(list(read_values), {}, [expected])
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
-    except Exception as exc:
-        raise VerifyInputError(f"{value.name}: torch cannot build a program of its region alone ({exc})") from exc
-    return buffer.getvalue()
+    return root, graph, read_values
 
 
 def _fed_value(

@@ -340,38 +340,44 @@ class _Cut:
     feeds: list[str]  # the engine input or program output it is (none for an engine's output)
 
 
-def _cuts(trace: ProgramTrace, provenance: Sequence[Sequence[str]] | None) -> dict[str, _Cut]:
-    """The values crossing between PyTorch and an engine (or out of the program) whose node is known, by name.
+def _cuts(trace: ProgramTrace, provenance: Mapping[str, Any] | None) -> dict[str, _Cut]:
+    """The values crossing between PyTorch and an engine (or out of the program), by the node that computes them.
 
-    Fallback nodes keep the names the exported program gave them, whatever the
-    partition: a value a torch node computes is named by that node. A value an
-    engine computes is named by its getitem, which two partitions do not share;
-    where the file recorded at save which node each engine output computes
-    (``provenance``: a fallback of the compiled module read it), it is named by
-    that node too. Program inputs are the same in both runs and are not cuts.
+    With ``provenance`` (what the save recorded: which exported node each engine
+    input and output and each program output is), every such value is named by
+    its exported node, whichever side computes it. Without, a value a torch node
+    of the saved program computes is named by that node, and an engine's output
+    not at all: a weaker key (a re-export names a program's nodes again), used
+    only when neither file recorded provenance. Program inputs are the same in
+    both runs and are not cuts.
     """
     cuts: dict[str, _Cut] = {}
+    engines = provenance.get("engines", []) if provenance is not None else []
 
     def add(name: str, value: Any, where: str, what: str, region: Region | None = None) -> None:
-        if isinstance(value, torch.Tensor):
+        if name and isinstance(value, torch.Tensor):
             reads, nodes, feeds = (list(region.reads), list(region.nodes), [where]) if region else ([], [], [])
             cuts.setdefault(name, _Cut(name, value, where, what, reads, nodes, feeds))
 
-    def add_produced(where: str, producer: str, value: Any, region: Region) -> None:
-        if " = engine " not in producer and " (" not in producer:  # not an engine's output, nor an input
-            add(producer, value, where, region.describe(), region)
+    def key(producer: str, recorded: Sequence[str], index: int) -> str:
+        if provenance is not None:
+            return recorded[index] if index < len(recorded) else ""
+        return "" if " = engine " in producer or " (" in producer else producer  # an engine's output, an input
 
     for call in trace.calls:
+        recorded = engines[call.index] if call.index < len(engines) else {}
         for index, (producer, value, region) in enumerate(zip(call.producers, call.inputs, call.regions, strict=False)):
-            add_produced(f"engine {call.index} in[{index}]", producer, value, region)
-        names = provenance[call.index] if provenance is not None and call.index < len(provenance) else []
-        for index, (name, value) in enumerate(zip(names, call.outputs, strict=False)):
-            if name:
+            name = key(producer, recorded.get("inputs", []), index)
+            add(name, value, f"engine {call.index} in[{index}]", region.describe(), region)
+        if provenance is not None:
+            for index, value in enumerate(call.outputs):
+                name = key("", recorded.get("outputs", []), index)
                 add(name, value, f"engine {call.index} out[{index}]", f"engine {call.index} ({call.label})")
+    returned = provenance.get("outputs", []) if provenance is not None else []
     for index, (producer, value, region) in enumerate(
         zip(trace.output_producers, trace.outputs, trace.output_regions, strict=False)
     ):
-        add_produced(f"output {index}", producer, value, region)
+        add(key(producer, returned, index), value, f"output {index}", region.describe(), region)
     return cuts
 
 
@@ -382,7 +388,7 @@ def localize_partitions(
     atol: Tolerance,
     rtol: Tolerance,
     stat: str = "elemwise",
-    provenance: tuple[Sequence[Sequence[str]] | None, Sequence[Sequence[str]] | None] = (None, None),
+    provenance: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
 ) -> tuple[list[BoundaryRow], Divergence | None, str]:
     """Two runs of one program partitioned differently, compared at the cut points both share.
 
@@ -390,14 +396,19 @@ def localize_partitions(
     ``min_block_size``, another TensorRT): the values compared are those both
     runs hand between PyTorch and an engine (or return), matched by the
     exported program's node computing them (``provenance``: each file's record
-    of what its engines' outputs compute), in the order the first run reaches
-    them; then the program outputs. The first shared cut past tolerance names
+    of it, used where both files have one), of the same shape and dtype, in
+    the order the first run reaches them; then the program outputs. The first shared cut past tolerance names
     the divergence: it lies in what each run computes between the last
     agreeing cut and that one. Returns the rows, the divergence, and a line
     saying how the partitions differ.
     """
-    mine, theirs = _cuts(trace, provenance[0]), _cuts(reference, provenance[1])
-    shared = [key for key in mine if key in theirs and mine[key].value.shape == theirs[key].value.shape]
+    both = provenance if all(p is not None for p in provenance) else (None, None)  # one namespace or the other
+    mine, theirs = _cuts(trace, both[0]), _cuts(reference, both[1])
+    shared = [
+        key for key in mine
+        if key in theirs and (mine[key].value.shape, mine[key].value.dtype) == (theirs[key].value.shape,
+                                                                              theirs[key].value.dtype)
+    ]  # fmt: skip
     rows: list[BoundaryRow] = []
     divergence: Divergence | None = None
     last_agreeing = "the program inputs"
@@ -426,11 +437,15 @@ def localize_partitions(
             )  # fmt: skip
     else:
         divergence = _crashed(trace, rows, divergence)
-    recorded = " (and engine outputs, by the node each file recorded they compute)" if any(provenance) else ""
+    recorded = (
+        "the exported node computing them, as each file recorded at save"
+        if both[0] is not None
+        else "the node of each saved program computing them (one file did not record the exported nodes at save)"
+    )
     how = (
         f"the files are partitioned differently: this one runs {len(trace.calls)} engine calls, {name} "
         f"{len(reference.calls)}; compared at the {len(shared)} values both hand between PyTorch and an engine "
-        f"(or return), matched by the node computing them{recorded}"
+        f"(or return), matched by {recorded}"
     )
     return rows, divergence, how
 

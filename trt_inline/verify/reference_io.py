@@ -78,9 +78,10 @@ class ReferenceIO:
     output_kinds: list[str] = field(default_factory=list)
     # Every engine call's inputs and outputs, in the order they ran; None where not recorded.
     boundaries: list[EngineBoundary] | None = None
-    # For each engine call, the exported program's node each output computes ("" where unknown);
-    # None where not recorded (see trt_inline.verify.boundaries.engine_provenance).
-    provenance: list[list[str]] | None = None
+    # Which exported node each value between PyTorch and an engine is: {"engines": [{"inputs": [...],
+    # "outputs": [...]}, ...], "outputs": [...]} ("" where unknown); None where not recorded
+    # (trt_inline.verify.boundaries.provenance).
+    provenance: dict[str, Any] | None = None
 
     def nbytes(self, *, boundaries: bool = True) -> int:
         tensors = [*self.args, *self.kwargs.values(), *self.outputs]
@@ -160,13 +161,24 @@ def reference_from_payload(payload: Any) -> ReferenceIO:
     kinds = [str(kind) for kind in kinds] if isinstance(kinds, list) else []
     boundaries = decode_boundaries(payload.get("boundaries"))
     provenance = payload.get("provenance")
-    if provenance is not None and not (
-        isinstance(provenance, list)
-        and all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in provenance)
-    ):
+    if provenance is not None and not _is_provenance(provenance):
         raise VerifyInputError("embedded reference I/O: its provenance must be lists of node names")
     return ReferenceIO(
         list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries, provenance
+    )
+
+
+def _is_provenance(value: Any) -> bool:
+    """Whether ``value`` has the shape :func:`trt_inline.verify.boundaries.provenance` gives (strings in lists)."""
+
+    def names(entry: Any) -> bool:
+        return isinstance(entry, list) and all(isinstance(name, str) for name in entry)
+
+    engines = value.get("engines") if isinstance(value, dict) else None
+    return (
+        isinstance(engines, list)
+        and names(value.get("outputs"))
+        and all(isinstance(e, dict) and names(e.get("inputs")) and names(e.get("outputs")) for e in engines)
     )
 
 
@@ -180,7 +192,7 @@ def reference_payload(reference: ReferenceIO) -> dict[str, Any]:
         "device": reference.device,
         "output_kinds": list(reference.output_kinds),
         **({} if reference.boundaries is None else {"boundaries": plain_boundaries(reference.boundaries)}),
-        **({} if reference.provenance is None else {"provenance": [list(p) for p in reference.provenance]}),
+        **({} if reference.provenance is None else {"provenance": reference.provenance}),
     }
 
 
