@@ -328,6 +328,9 @@ _CROSS_COMPILE = """
             torch.save(((x,), as_list(compiled(x))), f"{folder}/expected.pt")
         print(json.dumps({"error": None}))
     else:  # load_cross_compiled_exported_program's conversion (Windows), in a fresh process
+        from torch_tensorrt.dynamo.runtime._TRTEngine import TRTEngine
+
+        torch.classes.tensorrt.Engine = TRTEngine  # the runtime's engine class (2.6 ... 2.12 build it): a stand-in
         program = torch.export.load(f"{folder}/cross.pt2")
         slots = [type(n.args[1 + runtime.ENGINE_IDX]).__name__ for n in program.graph.nodes
                  if "no_op_placeholder" in str(n.target)]

@@ -11,6 +11,7 @@ import pty
 import select
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -226,7 +227,8 @@ def test_read_ahead_of_a_file_larger_than_memory_lets_go_of_pages_well_behind_th
     pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
     try:
         mapped = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)  # how a file larger than memory is mapped
-        with pytest.warns(UserWarning):
+        with warnings.catch_warnings():  # torch warns (once per process, on some versions) that it is read-only
+            warnings.simplefilter("ignore", UserWarning)
             weights = torch.frombuffer(mapped, dtype=torch.uint8)
 
         def mapped_here(offset: int) -> bool:
