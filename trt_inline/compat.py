@@ -547,10 +547,12 @@ def prepare_package_loading() -> None:
 
 
 def aoti_loader_folders() -> tuple[str, ...]:
-    """Folders AOTInductor's package loader writes to whatever ``TMPDIR`` says: torch 2.8's C++ loader
-    extracts into a hard-coded ``/tmp/XXXXXX``; 2.9 and later honour ``TMPDIR``."""
+    """Folders AOTInductor's package loader writes to whatever ``TMPDIR`` says: the C++ loader of torch 2.8
+    and 2.12 extracts into a hard-coded ``/tmp/XXXXXX`` (the literal is in 2.12.1's libtorch_cpu, not in
+    2.13.0's or 2.14.1's); 2.9 ... 2.11 and 2.13 on honour ``TMPDIR``."""
     version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    return ("/tmp",) if version < (2, 9) and aoti_packages() is None else ()
+    hard_coded = version < (2, 9) or version == (2, 12)
+    return ("/tmp",) if hard_coded and aoti_packages() is None else ()
 
 
 def aoti_load_package(path: str) -> Callable[..., Any]:
