@@ -402,6 +402,36 @@ def test_diff_of_two_tensorrt_partitions_compares_engine_outputs_by_provenance(t
     assert any(" out[" in row["boundary"] for row in report["boundaries"]), report["boundaries"]
 
 
+def test_refit_of_a_loaded_trt_inline_file(tmp_path: Path) -> None:
+    """``refit_module_weights`` on a program loaded from a trt-inline file: new weights, the model's new outputs.
+
+    Refit re-partitions the new weights' program and flattens it with the
+    ``inline_torch_modules`` its module bound at import (the plugin's); its
+    structural match against the loaded program must hold, and the refitted
+    engines must compute what the model with the new weights does.
+    """
+    from models import CrossedHalves
+
+    torch_tensorrt = _torch_tensorrt()
+    model, x = CrossedHalves().eval().cuda(), torch.randn(3, 8).cuda()
+    refittable = {"immutable_weights": False} if _version() >= (2, 6) else {"make_refittable": True}
+    compiled = torch_tensorrt.dynamo.compile(
+        torch.export.export(model, (x,)), (x,), min_block_size=1,
+        torch_executed_ops={torch.ops.aten.relu.default}, **refittable,
+    )  # fmt: skip
+    path = tmp_path / "refit.pt2"
+    torch_tensorrt.save(compiled, str(path), output_format="exported_program", arg_inputs=[x])
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(-0.5)
+        expected = as_list(model(x))
+    refitted = torch_tensorrt.dynamo.refit_module_weights(
+        torch.export.load(str(path)), torch.export.export(model, (x,)), arg_inputs=(x,)
+    )
+    with torch.no_grad():
+        assert max_abs_diff(as_list(refitted(x)), expected) <= EAGER_ATOL
+
+
 def test_drill_down_rebuilds_a_tensorrt_engine_as_one_engine_per_step() -> None:
     """Inside a TensorRT engine whose half-precision product overflows: its region rebuilt one engine per step."""
     from trt_inline.verify.drill import rebuild_drill_down
