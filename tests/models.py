@@ -99,6 +99,18 @@ class Chain(nn.Module):
         return result
 
 
+class HalfOverflow(nn.Module):
+    """A half-precision linear whose product overflows on an input of 2.0 (64 * 600 * 2 = 76800 > 65504)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 8).half()
+        nn.init.constant_(self.linear.weight, 600.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x)) - 1.0
+
+
 class CrossedHalves(nn.Module):
     """Three engines, each returning two halves; a relu between them reads one half, the next engine both.
 

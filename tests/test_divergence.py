@@ -24,7 +24,7 @@ import pytest
 import releases
 import torch
 from conftest import REPO
-from models import Chain, CrossedHalves
+from models import Chain, CrossedHalves, HalfOverflow
 from test_verify import assert_unusable, cli
 
 import trt_inline
@@ -779,18 +779,9 @@ def test_drill_down_inside_a_reference_engine(files: Files, tmp_path: Path) -> N
     assert "inside it, each of its 6 steps agrees with the same steps run in float64" in report.divergence.detail
 
     # Half precision that overflows: the first step past its tolerance against float64 is named.
-    class Wide(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = torch.nn.Linear(64, 8).half()
-            torch.nn.init.constant_(self.linear.weight, 600.0)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.linear(x)) - 1.0
-
     x = torch.full((2, 64), 2.0, dtype=torch.float16)  # 64 * 600 * 2 = 76800 > 65504: inf in float16
     path = tmp_path / "wide.pt2"
-    trt_inline.save(trt_inline.reference.compile(Wide().eval(), (x,), torch_executed_ops=["aten.relu.default"]),
+    trt_inline.save(trt_inline.reference.compile(HalfOverflow().eval(), (x,), torch_executed_ops=["aten.relu.default"]),
                     path, arg_inputs=[x])  # fmt: skip
     module = trt_inline.load(path).module()
     engine = next(n for n in module.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default)
@@ -799,7 +790,7 @@ def test_drill_down_inside_a_reference_engine(files: Files, tmp_path: Path) -> N
     assert drill_down(module, "no_such_node", [x]) is None
 
     # The same region rebuilt as one engine per step (how the GPU suite looks inside a TensorRT engine).
-    region = torch.export.export(Wide().eval(), (x,)).run_decompositions().module()
+    region = torch.export.export(HalfOverflow().eval(), (x,)).run_decompositions().module()
     rebuilt = rebuild_drill_down(region, [x], lambda step, inputs: trt_inline.reference.compile(step, inputs))
     assert "step 1 (addmm: aten.addmm.default) is the first whose engine differs" in rebuilt, rebuilt
     assert "not finite in float16" in rebuilt

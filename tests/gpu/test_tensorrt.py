@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, as_list, load_in_fresh_process, max_abs_diff
-from models import Chain, ConvBnRelu, MultiOutputBothSides, ScalarCase, TinyResNet, scalar_cases
+from models import Chain, ConvBnRelu, HalfOverflow, MultiOutputBothSides, ScalarCase, TinyResNet, scalar_cases
 
 import trt_inline
 
@@ -438,16 +438,7 @@ def test_drill_down_rebuilds_a_tensorrt_engine_as_one_engine_per_step() -> None:
 
     torch_tensorrt = _torch_tensorrt()
 
-    class Wide(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = torch.nn.Linear(64, 8).half()
-            torch.nn.init.constant_(self.linear.weight, 600.0)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.linear(x)) - 1.0
-
-    model, x = Wide().eval().cuda(), torch.full((2, 64), 2.0, dtype=torch.float16, device="cuda")
+    model, x = HalfOverflow().eval().cuda(), torch.full((2, 64), 2.0, dtype=torch.float16, device="cuda")
 
     def compile_fp16(module: torch.nn.Module, inputs: list[torch.Tensor]) -> Any:
         # Weights and inputs are half precision: the engine runs in it whatever the typing mode.
