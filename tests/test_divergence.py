@@ -13,6 +13,7 @@ import copy
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -758,7 +759,8 @@ def test_extract_writes_a_diverging_fallback_region_as_a_repro_that_fails_alone(
     assert len(repro.graph_signature.user_inputs) == 2 and len(repro.graph_signature.inputs_to_buffers) == 1
     # The same error as at the boundary it feeds in the whole file, in a fresh sandboxed process.
     whole = trt_inline.verify(fault, isolate=False).to_dict()
-    fed = next(row for row in whole["boundaries"] if row["boundary"] == "engine 1 (_run_on_acc_3) inputs")
+    # (the engines' submodule names depend on the torch: from 2.9 an input-guard fallback comes first)
+    fed = next(r for r in whole["boundaries"] if re.match(r"engine 1 \(\w+\) inputs$", r["boundary"]))
     alone = trt_inline.verify(folder / "repro.pt2").to_dict()
     assert not alone["ok"] and alone["outputs"][0]["max_abs_diff"] == fed["values"][0]["max_abs_diff"] > 0.1
     script = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, cwd=REPO)
