@@ -34,6 +34,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from trt_inline import compat
+from trt_inline.attributes import resolve_attribute
 from trt_inline.engines import engine_inputs, is_engine_call
 from trt_inline.errors import VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
@@ -163,15 +164,12 @@ def engine_repro(module: torch.fx.GraphModule, engine_node_name: str, record: En
         getitems.append(getitem)
     graph.output(tuple(getitems))
     try:
-        program = exported_program_from_graph(torch.fx.GraphModule(root, graph), None, (tuple(record.inputs), {}))
-        reference = ReferenceIO(list(record.inputs), {}, list(record.outputs), boundaries=[record])
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
+        archive = _archive(root, graph, ReferenceIO(list(record.inputs), {}, list(record.outputs), boundaries=[record]))
     except VerifyInputError:
         raise
     except Exception as exc:
         raise VerifyInputError(f"{engine_node_name}: torch cannot build a program of it alone ({exc})") from exc
-    return buffer.getvalue()
+    return archive
 
 
 def region_repro(
@@ -203,15 +201,12 @@ def region_repro(
     value, expected = _fed_value(module, fed, recorded, outputs)
     try:
         root, graph, read_values = _region_graph(module, value, recorded, inputs)
-        program = exported_program_from_graph(torch.fx.GraphModule(root, graph), None, (tuple(read_values), {}))
-        reference = ReferenceIO(list(read_values), {}, [expected])
-        buffer = io.BytesIO()
-        torch.export.save(program, buffer, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
+        archive = _archive(root, graph, ReferenceIO(list(read_values), {}, [expected]))
     except VerifyInputError:
         raise
     except Exception as exc:  # a graph this cannot copy is a repro not written, never a verify that fails
         raise VerifyInputError(f"{value.name}: torch cannot build a program of its region alone ({exc})") from exc
-    return buffer.getvalue()
+    return archive
 
 
 def _region_graph(
@@ -281,10 +276,16 @@ def _fed_value(
     return value, expected[index]
 
 
+def _archive(root: torch.nn.Module, graph: torch.fx.Graph, reference: ReferenceIO) -> bytes:
+    """The ``.pt2`` bytes of a repro: ``graph`` as a program on ``reference``'s inputs, embedding ``reference``."""
+    program = exported_program_from_graph(torch.fx.GraphModule(root, graph), None, (tuple(reference.args), {}))
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
+    return buffer.getvalue()
+
+
 def _attribute(module: torch.nn.Module, target: str) -> torch.Tensor:
-    value: object = module
-    for part in target.split("."):
-        value = getattr(value, part)
+    value = resolve_attribute(module, target)[2]
     if not isinstance(value, torch.Tensor):
         raise VerifyInputError(f"{target}: the region reads a {type(value).__name__}, not a tensor")
     return value
