@@ -111,6 +111,20 @@ class HalfOverflow(nn.Module):
         return torch.relu(self.linear(x)) - 1.0
 
 
+class RunningCache(nn.Module):
+    """A forward that updates a buffer as it runs (a cache): each call reads what the one before it left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(2, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        self.cache.mul_(0.5).add_(y[:2])
+        return torch.relu(y) + self.cache.sum(0)
+
+
 class CrossedHalves(nn.Module):
     """Three engines, each returning two halves; a relu between them reads one half, the next engine both.
 

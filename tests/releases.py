@@ -90,6 +90,8 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         allowed.append(r"has no output_format='executorch'")
     if record.minor < (2, 6):
         allowed.append(r"has no cross-compiling")
+    if "expose_aliased_mutations" not in record.inline_trt_params:
+        allowed.append(r"has no aliased \(KV-cache\) mutations")
     if not record.retrace_inlines:
         allowed += [r"retraces the compiled module directly", r"export\(\) does not re-export the inlined graph"]
     if not record.wires_by_name:
@@ -329,18 +331,58 @@ def export(exported_program, *, partitioners=None, compile_config=None, **ignore
     )
 """
 
+# The engine info layout of Torch-TensorRT's runtime (2.14: dynamo/runtime/_serialized_engine_layout.py and
+# _TorchTensorRTModule.py) and its text fields: binding names joined by "%", aliased I/O as
+# "output@input@kind" records joined by "%".
+_STAND_IN_ENGINE_LAYOUT = """
+ABI_TARGET_IDX, NAME_IDX, DEVICE_IDX, ENGINE_IDX, INPUT_BINDING_NAMES_IDX, OUTPUT_BINDING_NAMES_IDX = range(6)
+ALIASED_IO_IDX = 12
+SERIALIZATION_LEN = 13
+
+
+def deserialize_binding_names(text):
+    return text.split("%") if text else []
+
+
+def serialize_aliased_io(aliased_io):
+    return "%".join(f"{out}@{inp}@{kind}" for out, (inp, kind) in aliased_io.items())
+
+
+def deserialize_aliased_io(text):
+    records = [record.split("@") for record in text.split("%")] if text else []
+    return {fields[0]: (fields[1], fields[2]) for fields in records if len(fields) == 3}
+"""
+
+# What 2.14's save reads an engine's info with (torch_tensorrt.executorch.backend): here the engine is a
+# uint8 tensor holding the info as JSON, found as Torch-TensorRT finds its engine: the argument's
+# get_attr, or the placeholder a program lifted it to (a buffer or a constant).
+_STAND_IN_ENGINE_INFO_READER = """
+import json
+
+
+def _get_engine_info_for_node(program, node, *, metadata_only=False):
+    holder = node.args[1]
+    if holder.op == "get_attr":
+        engine = getattr(program.graph_module, holder.target)
+    else:
+        spec = next(spec for spec in program.graph_signature.input_specs if spec.arg.name == holder.name)
+        engine = program.state_dict.get(spec.target)
+        engine = program.constants[spec.target] if engine is None else engine
+    return json.loads(bytes(engine.tolist()).decode())
+"""
+
 _STAND_IN_NO_OP = """
 torch.library.define("tensorrt::no_op_placeholder_for_execute_engine", "(Tensor[] inputs) -> Tensor[]")
 """
 
 # Cross-compiling's placeholder op in the layout the releases give it (2.13+: the engine slot typed Tensor,
 # though the exporter puts its base64 text there, and the Windows loader reads text): inputs, then one
-# argument per field of an engine's packed info (SERIALIZATION_LEN below), the engine at ENGINE_IDX.
+# argument per field of an engine's packed info (_STAND_IN_ENGINE_LAYOUT.SERIALIZATION_LEN), the engine at ENGINE_IDX.
 _STAND_IN_CROSS_COMPILE_OP = """
 torch.library.define(
     "tensorrt::no_op_placeholder_for_execute_engine",
     "(Tensor[] inputs, str abi_version, str name, str serialized_device_info, Tensor serialized_engine, "
-    + ", ".join(f"str field_{index}" for index in range(4, 11))
+    + ", ".join(f"str field_{index}" for index in range(4, 13))
     + ") -> Tensor[]",
 )
 """
@@ -355,18 +397,21 @@ def package_tree(
     stand_in_engine_op: bool = False,
     executorch: bool = False,
     cross_compile: bool = False,
+    kv_cache: bool = False,
 ) -> Path:
     """A ``torch_tensorrt`` package around the release's real exporter (and its real ``save``).
 
     ``executorch``: with stand-ins for Torch-TensorRT's ExecuTorch partitioner
     (``executorch`` itself must be importable where the shell is used).
     ``cross_compile``: with cross-compiling's placeholder op.
+    ``kv_cache``: with the reader of an engine's info that 2.14's save uses to declare aliased
+    (KV-cache) mutations; engines' info is JSON in their uint8 payload.
     """
     package = root / "torch_tensorrt"
     (package / "dynamo" / "runtime").mkdir(parents=True)
     (package / "dynamo" / "partitioning").mkdir()
     # 2.14's save looks the engine op up on every call (the real package registers it at import).
-    needs_op = stand_in_engine_op or executorch or cross_compile or minor(version) >= (2, 14)
+    needs_op = stand_in_engine_op or executorch or cross_compile or kv_cache or minor(version) >= (2, 14)
     init = f"__version__ = {version!r}\n" + (_STAND_IN_ENGINE_OP if needs_op else "")
     init += _STAND_IN_NO_OP if executorch else _STAND_IN_CROSS_COMPILE_OP if cross_compile else ""
     if with_save:
@@ -404,15 +449,16 @@ def package_tree(
     (package / "dynamo" / "runtime" / "__init__.py").write_text("")
     runtime = package / "dynamo" / "runtime"
     # What the 2.13+ save imports to convert TensorRT engine constants, and what 2.14's imports to declare
-    # aliased KV-cache mutations (it reads engines only through torch_tensorrt.executorch, absent here):
-    # reference engines hold no TensorRT engine, so none of these is ever asked about one.
-    (runtime / "_TorchTensorRTModule.py").write_text(
-        "ENGINE_IDX = 3\nNAME_IDX = 1\nSERIALIZATION_LEN = 11\n\n\ndef deserialize_aliased_io(text):\n    return {}\n"
-    )
-    (runtime / "_serialized_engine_layout.py").write_text(
-        "ENGINE_IDX = 3\nALIASED_IO_IDX = INPUT_BINDING_NAMES_IDX = OUTPUT_BINDING_NAMES_IDX = -1\n\n\n"
-        "def deserialize_binding_names(text):\n    return []\n"
-    )
+    # aliased KV-cache mutations: the engine info layout and its text fields (as the release's runtime
+    # writes them). It reads engines only through torch_tensorrt.executorch.backend, which only the
+    # kv_cache shell has: elsewhere no engine is read.
+    (runtime / "_TorchTensorRTModule.py").write_text(_STAND_IN_ENGINE_LAYOUT)
+    (runtime / "_serialized_engine_layout.py").write_text(_STAND_IN_ENGINE_LAYOUT)
+    if kv_cache:
+        (package / "executorch").mkdir(exist_ok=True)
+        if not (package / "executorch" / "__init__.py").exists():
+            (package / "executorch" / "__init__.py").write_text("")
+        (package / "executorch" / "backend.py").write_text(_STAND_IN_ENGINE_INFO_READER)
     # The engine the Windows loader (replace_execute_engine_no_op_node) builds from packed info: kept as given.
     (runtime / "_TRTEngine.py").write_text(
         "class EngineSerializer:\n    pass\n\n\nclass TRTEngine:\n    def __init__(self, info=None):\n"

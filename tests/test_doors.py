@@ -308,7 +308,7 @@ _CROSS_COMPILE = """
     folder, step = sys.argv[1], sys.argv[2]
     if step in ("save", "stock"):
         if step == "stock":  # the release's own export(), the plugin's passes otherwise
-            ex.export = ex.export.__wrapped__
+            ex.export = getattr(ex.export, "__wrapped__", ex.export)  # where the plugin replaces it (2.11+)
         torch.manual_seed(0)
         x = torch.randn(3, 8)
         compiled = trt_inline.reference.compile(CrossedHalves().eval(), (x,), torch_executed_ops=["aten.relu.default"])
@@ -378,3 +378,146 @@ def test_cross_compiled_program_is_wired_by_position_and_loads_as_windows_does(t
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["slots"] == ["str", "str", "str"], report  # base64 text, as the loader reads it
     assert report["engines"] == 3 and report["diff"] == 0.0, report
+
+
+# A KV cache updated inside an engine, as Torch-TensorRT 2.14 builds one (IKVCacheUpdateLayer): the engine
+# takes the cache buffer as an input, updates it in place, and returns it as an extra output binding after
+# the ones the graph sees, recorded in its info as aliased I/O ("cache_out" aliases input "cache").
+# The TensorRT runtime stands in: its execute_engine runs that update on the CPU.
+_KV_CACHE = """
+    import json, sys, torch
+    import torch.fx
+    import torch_tensorrt
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch_tensorrt.dynamo.runtime import _TorchTensorRTModule as runtime
+    from conftest import as_list, max_abs_diff
+
+    @torch.library.impl("tensorrt::execute_engine", "CPU")
+    def execute_engine(inputs, engine):
+        x, cache = inputs
+        y = x * 2 + cache.sum(0)
+        cache.mul_(0.5).add_(y[: cache.shape[0]])
+        return [y, cache]
+
+    @torch.library.register_fake("tensorrt::execute_engine")
+    def execute_engine_fake(inputs, engine):  # the outputs the graph sees, as TensorRT's meta kernel gives them
+        return [torch.empty_like(inputs[0])]
+
+    class TorchTensorRTModule(torch.nn.Module):
+        '''Stands for Torch-TensorRT's engine module; its engine (uint8) holds the engine info as JSON.'''
+
+        def __init__(self, info):
+            super().__init__()
+            self.register_buffer("engine", torch.tensor(list(json.dumps(info).encode()), dtype=torch.uint8))
+            self.input_binding_names = runtime.deserialize_binding_names(info[runtime.INPUT_BINDING_NAMES_IDX])
+            self.output_binding_names = runtime.deserialize_binding_names(info[runtime.OUTPUT_BINDING_NAMES_IDX])
+            self.aliased_io = runtime.deserialize_aliased_io(info[runtime.ALIASED_IO_IDX])
+
+        def forward(self, *inputs):
+            return torch.ops.tensorrt.execute_engine(list(inputs), self.engine)[0]  # the cache: updated in place
+
+    TorchTensorRTModule.__module__ = runtime.__name__
+    runtime.TorchTensorRTModule = TorchTensorRTModule
+
+    def compiled_module():
+        '''What dynamo.compile gives for it: x and the cache buffer into engine 0, its output into a relu fallback.'''
+        torch.manual_seed(0)
+        root = torch.nn.Module()
+        root.register_buffer("cache", torch.randn(2, 4))
+        info = [""] * runtime.SERIALIZATION_LEN
+        info[runtime.NAME_IDX] = "_run_on_acc_0"
+        info[runtime.INPUT_BINDING_NAMES_IDX] = "x%cache"
+        info[runtime.OUTPUT_BINDING_NAMES_IDX] = "y%cache_out"
+        info[runtime.ALIASED_IO_IDX] = runtime.serialize_aliased_io({"cache_out": ("cache", "kv_cache")})
+        root._run_on_acc_0 = TorchTensorRTModule(info)
+        fake = FakeTensorMode()
+        with fake:
+            x_val, cache_val = torch.empty(3, 4), torch.empty(2, 4)
+        fallback = torch.fx.Graph()
+        y = fallback.placeholder("y")
+        y.meta["val"] = x_val
+        relu = fallback.call_function(torch.ops.aten.relu.default, (y,))
+        relu.meta["val"] = x_val
+        fallback.output(relu)
+        root._run_on_gpu_1 = torch.fx.GraphModule(torch.nn.Module(), fallback)
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        cache = graph.get_attr("cache")
+        x.meta["val"], cache.meta["val"] = x_val, cache_val
+        engine_call = graph.call_module("_run_on_acc_0", (x, cache))
+        engine_call.meta["val"] = [x_val]
+        out = graph.call_module("_run_on_gpu_1", (engine_call,))
+        graph.output((out,))
+        return torch.fx.GraphModule(root, graph)
+
+    folder, step = sys.argv[1], sys.argv[2]
+    x = torch.arange(12.0).reshape(3, 4) / 10
+    if step != "load":
+        compiled = compiled_module()
+        before = compiled.cache.clone()
+        options = {"legacy": {"retrace": False}, "reexport": {"retrace": False, "use_legacy_exporter": False},
+                   "retrace": {"retrace": True}}[step]
+        try:
+            torch_tensorrt.save(compiled, f"{folder}/{step}.pt2", output_format="exported_program",
+                                arg_inputs=[x], **options)
+            error = None
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        kept = torch.equal(compiled.cache, before)
+        with torch.no_grad():  # three calls: each reads the cache the one before it left
+            runs = [as_list(compiled(x)) for _ in range(3)]
+        torch.save({"runs": runs, "cache": compiled.cache.clone()}, f"{folder}/expected.pt")
+        print(json.dumps({"error": error, "cache_kept_by_save": kept}))
+    else:
+        expected = torch.load(f"{folder}/expected.pt")
+        program = torch.export.load(sys.argv[3])
+        module = program.module()
+        with torch.no_grad():
+            runs = [as_list(module(x)) for _ in range(3)]
+        print(json.dumps({
+            "mutations": sorted(program.graph_signature.buffers_to_mutate.values()),
+            "engines": sum(1 for n in program.graph.nodes if "tensorrt.execute_engine" in str(n.target)),
+            "call_modules": sum(1 for n in program.graph.nodes if n.op == "call_module"),
+            "diffs": [max_abs_diff(got, want) for got, want in zip(runs, expected["runs"], strict=True)],
+            "cache_diff": max_abs_diff([module.cache], [expected["cache"]]),
+        }))
+"""
+
+
+def test_kv_cache_updated_inside_an_engine_loads_and_runs_as_stock_does(tmp_path: Path) -> None:
+    """2.14's aliased (KV-cache) mutations through each ``exported_program`` save path, plugin and stock.
+
+    The release's own ``save``, exporter, ``_expose_aliased_buffer_mutations``
+    (legacy exporter) and ``_declare_aliased_kv_mutations_on_ep`` (re-exported
+    programs) declare the cache a buffer mutation; each file is loaded in a
+    fresh process and called three times (each call reads the cache the last
+    one left) against the compiled module, bit for bit, cache included. The
+    plugin's sample run at save leaves the module's cache as it found it.
+    """
+    if RELEASE is None or "expose_aliased_mutations" not in RELEASE.inline_trt_params:
+        pytest.skip(f"Torch-TensorRT {RELEASE.version if RELEASE else '(none)'} has no aliased (KV-cache) mutations")
+    tree = release_tree(tmp_path, kv_cache=True)
+    paths = ["legacy", "reexport", "retrace"]
+    reports = {}
+    for variant in ("plugin", "stock"):
+        folder = tmp_path / variant
+        folder.mkdir()
+        saves = run_python_forks(
+            _KV_CACHE, tree, [[str(folder), path] for path in paths], preload=("torch_tensorrt",),
+            disable=variant == "stock",
+        )  # fmt: skip
+        for path, (status, output) in zip(paths, saves, strict=True):
+            assert status == 0, f"{variant} {path}: {output[-4000:]}"
+            saved = json.loads(output.strip().splitlines()[-1])
+            assert saved["error"] is None, (variant, path, saved)
+            assert saved["cache_kept_by_save"], (variant, path)
+        for path in paths:
+            proc = run_python(_KV_CACHE, tree, str(folder), "load", str(folder / f"{path}.pt2"))
+            assert proc.returncode == 0, f"{variant} {path}: {proc.stderr[-4000:]}"
+            reports[variant, path] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for path in paths:
+        report = reports["plugin", path]
+        assert report["engines"] == 1 and report["call_modules"] == 0, (path, report)
+        assert report["mutations"] == ["cache"], (path, report)
+        assert report["diffs"] == [0.0, 0.0, 0.0] and report["cache_diff"] == 0.0, (path, report)
+        assert reports["stock", path] == report, (path, reports["stock", path], report)

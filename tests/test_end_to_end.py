@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
-from models import RELU, ConvBnRelu, EdgesFallBack, MultiOutputBothSides, TinyResNet
+from models import RELU, ConvBnRelu, EdgesFallBack, MultiOutputBothSides, RunningCache, TinyResNet
 
 import trt_inline
 from trt_inline import reference
@@ -82,6 +82,29 @@ def test_seed_scenario_relu_fallback(tmp_path: Path) -> None:
     assert any(placeholder == "getitem" for _, placeholder, _ in hazards), hazards
     engines = [n for n, m in compiled.named_children() if isinstance(m, reference.ReferenceEngine)]
     assert any(len(compiled.get_submodule(n).program) and compiled.get_submodule(n).num_outputs > 1 for n in engines)
+
+
+def test_save_leaves_a_buffer_the_module_updates_as_it_found_it(tmp_path: Path) -> None:
+    """The save's sample run (reference I/O, boundaries) puts back a buffer the forward writes (a cache).
+
+    The stock save runs nothing: a save must neither advance the module's state
+    by a call nor write the advanced state into the file.
+    """
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    compiled = reference.compile(RunningCache().eval(), (x,), torch_executed_ops=[RELU])
+    (cache_name,) = [name for name, _ in compiled.named_buffers() if name.endswith("cache")]
+    initial = compiled.get_buffer(cache_name).clone()
+    with torch.no_grad():
+        compiled(x)  # a call from the initial state moves the cache: the save must not make one
+    assert not torch.equal(compiled.get_buffer(cache_name), initial)
+    compiled.get_buffer(cache_name).copy_(initial)
+    path = tmp_path / "cache.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,), embed_reference="boundaries")
+    assert torch.equal(compiled.get_buffer(cache_name), initial)
+    saved = {k: v for k, v in torch.export.load(path).state_dict.items() if k.endswith("cache")}
+    assert len(saved) == 1 and torch.equal(next(iter(saved.values())), initial), saved
+    assert trt_inline.verify(path, allow_ops=["aten::copy_"]).ok  # the cache update writes its argument
 
 
 def test_resnet_residual_add_falls_back(tmp_path: Path) -> None:

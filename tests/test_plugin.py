@@ -47,6 +47,7 @@ def release_tree(
     stand_in_engine_op: bool = False,
     executorch: bool = False,
     cross_compile: bool = False,
+    kv_cache: bool = False,
 ) -> Path:
     """The shell package of the release the installed torch belongs to; skip where there is none."""
     if RELEASE is None:
@@ -59,6 +60,7 @@ def release_tree(
             stand_in_engine_op=stand_in_engine_op,
             executorch=executorch,
             cross_compile=cross_compile,
+            kv_cache=kv_cache,
         )
     except releases.Unavailable as exc:
         unavailable(exc)

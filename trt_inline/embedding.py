@@ -20,6 +20,7 @@ from typing import Any
 import torch.fx
 
 from trt_inline import engines, package
+from trt_inline.attributes import buffers_restored
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.formats import BOUNDARIES, PACKAGE_INFO_FILE
 from trt_inline.verify.boundaries import provenance, record_program_boundaries, recording
@@ -61,12 +62,14 @@ def reference_extra_files(
     """
     args = list(arg_inputs or ())
     try:
-        with recording(module if boundaries else None) as records:
-            reference_io = capture_reference_io(module, args, kwarg_inputs)
-        if boundaries:
-            if not records and _is_flat(module):
-                records = record_program_boundaries(module, args, dict(kwarg_inputs or {}))
-            reference_io.boundaries = records
+        # The runs leave the module's buffers (a KV cache, a counter) as they found them, as the stock save does.
+        with buffers_restored(module):
+            with recording(module if boundaries else None) as records:
+                reference_io = capture_reference_io(module, args, kwarg_inputs)
+            if boundaries:
+                if not records and _is_flat(module):
+                    records = record_program_boundaries(module, args, dict(kwarg_inputs or {}))
+                reference_io.boundaries = records
         reference_io.provenance = provenance(module)
     except VerifyInputError as exc:
         warnings.warn(f"trt-inline: reference I/O not embedded in {target}: {exc}", stacklevel=3)

@@ -35,6 +35,7 @@ from torch.export import ExportGraphSignature
 from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 
 from trt_inline import compat, engines, passes, releases
+from trt_inline.attributes import buffers_restored
 from trt_inline.errors import PatchError, SaveError
 from trt_inline.flat_program import add_missing_ranges, drop_guard_calls, drop_unserializable, lift_into
 from trt_inline.plugin.save import sample_inputs_of_this_save
@@ -116,7 +117,7 @@ def record_engine_outputs(gm: torch.fx.GraphModule, inputs: tuple[Any, ...], kwa
         for target in untyped
     ]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), buffers_restored(gm):
             gm(*inputs, **kwarg_inputs)
     finally:
         for handle in handles:

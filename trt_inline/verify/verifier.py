@@ -12,6 +12,7 @@ import torch
 from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, distributed, progress
+from trt_inline.attributes import buffers_restored
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.distributed.manifest import decode_manifest, program_mismatch
 from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line, printable
@@ -234,7 +235,11 @@ def verify(
                 "random inputs are drawn from the file's declared ranges in the child that opens it, where "
                 "expected_module cannot run: pass isolate=False (a trusted file), or compare two files with diff"
             )
-        with recording(expected_module if per_engine else None) as records, torch.no_grad():
+        with (
+            recording(expected_module if per_engine else None) as records,
+            torch.no_grad(),
+            buffers_restored(expected_module),
+        ):
             expected = tensors_only(expected_module(*arg_inputs, **(kwarg_inputs or {})), "expected outputs")
         recorded = records if per_engine else None
         label = "module"
@@ -532,7 +537,11 @@ def _verify_here(
                 raise VerifyInputError("expected_module needs arg_inputs (the file embeds no inputs)")
             args = list(arg_inputs) if arg_inputs is not None else embedded.args  # type: ignore[union-attr]
             kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
-            with recording(expected_module if per_engine else None) as records, torch.no_grad():
+            with (
+                recording(expected_module if per_engine else None) as records,
+                torch.no_grad(),
+                buffers_restored(expected_module),
+            ):
                 want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
             recorded = records if per_engine else None
             report.expected_source = "module"
