@@ -455,11 +455,11 @@ _KV_CACHE = """
     if step != "load":
         compiled = compiled_module()
         before = compiled.cache.clone()
+        exporter, _, output_format = step.partition(".")
         options = {"legacy": {"retrace": False}, "reexport": {"retrace": False, "use_legacy_exporter": False},
-                   "retrace": {"retrace": True}}[step]
+                   "retrace": {"retrace": True}}[exporter]
         try:
-            torch_tensorrt.save(compiled, f"{folder}/{step}.pt2", output_format="exported_program",
-                                arg_inputs=[x], **options)
+            torch_tensorrt.save(compiled, f"{folder}/{step}", output_format=output_format, arg_inputs=[x], **options)
             error = None
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -467,11 +467,14 @@ _KV_CACHE = """
         with torch.no_grad():  # three calls: each reads the cache the one before it left
             runs = [as_list(compiled(x)) for _ in range(3)]
         torch.save({"runs": runs, "cache": compiled.cache.clone()}, f"{folder}/expected.pt")
-        print(json.dumps({"error": error, "cache_kept_by_save": kept}))
+        from torch_tensorrt.dynamo import _exporter
+
+        passes = _exporter.inline_trt_modules.__module__  # whose passes flattened it
+        print(json.dumps({"error": error, "cache_kept_by_save": kept, "passes": passes}))
     else:
-        expected = torch.load(f"{folder}/expected.pt")
         program = torch.export.load(sys.argv[3])
         module = program.module()
+        expected = torch.load(f"{folder}/expected.pt")
         with torch.no_grad():
             runs = [as_list(module(x)) for _ in range(3)]
         print(json.dumps({
@@ -497,25 +500,27 @@ def test_kv_cache_updated_inside_an_engine_loads_and_runs_as_stock_does(tmp_path
     if RELEASE is None or "expose_aliased_mutations" not in RELEASE.inline_trt_params:
         pytest.skip(f"Torch-TensorRT {RELEASE.version if RELEASE else '(none)'} has no aliased (KV-cache) mutations")
     tree = release_tree(tmp_path, kv_cache=True)
-    paths = ["legacy", "reexport", "retrace"]
+    files = [f"{exporter}.exported_program" for exporter in ("legacy", "reexport", "retrace")]
     reports = {}
     for variant in ("plugin", "stock"):
         folder = tmp_path / variant
         folder.mkdir()
         saves = run_python_forks(
-            _KV_CACHE, tree, [[str(folder), path] for path in paths], preload=("torch_tensorrt",),
+            _KV_CACHE, tree, [[str(folder), path] for path in files], preload=("torch_tensorrt",),
             disable=variant == "stock",
         )  # fmt: skip
-        for path, (status, output) in zip(paths, saves, strict=True):
+        for path, (status, output) in zip(files, saves, strict=True):
             assert status == 0, f"{variant} {path}: {output[-4000:]}"
             saved = json.loads(output.strip().splitlines()[-1])
             assert saved["error"] is None, (variant, path, saved)
             assert saved["cache_kept_by_save"], (variant, path)
-        for path in paths:
-            proc = run_python(_KV_CACHE, tree, str(folder), "load", str(folder / f"{path}.pt2"))
+            ours = "trt_inline.plugin.adapters" if variant == "plugin" else "torch_tensorrt.dynamo._exporter"
+            assert saved["passes"] == ours, (variant, saved)
+        for path in files:  # each file in a fresh process
+            proc = run_python(_KV_CACHE, tree, str(folder), "load", str(folder / path))
             assert proc.returncode == 0, f"{variant} {path}: {proc.stderr[-4000:]}"
             reports[variant, path] = json.loads(proc.stdout.strip().splitlines()[-1])
-    for path in paths:
+    for path in files:
         report = reports["plugin", path]
         assert report["engines"] == 1 and report["call_modules"] == 0, (path, report)
         assert report["mutations"] == ["cache"], (path, report)
