@@ -365,6 +365,7 @@ def test_cross_compiled_program_is_wired_by_position_and_loads_as_windows_does(t
     if RELEASE is not None and releases.minor(RELEASE.version) < (2, 6):
         pytest.skip(f"Torch-TensorRT {RELEASE.version} has no cross-compiling")
     tree = release_tree(tmp_path, cross_compile=True)
+    (tmp_path / "stock").mkdir()
     (status, saved), (_, stock) = run_python_forks(
         _CROSS_COMPILE, tree, [[str(tmp_path), "save"], [str(tmp_path / "stock"), "stock"]]
     )
