@@ -111,3 +111,22 @@ def test_good_files_compute_the_same_through_the_canonical_path(
                 assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)), (path.name, inputs[0].shape)
         report = trt_inline.verify(path)
         assert report.ok, report.to_text()
+
+
+def test_type_hints_cached_while_deserializing_give_the_same_program_and_are_put_back(saved_seed: SavedSeed) -> None:
+    """The deserializer's type-hint lookups answered from a cache: the same dataclasses, torch's module as it was."""
+    import typing
+
+    from torch._export.serde import serialize
+
+    _, document = _program_entry(saved_seed.good)
+    program_class = compat.export_schema().ExportedProgram
+    stock = serialize._dict_to_dataclass(program_class, json.loads(document))
+    with compat._type_hints_cached(serialize):
+        assert serialize.typing is not typing
+        cached = serialize._dict_to_dataclass(program_class, json.loads(document))
+    assert serialize.typing is typing
+    assert cached == stock
+    with pytest.raises(RuntimeError), compat._type_hints_cached(serialize):
+        raise RuntimeError("put back on the way out of an error too")
+    assert serialize.typing is typing
