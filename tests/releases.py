@@ -108,6 +108,7 @@ class Unavailable(Exception):
 # The files of a release's wheel the tests read (extracted once per release into the cache).
 RELEASE_MEMBERS = (
     "dynamo/_exporter.py", "_compile.py", "dynamo/partitioning/common.py", "dynamo/__init__.py", "dynamo/_refit.py",
+    "dynamo/_compiler.py",
 )  # fmt: skip
 
 
@@ -442,6 +443,7 @@ def package_tree(
         dynamo_init = exporter_imports(release_file(version, "dynamo/__init__.py"))
         (package / "dynamo" / "__init__.py").write_text(dynamo_init)
         (package / "dynamo" / "_refit.py").write_text(exporter_imports(release_file(version, "dynamo/_refit.py")))
+        (package / "dynamo" / "_compiler.py").write_text(exporter_imports(release_file(version, "dynamo/_compiler.py")))
     partitioning = ""
     if minor(version) <= (2, 5):
         partitioning = extract(release_file(version, "dynamo/partitioning/common.py"), ["run_shape_analysis"])

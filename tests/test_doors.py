@@ -23,6 +23,7 @@ from test_plugin import RELEASE, release_tree, run_python, run_python_forks, una
 _BINDINGS = """
     import json, os, torch
     import torch_tensorrt, torch_tensorrt.dynamo, torch_tensorrt.dynamo._refit as refit
+    import torch_tensorrt.dynamo._compiler as compiler
     import torch_tensorrt.dynamo._exporter as ex
     import trt_inline
     from trt_inline import passes, plugin
@@ -30,7 +31,13 @@ _BINDINGS = """
     def state():
         return {"refit": refit.inline_torch_modules is passes.inline_torch_modules,
                 "export_is_the_exporters": torch_tensorrt.dynamo.export is ex.export,
-                "export_wrapped": hasattr(torch_tensorrt.dynamo.export, "__wrapped__")}  # functools.wraps
+                "export_wrapped": hasattr(torch_tensorrt.dynamo.export, "__wrapped__"),  # functools.wraps
+                # the Windows loader of cross-compiled programs (2.6+): replaced on 2.6, bound by name in _compiler
+                "loader_is_the_exporters": getattr(compiler, LOADER, None) is getattr(ex, LOADER, None),
+                "loader_replaced": "loading_engine_outputs_once" in getattr(getattr(ex, LOADER, None),
+                                                                            "__qualname__", "")}
+
+    LOADER = "replace_execute_engine_no_op_node"
 
     states = [state()]
     if os.environ.get("TRT_INLINE_DISABLE"):
@@ -52,8 +59,11 @@ def test_dynamo_export_and_refit_bindings_follow_install_and_uninstall(tmp_path:
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert RELEASE is not None
     # `export` is replaced where it re-exports the inlined graph (2.11+); elsewhere it reaches the passes stock.
-    active = {"refit": True, "export_is_the_exporters": True, "export_wrapped": RELEASE.retrace_inlines}
-    stock = {"refit": False, "export_is_the_exporters": True, "export_wrapped": False}
+    loader = "replace_execute_engine_no_op_node" in RELEASE.replaced
+    active = {"refit": True, "export_is_the_exporters": True, "export_wrapped": RELEASE.retrace_inlines,
+              "loader_is_the_exporters": True, "loader_replaced": loader}  # fmt: skip
+    stock = {"refit": False, "export_is_the_exporters": True, "export_wrapped": False,
+             "loader_is_the_exporters": True, "loader_replaced": False}  # fmt: skip
     expected = [active, stock, active] if when == "at import" else [stock, active, stock, active]
     assert report["states"] == expected
     assert report["doors"] == {
@@ -280,7 +290,7 @@ def test_executorch_lowers_the_program_trt_inline_flattened(tmp_path: Path) -> N
 _CROSS_COMPILE = """
     import inspect, io, json, sys, torch
     import torch_tensorrt, trt_inline
-    import torch_tensorrt.dynamo._exporter as ex
+    import torch_tensorrt.dynamo._compiler as compiler  # what save/load_cross_compiled_exported_program call
     from torch_tensorrt.dynamo.runtime import _TorchTensorRTModule as runtime
     from conftest import as_list, max_abs_diff
     from models import CrossedHalves
@@ -308,7 +318,7 @@ _CROSS_COMPILE = """
     folder, step = sys.argv[1], sys.argv[2]
     if step in ("save", "stock"):
         if step == "stock":  # the release's own export(), the plugin's passes otherwise
-            ex.export = getattr(ex.export, "__wrapped__", ex.export)  # where the plugin replaces it (2.11+)
+            compiler.export = getattr(compiler.export, "__wrapped__", compiler.export)  # replaced on 2.11+
         torch.manual_seed(0)
         x = torch.randn(3, 8)
         compiled = trt_inline.reference.compile(CrossedHalves().eval(), (x,), torch_executed_ops=["aten.relu.default"])
@@ -316,10 +326,10 @@ _CROSS_COMPILE = """
             if isinstance(module, ReferenceEngine):
                 setattr(compiled, name, TorchTensorRTModule(module))
         # What save_cross_compiled_exported_program (dynamo/_compiler.py) does: export, then torch.export.save.
-        flag = "cross_compile_flag" if "cross_compile_flag" in inspect.signature(ex.export).parameters else (
+        flag = "cross_compile_flag" if "cross_compile_flag" in inspect.signature(compiler.export).parameters else (
             "cross_compile_module")
         try:
-            program = ex.export(compiled, **{flag: True})
+            program = compiler.export(compiled, **{flag: True})
         except Exception as exc:
             print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
             sys.exit(0)
@@ -334,7 +344,7 @@ _CROSS_COMPILE = """
         program = torch.export.load(f"{folder}/cross.pt2")
         slots = [type(n.args[1 + runtime.ENGINE_IDX]).__name__ for n in program.graph.nodes
                  if "no_op_placeholder" in str(n.target)]
-        gm = ex.replace_execute_engine_no_op_node(program).graph_module
+        gm = compiler.replace_execute_engine_no_op_node(program).graph_module
         engines = 0
         for node in list(gm.graph.nodes):   # each engine the release's loader rebuilt runs as its reference engine
             if node.target is not torch.ops.tensorrt.execute_engine.default:

@@ -112,7 +112,9 @@ def test_the_release_record_says_what_the_release_source_does() -> None:
         member = module_name.removeprefix("torch_tensorrt.").replace(".", "/")
         member = f"{member}/__init__.py" if module_name == "torch_tensorrt.dynamo" else f"{member}.py"
         imported = releases.exporter_imports(releases.release_file(RELEASE.version, member))
-        assert imported == "".join(f"from torch_tensorrt.dynamo._exporter import {n}\n" for n in names), imported
+        if module_name.endswith("._compiler") and RELEASE.minor < (2, 6):
+            names = ()  # no cross-compiling: nothing bound
+        assert imported.strip() == "".join(f"from torch_tensorrt.dynamo._exporter import {n}\n" for n in names).strip()
 
 
 def package_tree(root: Path, version: str, exporter_source: str) -> Path:

@@ -62,6 +62,8 @@ _WHY = {
     "cross-compiling, which gives it no inputs (missing a required argument)",
     "copy": "transform deep-copies every weight and engine (a second copy of the model in memory; an engine "
     "module without __deepcopy__ is deserialized again)",
+    "replace_execute_engine_no_op_node": "the Windows loader of cross-compiled programs indexes a one-output "
+    "engine's result a second time (the program reads its first row), and fails on an engine output nothing reads",
 }
 
 # A pickled engine whose reconstructor is a Python function of the installed torch_tensorrt (2.13+).
@@ -117,6 +119,8 @@ EXPORTER_NAMES_BOUND_ELSEWHERE: Mapping[str, tuple[str, ...]] = MappingProxyType
     {
         "torch_tensorrt.dynamo": ("export",),  # the public `torch_tensorrt.dynamo.export`
         "torch_tensorrt.dynamo._refit": ("inline_torch_modules",),  # refit of a loaded program
+        # save_cross_compiled_exported_program and load_cross_compiled_exported_program (2.6+)
+        "torch_tensorrt.dynamo._compiler": ("replace_execute_engine_no_op_node", "export"),
     }
 )
 
@@ -127,7 +131,8 @@ RELEASES: tuple[Release, ...] = (
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
     ),
     Release(
-        "2.6.1", "2.6.0", _CROSS_COMPILE_FLAG, _BY_NAME,
+        "2.6.1", "2.6.0", _CROSS_COMPILE_FLAG,
+        _replaced("inline_trt_modules", "lift", "create_trt_exp_program", "replace_execute_engine_no_op_node"),
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
     ),
     Release(

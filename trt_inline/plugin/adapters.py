@@ -24,6 +24,7 @@ import copy
 import functools
 import inspect
 import logging
+import operator
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -317,7 +318,52 @@ _REPLACEMENTS: dict[str, Callable[[ModuleType, releases.Release, Any], Any]] = {
     "create_trt_exp_program": lambda exporter, release, stock: completing_program(stock),
     "copy": lambda exporter, release, stock: sharing_copy_module(),
     "export": lambda exporter, release, stock: size_oblivious_export(stock),
+    "replace_execute_engine_no_op_node": lambda exporter, release, stock: loading_engine_outputs_once(stock),
 }
+
+
+def loading_engine_outputs_once(stock: Callable[..., Any]) -> Callable[..., Any]:
+    """2.6's Windows loader of a cross-compiled program, reading each engine output once.
+
+    For an engine with one output, 2.6's ``replace_execute_engine_no_op_node``
+    puts a ``getitem(engine, 0)`` of its own in front of the ``getitem(..., 0)``
+    the exporter (stock or ours) wrote, so the program reads the first row of
+    that output (2.7 dropped it)::
+
+        before:  execute_engine -> getitem(_, 0) [the loader's] -> getitem(_, 0) -> relu
+        after:   execute_engine -> getitem(_, 0) -> relu
+
+    It also finds its placeholder calls by node name, and so takes a
+    ``<call>_unused_0`` getitem (an engine output nothing reads) for one; those
+    dead getitems are dropped first.
+    """
+
+    def replace_execute_engine_no_op_node(exp_program: Any) -> Any:
+        graph = exp_program.graph_module.graph
+        for node in list(graph.nodes):
+            source = node.args[0] if node.target is operator.getitem and node.args else None
+            if not node.users and isinstance(source, torch.fx.Node) and engines.is_engine_call(source):
+                graph.erase_node(node)
+        program = stock(exp_program)
+        gm = program.graph_module
+        for node in list(gm.graph.nodes):
+            inserted = node.args[0] if node.target is operator.getitem and node.args else None
+            if not (
+                isinstance(inserted, torch.fx.Node)
+                and inserted.target is operator.getitem
+                and engines.is_engine_call(inserted.args[0])  # type: ignore[arg-type]
+                and isinstance(inserted.meta.get("val"), (list, tuple))  # the whole output list: the loader's
+                and len(inserted.meta["val"]) == 1
+            ):
+                continue
+            node.replace_input_with(inserted, inserted.args[0])  # type: ignore[arg-type]
+            if not inserted.users:
+                gm.graph.erase_node(inserted)
+        gm.recompile()
+        return program
+
+    replace_execute_engine_no_op_node.__doc__ = (stock.__doc__ or "") + (loading_engine_outputs_once.__doc__ or "")
+    return replace_execute_engine_no_op_node
 
 
 def sharing_copy_module() -> ModuleType:
