@@ -264,15 +264,15 @@ class HalfSlice(nn.Module):
         return torch.relu(h[:, 0 : h.shape[1] // 2])
 
 
-# Before 2.8 torch has no size-oblivious tracing: a size read back from an engine stays an unbacked
+# Without the size-oblivious flag (torch 2.6 and before) a size read back from an engine stays an unbacked
 # symbol that slice/expand decompositions guard on, and a Dim(min=1) equated with it narrows to 2.
 SIZE_OBLIVIOUS_REASON = (
     f"torch {torch.__version__} traces without size-oblivious sizes (2.8+): a scalar of a derived Dim or "
     "of a Dim(min=1) crossing an engine boundary cannot be re-exported"
 )
-# From 2.8 torch has the size-oblivious flag, but before DERIVED_SCALARS_FROM its slice decomposition
+# From 2.7 torch has the size-oblivious flag, but before DERIVED_SCALARS_FROM its slice decomposition
 # still guards on an engine's unbacked size scalar (GuardOnDataDependentSymNode in slice_forward), and
-# 2.8 cannot serialize a SymBool cast (cast_symbool_to_symint_guardless): measured on 2.8.0 and 2.9.1.
+# 2.8 cannot serialize a SymBool cast (cast_symbool_to_symint_guardless): measured on 2.7.1, 2.8.0 and 2.9.1.
 DERIVED_SCALARS_FROM = (2, 10)
 
 
