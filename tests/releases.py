@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,13 +114,26 @@ RELEASE_MEMBERS = (
 
 
 def exporter_imports(source: str) -> str:
-    """The statements of a module's source that import names from the exporter (``from ..._exporter import``).
+    """The statements of a module's source that bind exporter names when it is imported (``from ..._exporter import``).
 
-    Wherever they are (``torch_tensorrt.dynamo`` imports ``export`` inside an
-    ``if``), they come out as top-level statements, relative imports made absolute.
+    Those of its top level, also inside an ``if`` or a ``try`` (``torch_tensorrt.dynamo``
+    imports ``export`` inside an ``if``), come out as top-level statements, relative imports made
+    absolute; an import inside a function runs when it is called and reads the exporter then.
     """
+
+    def executed_at_import(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+        for statement in body:
+            yield statement
+            if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    inner = getattr(statement, field, None)
+                    if isinstance(inner, list):
+                        yield from executed_at_import([s for s in inner if isinstance(s, ast.stmt)])
+                for handler in getattr(statement, "handlers", []):
+                    yield from executed_at_import(handler.body)
+
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in executed_at_import(ast.parse(source).body):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "_exporter":
             names = ", ".join(a.name if a.asname is None else f"{a.name} as {a.asname}" for a in node.names)
             found.append(f"from torch_tensorrt.dynamo._exporter import {names}")

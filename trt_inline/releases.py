@@ -62,7 +62,9 @@ _WHY = {
     "cross-compiling, which gives it no inputs (missing a required argument)",
     "copy": "transform deep-copies every weight and engine (a second copy of the model in memory; an engine "
     "module without __deepcopy__ is deserialized again)",
-    "replace_execute_engine_no_op_node": "the Windows loader of cross-compiled programs indexes a one-output "
+    "replace_execute_engine_no_op_node": "the Windows loader of cross-compiled programs finds its placeholder "
+    "calls by node name, and so fails on an engine output nothing reads (its getitem is named after the call)",
+    "replace_execute_engine_no_op_node (2.6)": "the Windows loader of cross-compiled programs indexes a one-output "
     "engine's result a second time (the program reads its first row), and fails on an engine output nothing reads",
 }
 
@@ -108,9 +110,10 @@ def _replaced(*names: str) -> Mapping[str, str]:
 
 _CROSS_COMPILE_FLAG = ("gm", "cross_compile_flag")
 _CROSS_COMPILE = ("gm", "cross_compile_module")
-_BY_NAME = _replaced("inline_trt_modules", "lift", "create_trt_exp_program")
+_LOADER = "replace_execute_engine_no_op_node"
+_BY_NAME = _replaced("inline_trt_modules", "lift", "create_trt_exp_program", _LOADER)
 # From 2.11 `export()` re-exports the inlined graph with torch.export.export (retrace=True, dynamo.export).
-_BY_NAME_RETRACING = _replaced("inline_trt_modules", "lift", "create_trt_exp_program", "export")
+_BY_NAME_RETRACING = _replaced("inline_trt_modules", "lift", "create_trt_exp_program", "export", _LOADER)
 
 # Modules of Torch-TensorRT that bind an exporter function by name when they are imported (`from
 # torch_tensorrt.dynamo._exporter import ...`): replacing the exporter's attribute does not reach them, so the
@@ -119,8 +122,8 @@ EXPORTER_NAMES_BOUND_ELSEWHERE: Mapping[str, tuple[str, ...]] = MappingProxyType
     {
         "torch_tensorrt.dynamo": ("export",),  # the public `torch_tensorrt.dynamo.export`
         "torch_tensorrt.dynamo._refit": ("inline_torch_modules",),  # refit of a loaded program
-        # save_cross_compiled_exported_program and load_cross_compiled_exported_program (2.6+)
-        "torch_tensorrt.dynamo._compiler": ("replace_execute_engine_no_op_node", "export"),
+        # load_cross_compiled_exported_program, the Windows loader (2.6+); its save imports `export` when called
+        "torch_tensorrt.dynamo._compiler": ("replace_execute_engine_no_op_node",),
     }
 )
 
@@ -132,7 +135,7 @@ RELEASES: tuple[Release, ...] = (
     ),
     Release(
         "2.6.1", "2.6.0", _CROSS_COMPILE_FLAG,
-        _replaced("inline_trt_modules", "lift", "create_trt_exp_program", "replace_execute_engine_no_op_node"),
+        _replaced("inline_trt_modules", "lift", "create_trt_exp_program", f"{_LOADER} (2.6)"),
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
     ),
     Release(
@@ -167,7 +170,7 @@ RELEASES: tuple[Release, ...] = (
     ),
     Release(
         "2.14.0", "2.14.1", ("gm", "cross_compile_module", "expose_aliased_mutations"),
-        _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program", "export"),
+        _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program", "export", _LOADER),
         wires_by_name=False, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
         executorch=True, lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
     ),

@@ -323,47 +323,59 @@ _REPLACEMENTS: dict[str, Callable[[ModuleType, releases.Release, Any], Any]] = {
 
 
 def loading_engine_outputs_once(stock: Callable[..., Any]) -> Callable[..., Any]:
-    """2.6's Windows loader of a cross-compiled program, reading each engine output once.
+    """The Windows loader of a cross-compiled program (2.6+), reading each engine output once.
 
-    For an engine with one output, 2.6's ``replace_execute_engine_no_op_node``
-    puts a ``getitem(engine, 0)`` of its own in front of the ``getitem(..., 0)``
-    the exporter (stock or ours) wrote, so the program reads the first row of
-    that output (2.7 dropped it)::
+    Every release's ``replace_execute_engine_no_op_node`` finds its placeholder
+    calls by node name, and so takes the getitem torch names
+    ``<call>_unused_<i>`` (an engine output nothing reads) for one and fails on
+    it: those dead getitems are dropped first. 2.6's also puts a
+    ``getitem(engine, 0)`` of its own in front of the ``getitem(..., 0)`` the
+    exporter (stock or ours) wrote for a one-output engine, so the program reads
+    the first row of that output (2.7 dropped it)::
 
         before:  execute_engine -> getitem(_, 0) [the loader's] -> getitem(_, 0) -> relu
         after:   execute_engine -> getitem(_, 0) -> relu
 
-    It also finds its placeholder calls by node name, and so takes a
-    ``<call>_unused_0`` getitem (an engine output nothing reads) for one; those
-    dead getitems are dropped first.
+    and types a multi-output engine's getitems by the order of its users; each
+    is typed by its index instead.
     """
 
     def replace_execute_engine_no_op_node(exp_program: Any) -> Any:
         graph = exp_program.graph_module.graph
         for node in list(graph.nodes):
-            source = node.args[0] if node.target is operator.getitem and node.args else None
-            if not node.users and isinstance(source, torch.fx.Node) and engines.is_engine_call(source):
+            if not node.users and _engine_getitem(node) is not None:
                 graph.erase_node(node)
         program = stock(exp_program)
         gm = program.graph_module
         for node in list(gm.graph.nodes):
             inserted = node.args[0] if node.target is operator.getitem and node.args else None
-            if not (
+            if (
                 isinstance(inserted, torch.fx.Node)
-                and inserted.target is operator.getitem
-                and engines.is_engine_call(inserted.args[0])  # type: ignore[arg-type]
-                and isinstance(inserted.meta.get("val"), (list, tuple))  # the whole output list: the loader's
+                and _engine_getitem(inserted) is not None
+                and isinstance(inserted.meta.get("val"), (list, tuple))  # the whole output list: the loader's own
                 and len(inserted.meta["val"]) == 1
             ):
-                continue
-            node.replace_input_with(inserted, inserted.args[0])  # type: ignore[arg-type]
-            if not inserted.users:
-                gm.graph.erase_node(inserted)
+                node.replace_input_with(inserted, inserted.args[0])  # type: ignore[arg-type]
+                if not inserted.users:
+                    gm.graph.erase_node(inserted)
+        for node in gm.graph.nodes:
+            engine_call = _engine_getitem(node)
+            values = engine_call.meta.get("val") if engine_call is not None else None
+            if isinstance(values, (list, tuple)) and isinstance(node.args[1], int) and node.args[1] < len(values):
+                node.meta["val"] = values[node.args[1]]
         gm.recompile()
         return program
 
     replace_execute_engine_no_op_node.__doc__ = (stock.__doc__ or "") + (loading_engine_outputs_once.__doc__ or "")
     return replace_execute_engine_no_op_node
+
+
+def _engine_getitem(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The engine call ``node`` takes an output of, where ``node`` is ``getitem(engine call, i)``."""
+    if node.op != "call_function" or node.target is not operator.getitem or not node.args:
+        return None
+    source = node.args[0]
+    return source if isinstance(source, torch.fx.Node) and engines.is_engine_call(source) else None
 
 
 def sharing_copy_module() -> ModuleType:
