@@ -587,11 +587,11 @@ def prepare_package_loading() -> None:
 
 
 def aoti_loader_folders() -> tuple[str, ...]:
-    """Folders AOTInductor's package loader writes to whatever ``TMPDIR`` says: the C++ loader of torch 2.8
-    and 2.12 extracts into a hard-coded ``/tmp/XXXXXX`` (the literal is in 2.12.1's libtorch_cpu, not in
-    2.13.0's or 2.14.1's); 2.9 ... 2.11 and 2.13 on honour ``TMPDIR``."""
+    """Folders AOTInductor's package loader writes to whatever ``TMPDIR`` says: the C++ loader of torch
+    2.8 ... 2.12 extracts into a hard-coded ``/tmp/XXXXXX`` (seen as ``mkdir("/tmp/qNOkVj")`` under
+    2.10.0, and on 2.9.1, 2.11.0 and 2.12.1); 2.13 on honour ``TMPDIR``."""
     version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    hard_coded = version < (2, 9) or version == (2, 12)
+    hard_coded = version < (2, 13)
     return ("/tmp",) if hard_coded and aoti_packages() is None else ()
 
 
