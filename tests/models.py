@@ -121,8 +121,9 @@ class RunningCache(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear(x)
+        out = torch.relu(y) + torch.relu(self.cache).sum(0)  # with relu falling back, read from the buffer itself
         self.cache.mul_(0.5).add_(y[:2])
-        return torch.relu(y) + self.cache.sum(0)
+        return out
 
 
 class CrossedHalves(nn.Module):

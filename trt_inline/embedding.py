@@ -20,9 +20,9 @@ from typing import Any
 import torch.fx
 
 from trt_inline import engines, package
-from trt_inline.attributes import buffers_restored
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.formats import BOUNDARIES, PACKAGE_INFO_FILE
+from trt_inline.module_state import buffers_restored
 from trt_inline.verify.boundaries import provenance, record_program_boundaries, recording
 from trt_inline.verify.reference_io import REFERENCE_IO_FILE, capture_reference_io, encode_reference_io
 
@@ -62,14 +62,15 @@ def reference_extra_files(
     """
     args = list(arg_inputs or ())
     try:
-        # The runs leave the module's buffers (a KV cache, a counter) as they found them, as the stock save does.
-        with buffers_restored(module):
-            with recording(module if boundaries else None) as records:
-                reference_io = capture_reference_io(module, args, kwarg_inputs)
-            if boundaries:
-                if not records and _is_flat(module):
+        # Each run starts from the module's buffers (a KV cache, a counter) as the save found them, and leaves them
+        # so: the stock save runs nothing.
+        with buffers_restored(module), recording(module if boundaries else None) as records:
+            reference_io = capture_reference_io(module, args, kwarg_inputs)
+        if boundaries:
+            if not records and _is_flat(module):
+                with buffers_restored(module):
                     records = record_program_boundaries(module, args, dict(kwarg_inputs or {}))
-                reference_io.boundaries = records
+            reference_io.boundaries = records
         reference_io.provenance = provenance(module)
     except VerifyInputError as exc:
         warnings.warn(f"trt-inline: reference I/O not embedded in {target}: {exc}", stacklevel=3)

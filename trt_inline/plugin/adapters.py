@@ -36,9 +36,9 @@ from torch.export import ExportGraphSignature
 from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 
 from trt_inline import compat, engines, passes, releases
-from trt_inline.attributes import buffers_restored
 from trt_inline.errors import PatchError, SaveError
 from trt_inline.flat_program import add_missing_ranges, drop_guard_calls, drop_unserializable, lift_into
+from trt_inline.module_state import buffers_restored
 from trt_inline.plugin.save import sample_inputs_of_this_save
 
 __all__ = ["lift", "preflight", "record_engine_outputs", "release_of", "replacements_for", "torch_tensorrt_version"]

@@ -11,6 +11,7 @@ from torch.utils import _pytree as pytree
 
 from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.module_state import buffers_restored
 from trt_inline.verify.report import OutputComparison, describe_value
 
 __all__ = [
@@ -113,7 +114,7 @@ def run_on(
         args = [a.to(device) for a in args]
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
     try:
-        with isolated_run(), torch.no_grad():
+        with isolated_run(), torch.no_grad(), buffers_restored(module):  # each run from the state it was given
             outputs = module(*args, **kwargs)
     except Exception as exc:
         raise VerifyInputError(

@@ -12,11 +12,11 @@ import torch
 from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, distributed, progress
-from trt_inline.attributes import buffers_restored
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.distributed.manifest import decode_manifest, program_mismatch
 from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line, printable
 from trt_inline.formats import atomic_write, format_size
+from trt_inline.module_state import buffers_restored
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
@@ -542,7 +542,8 @@ def _verify_here(
                 torch.no_grad(),
                 buffers_restored(expected_module),
             ):
-                want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
+                with buffers_restored(expected_module):
+                    want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
             recorded = records if per_engine else None
             report.expected_source = "module"
         elif expected_from is not None:
@@ -840,7 +841,8 @@ def _random_runs(
                 problem = f"NaN or Inf in output {', '.join(bad)}"
             elif expected_module is not None:
                 with torch.no_grad():
-                    want = tensors_only(expected_module(*draw.inputs), "expected outputs")
+                    with buffers_restored(expected_module):
+                        want = tensors_only(expected_module(*draw.inputs), "expected outputs")
                 differ = [
                     c.problem
                     for i, (got, ref) in enumerate(zip(outputs, want, strict=False))
