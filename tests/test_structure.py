@@ -119,7 +119,8 @@ def test_what_an_engine_is_is_decided_in_one_module() -> None:
             for n in ast.walk(code)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and not any(c.isspace() for c in n.value)
         ]
-        decided = [word for word in words if any(needle in word for needle in needles)]
+        # (Torch-TensorRT's loader function is named after the ops it converts: a function's name, not an op)
+        decided = [w for w in words if any(n in w for n in needles) and w != "replace_execute_engine_no_op_node"]
         if path.parent.name == "reference" and path.name == "engine.py":
             decided = [word for word in decided if word != "trt_inline::execute_engine"]  # the op's definition
         assert decided == [], f"{path.relative_to(REPO)} decides by {decided}"

@@ -61,6 +61,7 @@ __all__ = [
     "op_overloads",
     "op_argument_types",
     "op_is_mutable",
+    "own_buffers",
     "op_is_random",
     "op_schema_name",
     "prepare_package_loading",
@@ -208,6 +209,11 @@ def _type_hints_cached(serialize: Any) -> Iterator[None]:
 def load_script_object(data: bytes) -> Any:
     """A TorchBind object (a TensorRT engine) from the bytes ``torch._C._pickle_save`` wrote: runs its C++ setstate."""
     return torch._C._pickle_load_obj(data)  # type: ignore[attr-defined]
+
+
+def own_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    """The buffers ``module`` itself holds (not its submodules'), as the live mapping it keeps them in."""
+    return module._buffers
 
 
 def buffer_persistent(module: torch.nn.Module, name: str) -> bool | None:

@@ -63,8 +63,9 @@ def _keep(owner: torch.nn.Module, name: str, tensor: torch.Tensor) -> _Kept:
 
 def _put_back(kept: list[_Kept]) -> None:
     for item in kept:
-        if item.owner._buffers.get(item.name) is not item.tensor:
-            item.owner._buffers[item.name] = item.tensor  # rebound (`self.cache = self.cache + x`)
+        held = compat.own_buffers(item.owner)
+        if held.get(item.name) is not item.tensor:
+            held[item.name] = item.tensor  # rebound (`self.cache = self.cache + x`)
         if item.value is None or _same_bits(item.tensor, item.value):
             continue
         with torch.inference_mode() if item.tensor.is_inference() else torch.no_grad():
@@ -88,12 +89,12 @@ def _buffers_it_may_write(module: Any) -> list[tuple[torch.nn.Module, str, torch
     stack = [module]
     while stack:
         owner = stack.pop()
-        for name, tensor in owner._buffers.items():
+        for name, tensor in compat.own_buffers(owner).items():
             if tensor is None or id(tensor) in seen or engines.is_engine_attribute(name):
                 continue
             seen.add(id(tensor))
             found.append((owner, name, tensor))
-        stack.extend(sub for sub in owner._modules.values() if sub is not None and engines.backend_of(sub) is None)
+        stack.extend(sub for _, sub in owner.named_children() if engines.backend_of(sub) is None)
     return found
 
 
