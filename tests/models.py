@@ -268,7 +268,7 @@ class HalfSlice(nn.Module):
 # Without the size-oblivious flag (torch 2.6 and before) a size read back from an engine stays an unbacked
 # symbol that slice/expand decompositions guard on, and a Dim(min=1) equated with it narrows to 2.
 SIZE_OBLIVIOUS_REASON = (
-    f"torch {torch.__version__} traces without size-oblivious sizes (2.8+): a scalar of a derived Dim or "
+    f"torch {torch.__version__} traces without size-oblivious sizes (2.7.1+): a scalar of a derived Dim or "
     "of a Dim(min=1) crossing an engine boundary cannot be re-exported"
 )
 # From 2.7 torch has the size-oblivious flag, but before DERIVED_SCALARS_FROM its slice decomposition

@@ -78,7 +78,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         allowed.append(r"keeps tensors in one torch\.save blob")  # no raw records to cut short
     if minor(torch_version) < (2, 8):
         allowed += [r"AOTInductor packages: ", r"traces without size-oblivious sizes"]
-    if minor(torch_version) < (2, 10):  # 2.7 has the size-oblivious flag, and still guards there (2.7.1 ... 2.9.1)
+    if (2, 7) <= minor(torch_version) < (2, 10):  # the size-oblivious flag, still guarding there (2.7.1 ... 2.9.1)
         allowed.append(r"guards on an engine's unbacked size scalar in slice_forward")
     if (2, 8) <= minor(torch_version) < (2, 13):
         allowed.append(r"AOTInductor before torch 2\.13 \(here [^)]*\) cannot recompile a slice sized by a scalar")

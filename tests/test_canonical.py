@@ -125,6 +125,7 @@ def test_type_hints_cached_while_deserializing_give_the_same_program_and_are_put
     with compat._type_hints_cached(serialize):
         assert serialize.typing is not typing
         cached = serialize._dict_to_dataclass(program_class, json.loads(document))
+        assert serialize.typing._hints  # torch asked, and the cache answered
     assert serialize.typing is typing
     assert cached == stock
     with pytest.raises(RuntimeError), compat._type_hints_cached(serialize):

@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 import sys
 import threading
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -197,6 +198,9 @@ _TYPE_HINTS_LOCK = threading.Lock()
 @contextlib.contextmanager
 def _type_hints_cached(serialize: Any) -> Iterator[None]:
     """``serialize``'s ``typing`` answering type hints from a cache, for the block (one block at a time)."""
+    if getattr(serialize, "typing", None) is not typing:  # a torch that looks hints up some other way
+        yield
+        return
     with _TYPE_HINTS_LOCK:
         original = serialize.typing
         serialize.typing = _CachedTypeHints(original)
@@ -438,7 +442,7 @@ def serializes_settled_conditions() -> bool:
 
 
 def traces_size_obliviously() -> bool:
-    """Whether :func:`backed_size_oblivious` has an effect on this torch (2.8+)."""
+    """Whether :func:`backed_size_oblivious` has an effect on this torch (the flag exists from 2.7.1)."""
     from torch.fx.experimental import _config as fx_config
 
     return "backed_size_oblivious" in getattr(fx_config, "_config", {})
@@ -446,7 +450,7 @@ def traces_size_obliviously() -> bool:
 
 @contextlib.contextmanager
 def backed_size_oblivious() -> Iterator[None]:
-    """Trace without 0/1 specialisation of input sizes, where this torch can (2.8+ has the flag).
+    """Trace without 0/1 specialisation of input sizes, where this torch can (2.7.1+ has the flag).
 
     Without it, an unbacked size equated with an input size inherits the
     input's internal range ``[2, max]`` and a declared minimum of 1 fails a
