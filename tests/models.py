@@ -126,6 +126,20 @@ class RunningCache(nn.Module):
         return out
 
 
+class ReturnsCache(nn.Module):
+    """A forward that updates its cache and returns it (present key/values): an output that is the buffer itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(3, 4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.linear(x))
+        self.cache.add_(y)
+        return y, self.cache
+
+
 class CrossedHalves(nn.Module):
     """Three engines, each returning two halves; a relu between them reads one half, the next engine both.
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import logging
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from models import RELU, CrossedHalves, RunningCache
+from models import RELU, CrossedHalves, ReturnsCache, RunningCache
 
 import trt_inline
-from trt_inline import reference
+from trt_inline import module_state, reference
 from trt_inline.module_state import _buffers_it_may_write, buffers_restored
 
 
@@ -78,3 +81,135 @@ def test_per_engine_verify_of_a_program_that_updates_a_buffer(tmp_path: Path) ->
     program = torch.export.load(path)  # the boundaries came from the same call as the outputs
     trt_inline.save(program, tmp_path / "again.pt2", arg_inputs=(x,), embed_reference="boundaries")
     assert trt_inline.verify(tmp_path / "again.pt2", per_engine=True, allow_ops=["aten::copy_"]).ok
+
+
+class _Awkward(torch.nn.Module):
+    """Buffers a plain copy cannot put back: resized in place, registered by the run, written in inference mode;
+    and buffers whose bits cannot be viewed (sparse, quantized), which the run leaves alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("resized", torch.zeros(1, 4))
+        with torch.inference_mode():
+            self.register_buffer("frozen", torch.zeros(2))
+        self.register_buffer("sparse", torch.eye(2).to_sparse())
+        with warnings.catch_warnings():  # (quantized tensors are deprecated, not gone)
+            warnings.simplefilter("ignore")
+            self.register_buffer("quantized", torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.resized.resize_(2, 4).fill_(1.0)
+        if "lazy" not in self._buffers:
+            self.register_buffer("lazy", torch.zeros(2))
+        self.lazy.add_(1.0)
+        with torch.inference_mode():
+            self.frozen.add_(1.0)
+        return x + self.lazy.sum() + self.resized.sum()
+
+
+def test_resized_registered_and_inference_buffers_come_back_and_runs_repeat() -> None:
+    module = _Awkward()
+    sparse, quantized = module.sparse, module.quantized
+    results = []
+    for _ in range(2):
+        with torch.no_grad(), buffers_restored(module) as restored:
+            results.append(restored.apart(module(torch.zeros(1))))
+            assert module.resized.shape == (2, 4) and "lazy" in module._buffers and module.frozen.sum() == 2
+        assert module.resized.shape == (1, 4) and not module.resized.any()
+        assert "lazy" not in module._buffers, "a buffer the run registered is removed"
+        assert module.frozen.is_inference() and not module.frozen.any()
+        assert module.sparse is sparse and module.quantized is quantized
+    assert results[0].item() == results[1].item() == 10.0  # the second run starts where the first did
+
+
+def test_an_output_that_is_the_buffer_keeps_what_the_run_gave_it() -> None:
+    torch.manual_seed(0)
+    module, x = ReturnsCache().eval(), torch.randn(3, 4)
+    with torch.no_grad(), buffers_restored(module) as restored:
+        y, cache = module(x)
+        assert cache is module.cache  # the output is the buffer itself
+        kept = restored.apart((y, cache))
+    assert not module.cache.any(), "the buffer is put back"
+    assert kept[0] is y and torch.equal(kept[1], y), "the output keeps the value the run gave it"
+
+
+def test_graphs_that_write_through_methods_or_eager_submodules_are_put_back() -> None:
+    """A graph writing a buffer with `call_method add_`; one calling an eager submodule (batch norm in training)."""
+    root = torch.nn.Module()
+    root.register_buffer("count", torch.zeros(1))
+    root.norm = torch.nn.BatchNorm1d(4).train()
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_method("add_", (graph.get_attr("count"), 1))
+    graph.output(graph.call_module("norm", (x,)))
+    traced = torch.fx.GraphModule(root, graph)
+    ops = {(n.op, str(n.target)) for n in traced.graph.nodes}
+    assert ("call_method", "add_") in ops and ("call_module", "norm") in ops
+    before = {name: buffer.clone() for name, buffer in traced.named_buffers()}
+    with torch.no_grad(), buffers_restored(traced):
+        traced(torch.randn(5, 4))
+        assert traced.count.item() == 1 and not torch.equal(traced.norm.running_mean, before["norm.running_mean"])
+    for name, buffer in traced.named_buffers():
+        assert torch.equal(buffer, before[name]), name
+
+
+def test_a_failed_put_back_is_raised_after_the_others_and_never_hides_the_blocks_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = module_state._same_bits
+
+    def refusing(tensor: torch.Tensor, value: torch.Tensor) -> bool:
+        if tensor is module.cache:
+            raise RuntimeError("cannot compare the cache")
+        return real(tensor, value)
+
+    monkeypatch.setattr(module_state, "_same_bits", refusing)
+    module = _Eager()
+    signed = _bits(module.signed)
+    with pytest.raises(RuntimeError, match="cannot compare the cache"), torch.no_grad(), buffers_restored(module):
+        module(torch.ones(3))
+    assert _bits(module.signed) == signed, "the other buffers are still put back"
+    with caplog.at_level(logging.WARNING, logger="trt_inline"):
+        with pytest.raises(KeyError, match="the block's own"), torch.no_grad(), buffers_restored(module):
+            module(torch.ones(3))
+            raise KeyError("the block's own")
+    assert "could not be put back after the run failed: cannot compare the cache" in caplog.text
+
+
+def _tampered(source: Path, target: Path) -> None:
+    """``source`` with its program writing 100 times the new value into the buffer it returns."""
+    from trt_inline.verify.reference_io import REFERENCE_IO_FILE
+
+    extra = {REFERENCE_IO_FILE: ""}
+    program = torch.export.load(source, extra_files=extra)
+    graph = program.graph
+    write = next(n for n in graph.nodes if n.target == torch.ops.aten.copy_.default)
+    with graph.inserting_before(write):
+        scaled = graph.call_function(torch.ops.aten.mul.Tensor, (write.args[1], 100.0))
+    scaled.meta = dict(write.args[1].meta)
+    write.replace_input_with(write.args[1], scaled)
+    program.graph_module.recompile()
+    torch.export.save(program, target, extra_files=extra)
+
+
+def test_verify_compares_an_output_that_is_a_buffer_the_program_updates(tmp_path: Path) -> None:
+    """Putting the buffer back after a run must not reset the output that is that buffer (the save's reference,
+    verify's run, an expected module's run): else a file writing anything into it passes."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    eager = ReturnsCache().eval()
+    compiled = reference.compile(copy.deepcopy(eager), (x,), torch_executed_ops=[RELU])
+    assert not compiled.get_buffer("_run_on_gpu_4.cache").any(), "compiling leaves the cache as it found it"
+    good, bad = tmp_path / "cache.pt2", tmp_path / "tampered.pt2"
+    trt_inline.save(compiled, good, arg_inputs=(x,))
+    _tampered(good, bad)
+    with torch.no_grad():
+        want = copy.deepcopy(eager)(x)[1]
+        returned = [torch.export.load(path).module()(x)[1] for path in (good, bad)]
+    assert want.any() and torch.allclose(returned[0], want), "the good file returns the updated cache"
+    assert not torch.allclose(returned[1], want), "the tampered file's returned cache differs under torch"
+    assert trt_inline.verify(good, allow_ops=["aten::copy_"]).ok
+    assert trt_inline.verify(good, expected_module=eager, arg_inputs=(x,), allow_ops=["aten::copy_"]).ok
+    assert not eager.cache.any(), "verify leaves the expected module as it found it"
+    report = trt_inline.verify(bad, allow_ops=["aten::copy_"])
+    assert not report.ok and "output 1" in report.to_text(), report.to_text()

@@ -64,12 +64,11 @@ def reference_extra_files(
     try:
         # Each run starts from the module's buffers (a KV cache, a counter) as the save found them, and leaves them
         # so: the stock save runs nothing.
-        with buffers_restored(module), recording(module if boundaries else None) as records:
-            reference_io = capture_reference_io(module, args, kwarg_inputs)
+        with buffers_restored(module) as restored, recording(module if boundaries else None) as records:
+            reference_io = capture_reference_io(lambda *a, **k: restored.apart(module(*a, **k)), args, kwarg_inputs)
         if boundaries:
-            if not records and _is_flat(module):
-                with buffers_restored(module):
-                    records = record_program_boundaries(module, args, dict(kwarg_inputs or {}))
+            if not records and _is_flat(module):  # (its trace puts the buffers back itself)
+                records = record_program_boundaries(module, args, dict(kwarg_inputs or {}))
             reference_io.boundaries = records
         reference_io.provenance = provenance(module)
     except VerifyInputError as exc:

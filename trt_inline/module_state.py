@@ -11,16 +11,32 @@ each later run of a verify would start from the state the one before left.
 from __future__ import annotations
 
 import contextlib
+import logging
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from trt_inline import compat, engines
 
-__all__ = ["buffers_restored"]
+__all__ = ["Restoring", "buffers_restored"]
+
+_log = logging.getLogger("trt_inline")
+_T = TypeVar("_T")
+
+# Python callables an FX graph calls that never write their arguments (symbolically traced and exported graphs
+# call `operator` functions on tensors and sizes); the in-place ones (`operator.iadd`, `setitem`) are not here.
+_PURE_OPERATORS = frozenset(
+    getattr(operator, name)
+    for name in (
+        "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "matmul",
+        "and_", "or_", "xor", "invert", "not_", "lshift", "rshift", "eq", "ne", "lt", "le", "gt", "ge", "truth",
+    )
+)  # fmt: skip
 
 
 @dataclass
@@ -31,28 +47,78 @@ class _Kept:
     value: torch.Tensor | None  # None: the tensor could not have been written (no data behind it)
 
 
+class Restoring:
+    """What :func:`buffers_restored` yields: the buffers it will put back, for values that must outlive the block."""
+
+    def __init__(self, kept: list[_Kept], names: list[tuple[torch.nn.Module, set[str]]]) -> None:
+        self._kept = kept
+        self._names = names  # each module's buffer names on the way in: one registered by the run is removed
+        self._storages = {key for item in kept if item.value is not None if (key := _storage(item.tensor))}
+
+    def apart(self, value: _T) -> _T:
+        """``value`` (any nesting) with each tensor sharing memory with a buffer to be put back copied.
+
+        A module that returns the cache it updates hands out the buffer itself:
+        putting the buffer back would change that output under whoever keeps it.
+        """
+        if not self._storages:
+            return value
+        shared = self._storages
+        return pytree.tree_map_only(  # type: ignore[no-any-return]
+            torch.Tensor, lambda tensor: tensor.clone() if _storage(tensor) in shared else tensor, value
+        )
+
+    def put_back(self) -> Exception | None:
+        """Put each buffer back, each on its own; the first error, or None."""
+        first: Exception | None = None
+        for owner, names in self._names:
+            held = compat.own_buffers(owner)
+            for added in [name for name in held if name not in names]:
+                del held[added]
+        for item in self._kept:
+            try:
+                held = compat.own_buffers(item.owner)
+                if held.get(item.name) is not item.tensor:
+                    held[item.name] = item.tensor  # rebound (`self.cache = self.cache + x`)
+                if item.value is None or _same_bits(item.tensor, item.value):
+                    continue
+                with torch.inference_mode() if item.tensor.is_inference() else torch.no_grad():
+                    if item.tensor.shape != item.value.shape:  # resized in place: its size back, then its value
+                        item.tensor.resize_(item.value.shape)
+                    item.tensor.copy_(item.value)
+            except Exception as exc:
+                first = first or exc
+        return first
+
+
 @contextlib.contextmanager
-def buffers_restored(module: Any) -> Iterator[None]:
-    """Inside the block ``module`` may run; afterwards each buffer it wrote or rebound is as it was.
+def buffers_restored(module: Any) -> Iterator[Restoring]:
+    """Inside the block ``module`` may run; afterwards each buffer it wrote, rebound or added is as it was.
 
     Only modules that can write a buffer pay for it: a graph with an op that
-    writes its arguments, or an engine given a buffer (an aliased KV cache); any
-    other module (eager code) is assumed to. Engines' own buffers (their
-    payloads, which may be all the weights) are never copied. Copies are kept in
-    host memory. A buffer restored is given its old value bit for bit, in the
-    tensor it was (a rebound buffer gets its tensor back).
+    writes its arguments, a method or Python call that may, an eager submodule,
+    or an engine given a buffer (an aliased KV cache); any other module (eager
+    code) is assumed to. Engines' own buffers (their payloads, which may be all
+    the weights) are never copied. Copies are kept in host memory. A buffer
+    restored is given its old value bit for bit, in the tensor it was (a rebound
+    buffer gets its tensor back, a resized one its size). Outputs that are a
+    buffer must be taken out with :meth:`Restoring.apart` before the block ends.
     """
-    kept = [_keep(owner, name, tensor) for owner, name, tensor in _buffers_it_may_write(module)]
-    failed = True
+    found = _buffers_it_may_write(module)
+    restoring = Restoring(
+        [_keep(owner, name, tensor) for owner, name, tensor in found],
+        [(owner, set(compat.own_buffers(owner))) for owner in _owners(module)] if found else [],
+    )
     try:
-        yield
-        failed = False
-    finally:
-        try:
-            _put_back(kept)
-        except Exception:
-            if not failed:  # never in place of the block's own error
-                raise
+        yield restoring
+    except BaseException:
+        problem = restoring.put_back()
+        if problem is not None:  # never in place of the block's own error
+            _log.warning("trt-inline: a buffer could not be put back after the run failed: %s", problem)
+        raise
+    problem = restoring.put_back()
+    if problem is not None:
+        raise problem
 
 
 def _keep(owner: torch.nn.Module, name: str, tensor: torch.Tensor) -> _Kept:
@@ -61,23 +127,36 @@ def _keep(owner: torch.nn.Module, name: str, tensor: torch.Tensor) -> _Kept:
     return _Kept(owner, name, tensor, tensor.detach().to("cpu", copy=True))
 
 
-def _put_back(kept: list[_Kept]) -> None:
-    for item in kept:
-        held = compat.own_buffers(item.owner)
-        if held.get(item.name) is not item.tensor:
-            held[item.name] = item.tensor  # rebound (`self.cache = self.cache + x`)
-        if item.value is None or _same_bits(item.tensor, item.value):
-            continue
-        with torch.inference_mode() if item.tensor.is_inference() else torch.no_grad():
-            item.tensor.copy_(item.value)
-
-
 def _same_bits(tensor: torch.Tensor, value: torch.Tensor) -> bool:
-    """Equal bit for bit (NaN and -0.0 included), not as numbers."""
+    """Equal bit for bit (NaN and -0.0 included), not as numbers; False where bits cannot be compared."""
+    if tensor.layout != torch.strided or tensor.is_quantized:  # (a quantized tensor has no plain byte view)
+        return False
     current = tensor.detach().to("cpu").contiguous()
     if current.shape != value.shape or current.dtype != value.dtype:
         return False
     return torch.equal(current.reshape(-1).view(torch.uint8), value.contiguous().reshape(-1).view(torch.uint8))
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """Where ``tensor``'s memory starts (0: none to share, e.g. a sparse or meta tensor)."""
+    if tensor.layout != torch.strided or tensor.is_meta:
+        return 0
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+def _owners(module: Any) -> list[torch.nn.Module]:
+    """``module`` and its submodules outside engines (an engine's payload is its own)."""
+    if not isinstance(module, torch.nn.Module):
+        return []
+    owners, stack = [], [module]
+    while stack:
+        owner = stack.pop()
+        owners.append(owner)
+        stack.extend(sub for _, sub in owner.named_children() if engines.backend_of(sub) is None)
+    return owners
 
 
 def _buffers_it_may_write(module: Any) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
@@ -86,37 +165,39 @@ def _buffers_it_may_write(module: Any) -> list[tuple[torch.nn.Module, str, torch
         return []
     found: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
     seen: set[int] = set()
-    stack = [module]
-    while stack:
-        owner = stack.pop()
+    for owner in _owners(module):
         for name, tensor in compat.own_buffers(owner).items():
             if tensor is None or id(tensor) in seen or engines.is_engine_attribute(name):
                 continue
             seen.add(id(tensor))
             found.append((owner, name, tensor))
-        stack.extend(sub for _, sub in owner.named_children() if engines.backend_of(sub) is None)
     return found
 
 
 def _may_write_buffers(module: torch.nn.Module) -> bool:
-    """Whether a run can write a buffer: an op that writes its arguments, or an engine handed a buffer."""
-    graphs = [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)]
+    """Whether a run can write a buffer: an op that writes its arguments, a call that may, or an engine handed one."""
     if not isinstance(module, torch.fx.GraphModule):
         return True  # eager code: anything may happen
-    for gm in graphs:
+    for gm in module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
         for node in gm.graph.nodes:
-            if (
-                node.op == "call_function"
-                and isinstance(node.target, compat.OpOverload)
-                and compat.op_is_mutable(node.target)
-            ):
+            if _may_write(gm, node):
                 return True
-            if engines.is_engine_call(node):
-                inputs = engines.engine_inputs(node)
-            elif engines.is_accelerated_call(gm, node):
-                inputs = list(node.args)
-            else:
-                continue
-            if any(isinstance(value, torch.fx.Node) and value.op == "get_attr" for value in inputs):
-                return True
+    return False
+
+
+def _may_write(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether ``node`` may write a tensor it is given (or one its module holds)."""
+    if engines.is_engine_call(node) or engines.is_accelerated_call(gm, node):  # an engine given a buffer
+        inputs = engines.engine_inputs(node) if engines.is_engine_call(node) else list(node.args)
+        return any(isinstance(value, torch.fx.Node) and value.op == "get_attr" for value in inputs)
+    if node.op == "call_method":
+        return str(node.target).endswith("_")  # torch's in-place methods (`add_`, `copy_`, `__setitem__`)
+    if node.op == "call_function":
+        if isinstance(node.target, compat.OpOverload):
+            return compat.op_is_mutable(node.target)
+        return node.target not in _PURE_OPERATORS
+    if node.op == "call_module":  # a graph is looked through, an input guard reads; other modules are eager code
+        return not isinstance(gm.get_submodule(str(node.target)), (torch.fx.GraphModule, *compat.guard_call_types()))
     return False

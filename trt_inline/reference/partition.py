@@ -22,6 +22,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from trt_inline import compat, scalars
 from trt_inline.distributed.manifest import is_collective
 from trt_inline.engines import FALLBACK_PREFIX
+from trt_inline.module_state import buffers_restored
 from trt_inline.reference.program import SCALAR_TARGETS, can_encode_args, encodable_target
 
 __all__ = ["ReferenceOperatorSupport", "partition", "resolve_ops"]
@@ -249,7 +250,8 @@ def partition(
 ) -> torch.fx.GraphModule:
     """Split ``gm`` into ``_run_on_acc_N`` and ``_run_on_gpu_N`` submodules.
 
-    ``sample_input`` are ``gm``'s flat inputs (the splitter runs the module once on them).
+    ``sample_input`` are ``gm``'s flat inputs (the splitter runs the module once on them, and the buffers that run
+    writes, which are the model's own, are put back).
     """
     if min_block_size < 1:
         raise ValueError(f"min_block_size must be at least 1, got {min_block_size}")
@@ -259,4 +261,5 @@ def partition(
     support = ReferenceOperatorSupport(
         torch_executed_ops, scalar_boundaries=scalar_boundaries, collectives_in_engines=collectives_in_engines
     )
-    return ReferencePartitioner(gm, sample_input, support, min_block_size).partition()
+    with buffers_restored(gm):
+        return ReferencePartitioner(gm, sample_input, support, min_block_size).partition()

@@ -51,15 +51,18 @@ __all__ = [
 
 
 def boundary_tensors(values: Any) -> list[torch.Tensor]:
-    """The leaves of an engine's inputs or outputs as CPU tensors; a Python scalar as the 0-d tensor engines take.
+    """The leaves of an engine's inputs or outputs as CPU tensors of their own; a Python scalar as the 0-d tensor
+    engines take.
 
-    ``int`` becomes int64, ``float`` float64 and ``bool`` bool (the dtypes the
-    engine ops give scalars crossing a boundary).
+    Copies: a value the run writes later (an engine updating a cache in place, a
+    buffer put back after the run) must stay what it was at the boundary. ``int``
+    becomes int64, ``float`` float64 and ``bool`` bool (the dtypes the engine ops
+    give scalars crossing a boundary).
     """
     result = []
     for value in pytree.tree_leaves(values):
         if isinstance(value, torch.Tensor):
-            result.append(value.detach().cpu())
+            result.append(value.detach().to("cpu", copy=True))
         elif isinstance(value, (bool, int, float)):
             dtype = torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
             result.append(torch.tensor(value, dtype=dtype))
@@ -169,13 +172,24 @@ def recording(module: Any) -> Iterator[list[EngineBoundary]]:
                 continue
             name = str(call_node.target)
             sources = [_source(arg) for arg in call_node.args]
+            given: list[list[torch.Tensor]] = []  # the inputs as the engine got them (it may write one)
+
+            def before(_: torch.nn.Module, inputs: Any, given: list[list[torch.Tensor]] = given) -> None:
+                given.append(boundary_tensors(inputs))
 
             def hook(
-                _: torch.nn.Module, inputs: Any, output: Any, name: str = name, sources: list[str] = sources
+                _: torch.nn.Module,
+                inputs: Any,
+                output: Any,
+                name: str = name,
+                sources: list[str] = sources,
+                given: list[list[torch.Tensor]] = given,
             ) -> None:
-                records.append(EngineBoundary(name, boundary_tensors(inputs), boundary_tensors(output), sources))
+                records.append(EngineBoundary(name, given.pop(), boundary_tensors(output), sources))
 
-            handles.append(module.get_submodule(name).register_forward_hook(hook))
+            engine_module = module.get_submodule(name)
+            handles.append(engine_module.register_forward_pre_hook(before))
+            handles.append(engine_module.register_forward_hook(hook))
     try:
         yield records
     finally:
@@ -353,8 +367,8 @@ def trace_program(
     if len(placeholders) != len(flat):
         raise VerifyInputError(f"the program takes {len(placeholders)} inputs, {len(flat)} were given")
     try:
-        with isolated_run(), torch.no_grad(), buffers_restored(module):  # each run from the state it was given
-            result = tracer.run(*flat, enable_io_processing=False)
+        with isolated_run(), torch.no_grad(), buffers_restored(module) as restored:  # from the state it was given
+            result = restored.apart(tracer.run(*flat, enable_io_processing=False))
     except VerifyInputError:
         raise
     except _Stopped:

@@ -114,8 +114,8 @@ def run_on(
         args = [a.to(device) for a in args]
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
     try:
-        with isolated_run(), torch.no_grad(), buffers_restored(module):  # each run from the state it was given
-            outputs = module(*args, **kwargs)
+        with isolated_run(), torch.no_grad(), buffers_restored(module) as restored:  # from the state it was given
+            outputs = restored.apart(module(*args, **kwargs))
     except Exception as exc:
         raise VerifyInputError(
             f"the program does not accept the reference inputs ({type(exc).__name__}: {first_line(exc)})"

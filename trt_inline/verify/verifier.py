@@ -238,9 +238,11 @@ def verify(
         with (
             recording(expected_module if per_engine else None) as records,
             torch.no_grad(),
-            buffers_restored(expected_module),
+            buffers_restored(expected_module) as restored,
         ):
-            expected = tensors_only(expected_module(*arg_inputs, **(kwarg_inputs or {})), "expected outputs")
+            expected = tensors_only(
+                restored.apart(expected_module(*arg_inputs, **(kwarg_inputs or {}))), "expected outputs"
+            )
         recorded = records if per_engine else None
         label = "module"
     limits = Limits.for_file(path, timeout, memory_limit)
@@ -540,10 +542,9 @@ def _verify_here(
             with (
                 recording(expected_module if per_engine else None) as records,
                 torch.no_grad(),
-                buffers_restored(expected_module),
+                buffers_restored(expected_module) as restored,
             ):
-                with buffers_restored(expected_module):
-                    want = tensors_only(expected_module(*args, **kwargs), "expected outputs")
+                want = tensors_only(restored.apart(expected_module(*args, **kwargs)), "expected outputs")
             recorded = records if per_engine else None
             report.expected_source = "module"
         elif expected_from is not None:
@@ -840,9 +841,8 @@ def _random_runs(
             if bad:
                 problem = f"NaN or Inf in output {', '.join(bad)}"
             elif expected_module is not None:
-                with torch.no_grad():
-                    with buffers_restored(expected_module):
-                        want = tensors_only(expected_module(*draw.inputs), "expected outputs")
+                with torch.no_grad(), buffers_restored(expected_module) as restored:
+                    want = tensors_only(restored.apart(expected_module(*draw.inputs)), "expected outputs")
                 differ = [
                     c.problem
                     for i, (got, ref) in enumerate(zip(outputs, want, strict=False))
