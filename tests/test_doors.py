@@ -18,7 +18,10 @@ import pytest
 import releases
 import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
+from models import SIZE_OBLIVIOUS_REASON
 from test_plugin import RELEASE, release_tree, run_python, run_python_forks, unavailable
+
+from trt_inline import compat
 
 _BINDINGS = """
     import json, os, torch
@@ -115,8 +118,8 @@ _EXPORT = """
 
 def _export(tmp_path: Path, *, unwrapped: bool) -> dict[str, object]:
     tree = release_tree(tmp_path)
-    if releases.minor(torch.__version__) < (2, 8):  # a scalar equated with a Dim(min=1) size: see the README
-        pytest.skip(f"torch {torch.__version__} traces without size-oblivious sizes")
+    if not compat.traces_size_obliviously():  # a scalar equated with a Dim(min=1) size: see the README
+        pytest.skip(SIZE_OBLIVIOUS_REASON)
     assert RELEASE is not None
     mode = "retraces" if RELEASE.retrace_inlines else "legacy"
     proc = run_python(_EXPORT, tree, str(tmp_path), mode, "unwrapped" if unwrapped else "wrapped")
@@ -531,9 +534,9 @@ def test_kv_cache_updated_inside_an_engine_loads_and_runs_as_stock_does(tmp_path
     one left) against the compiled module, bit for bit, cache included. The
     plugin's sample run at save leaves the module's cache as it found it.
     """
-    if RELEASE is None or "expose_aliased_mutations" not in RELEASE.inline_trt_params:
-        pytest.skip(f"Torch-TensorRT {RELEASE.version if RELEASE else '(none)'} has no aliased (KV-cache) mutations")
-    tree = release_tree(tmp_path, kv_cache=True)
+    if RELEASE is not None and "expose_aliased_mutations" not in RELEASE.inline_trt_params:
+        pytest.skip(f"Torch-TensorRT {RELEASE.version} has no aliased (KV-cache) mutations")
+    tree = release_tree(tmp_path, kv_cache=True)  # (a torch no release requires: skips, saying so)
     files = [f"{exporter}.exported_program" for exporter in ("legacy", "reexport", "retrace")]
     reports = {}
     for variant in ("plugin", "stock"):

@@ -62,9 +62,9 @@ __all__ = [
     "op_overloads",
     "op_argument_types",
     "op_is_mutable",
-    "own_buffers",
     "op_is_random",
     "op_schema_name",
+    "own_buffers",
     "prepare_package_loading",
     "pytree_specs",
     "register_group",
@@ -186,10 +186,12 @@ class _CachedTypeHints:
 
     def get_type_hints(self, obj: Any, globalns: Any = None, localns: Any = None, include_extras: bool = False) -> Any:
         key = (obj, id(globalns), id(localns), include_extras)
-        hints = self._hints.get(key)
-        if hints is None:
-            hints = self._hints[key] = self._typing.get_type_hints(obj, globalns, localns, include_extras)
-        return hints
+        found = self._hints.get(key)
+        if found is None:
+            hints = self._typing.get_type_hints(obj, globalns, localns, include_extras)
+            # the namespaces are held with their answer, so that no other object takes their ids meanwhile
+            found = self._hints[key] = (hints, globalns, localns)
+        return found[0]
 
 
 _TYPE_HINTS_LOCK = threading.Lock()
@@ -198,10 +200,13 @@ _TYPE_HINTS_LOCK = threading.Lock()
 @contextlib.contextmanager
 def _type_hints_cached(serialize: Any) -> Iterator[None]:
     """``serialize``'s ``typing`` answering type hints from a cache, for the block (one block at a time)."""
-    if getattr(serialize, "typing", None) is not typing:  # a torch that looks hints up some other way
+    if not hasattr(serialize, "typing"):  # a torch that looks hints up some other way
         yield
         return
-    with _TYPE_HINTS_LOCK:
+    with _TYPE_HINTS_LOCK:  # (checked inside: another thread's block may have the cache in place until it ends)
+        if serialize.typing is not typing:
+            yield
+            return
         original = serialize.typing
         serialize.typing = _CachedTypeHints(original)
         try:

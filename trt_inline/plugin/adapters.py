@@ -16,6 +16,8 @@ share them). This module builds each replacement:
 * ``create_trt_exp_program``: :func:`completing_program` (ranges of every symbol, sample inputs).
 * ``copy`` (the module ``transform`` deep-copies with): :func:`sharing_copy_module`.
 * ``export`` (2.11+, where it re-exports the inlined graph): :func:`size_oblivious_export`.
+* ``replace_execute_engine_no_op_node`` (the cross-compiled program's loader, 2.6+):
+  :func:`loading_engine_outputs_once`.
 """
 
 from __future__ import annotations
