@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import RELU, CrossedHalves, ReturnsCache, RunningCache
+from models import RELU, ReturnsCache, RunningCache
 
 import trt_inline
-from trt_inline import module_state, reference
+from trt_inline import compat, module_state, reference
 from trt_inline.module_state import _buffers_it_may_write, buffers_restored
 
 
@@ -58,15 +58,33 @@ def test_an_error_in_the_block_is_the_one_raised_and_the_buffers_still_come_back
     assert torch.equal(module.cache, cache)
 
 
-def test_a_compiled_module_that_writes_no_buffer_copies_none() -> None:
-    """Engine payloads are never copied; a graph with no writing op and no buffer handed to an engine pays nothing."""
+def test_a_compiled_module_that_writes_no_buffer_copies_none(tmp_path: Path) -> None:
+    """Engine payloads are never copied; graphs with buffers but no writing op (a fallback reading one, the
+    loaded program's input guard) and no buffer handed to an engine pay nothing."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.register_buffer("scale", torch.full((4,), 2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x) * self.scale)
+
     torch.manual_seed(0)
-    x = torch.randn(3, 8)
-    compiled = reference.compile(CrossedHalves().eval(), (x,), torch_executed_ops=[RELU])
-    assert any(name.endswith("engine") for name, _ in compiled.named_buffers())
-    assert _buffers_it_may_write(compiled) == []
+    x = torch.randn(3, 4)
+    compiled = reference.compile(Scaled().eval(), (x,), torch_executed_ops=[RELU, "aten.mul.Tensor"])
+    trt_inline.save(compiled, tmp_path / "scaled.pt2", arg_inputs=(x,))
+    loaded = torch.export.load(tmp_path / "scaled.pt2").module()
+    for module in (compiled, loaded):
+        names = [name for name, _ in module.named_buffers()]
+        assert any(name.endswith("engine") for name in names)
+        assert any(name.endswith("scale") for name in names), "a buffer outside the engines is there"
+        assert _buffers_it_may_write(module) == []
+    if compat.guard_call_types():  # torch 2.9+: the loaded program calls its input guard
+        assert any(n.op == "call_module" and n.target == "_guards_fn" for n in loaded.graph.nodes)
     stateful = reference.compile(RunningCache().eval(), (torch.randn(3, 4),), torch_executed_ops=[RELU])
-    assert [name for _, name, _ in _buffers_it_may_write(stateful)] == ["cache"]
+    assert [name.rsplit(".", 1)[-1] for name in _buffers_it_may_write(stateful)] == ["cache"]
 
 
 def test_per_engine_verify_of_a_program_that_updates_a_buffer(tmp_path: Path) -> None:
@@ -134,23 +152,64 @@ def test_an_output_that_is_the_buffer_keeps_what_the_run_gave_it() -> None:
 
 
 def test_graphs_that_write_through_methods_or_eager_submodules_are_put_back() -> None:
-    """A graph writing a buffer with `call_method add_`; one calling an eager submodule (batch norm in training)."""
-    root = torch.nn.Module()
-    root.register_buffer("count", torch.zeros(1))
-    root.norm = torch.nn.BatchNorm1d(4).train()
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    graph.call_method("add_", (graph.get_attr("count"), 1))
-    graph.output(graph.call_module("norm", (x,)))
-    traced = torch.fx.GraphModule(root, graph)
-    ops = {(n.op, str(n.target)) for n in traced.graph.nodes}
-    assert ("call_method", "add_") in ops and ("call_module", "norm") in ops
-    before = {name: buffer.clone() for name, buffer in traced.named_buffers()}
-    with torch.no_grad(), buffers_restored(traced):
-        traced(torch.randn(5, 4))
-        assert traced.count.item() == 1 and not torch.equal(traced.norm.running_mean, before["norm.running_mean"])
-    for name, buffer in traced.named_buffers():
-        assert torch.equal(buffer, before[name]), name
+    """A graph writing a buffer with `call_method add_`, and one calling an eager submodule (batch norm in
+    training): each alone makes its buffers copied and put back."""
+    for kind in ("method", "eager submodule"):
+        root = torch.nn.Module()
+        root.register_buffer("count", torch.zeros(1))
+        root.norm = torch.nn.BatchNorm1d(4).train()
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        if kind == "method":
+            graph.call_method("add_", (graph.get_attr("count"), 1))
+            graph.output(x)
+        else:
+            graph.output(graph.call_module("norm", (x,)))
+        traced = torch.fx.GraphModule(root, graph)
+        before = {name: buffer.clone() for name, buffer in traced.named_buffers()}
+        with torch.no_grad(), buffers_restored(traced):
+            traced(torch.randn(5, 4))
+            changed = [name for name, buffer in traced.named_buffers() if not torch.equal(buffer, before[name])]
+            assert changed == (
+                ["count"] if kind == "method" else ["norm.running_mean", "norm.running_var", "norm.num_batches_tracked"]
+            ), changed
+        for name, buffer in traced.named_buffers():
+            assert torch.equal(buffer, before[name]), (kind, name)
+
+
+def test_buffers_registered_filled_or_grown_by_the_run_and_shared_ones() -> None:
+    """A buffer a run registers on a module that had none, one it fills where it was None, one it grows into new
+    memory and returns (kept as the run gave it), and one two modules share that the run rebinds in one."""
+
+    class Odd(torch.nn.Module):
+        def __init__(self, shared: torch.Tensor) -> None:
+            super().__init__()
+            self.inner = torch.nn.Module()
+            self.register_buffer("empty", None)
+            self.register_buffer("grown", torch.zeros(1, 4))
+            self.register_buffer("shared", shared)
+            self.inner.register_buffer("shared", shared)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if "stats" not in self.inner._buffers:
+                self.inner.register_buffer("stats", torch.zeros(1))
+            self.inner.stats.add_(1.0)
+            self.empty = x.clone() if self.empty is None else self.empty + x
+            self.inner.shared = self.inner.shared + 1.0
+            self.grown.resize_(64, 4).fill_(1.0)
+            return self.grown
+
+    module = Odd(torch.zeros(2))
+    shared, grown = module.shared, module.grown
+    for _ in range(2):
+        with torch.no_grad(), buffers_restored(module) as restored:
+            returned = module(torch.ones(1))
+            assert returned is module.grown and returned.data_ptr() != 0
+            kept = restored.apart(returned)
+        assert kept.shape == (64, 4) and bool(kept.eq(1.0).all()), "the output keeps what the run gave it"
+        assert "stats" not in module.inner._buffers and module.empty is None
+        assert module.inner.shared is shared and module.shared is shared and not shared.any()
+        assert module.grown is grown and grown.shape == (1, 4) and not grown.any()
 
 
 def test_a_failed_put_back_is_raised_after_the_others_and_never_hides_the_blocks_error(
@@ -199,7 +258,8 @@ def test_verify_compares_an_output_that_is_a_buffer_the_program_updates(tmp_path
     x = torch.randn(3, 4)
     eager = ReturnsCache().eval()
     compiled = reference.compile(copy.deepcopy(eager), (x,), torch_executed_ops=[RELU])
-    assert not compiled.get_buffer("_run_on_gpu_4.cache").any(), "compiling leaves the cache as it found it"
+    caches = [buffer for name, buffer in compiled.named_buffers() if name.endswith(".cache")]
+    assert len(caches) == 1 and not caches[0].any(), "compiling leaves the cache as it found it"
     good, bad = tmp_path / "cache.pt2", tmp_path / "tampered.pt2"
     trt_inline.save(compiled, good, arg_inputs=(x,))
     _tampered(good, bad)

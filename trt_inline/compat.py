@@ -51,6 +51,7 @@ __all__ = [
     "fake_tensor_mode",
     "graph_codegen",
     "guard_call_types",
+    "higher_order_name",
     "import_loaders",
     "init_splitter",
     "is_core_aten",
@@ -341,6 +342,11 @@ def weights_only_globals() -> frozenset[str]:
         return frozenset(
             {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_parameter"} | storages
         )
+
+
+def higher_order_name(target: Any) -> str | None:
+    """The name of a higher-order operator an FX node calls (``cond``, ``wrap_with_set_grad_enabled``), else None."""
+    return str(target.name()) if isinstance(target, torch._ops.HigherOrderOperator) else None  # type: ignore[no-untyped-call]
 
 
 def guard_call_types() -> tuple[type, ...]:

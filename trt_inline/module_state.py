@@ -29,20 +29,25 @@ _log = logging.getLogger("trt_inline")
 _T = TypeVar("_T")
 
 # Python callables an FX graph calls that never write their arguments (symbolically traced and exported graphs
-# call `operator` functions on tensors and sizes); the in-place ones (`operator.iadd`, `setitem`) are not here.
+# call `operator` functions and torch's symbolic-size functions on tensors and sizes); the in-place ones
+# (`operator.iadd`, `setitem`) are not here.
 _PURE_OPERATORS = frozenset(
-    getattr(operator, name)
-    for name in (
+    [getattr(operator, name) for name in (
         "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs", "matmul",
         "and_", "or_", "xor", "invert", "not_", "lshift", "rshift", "eq", "ne", "lt", "le", "gt", "ge", "truth",
-    )
+    )]
+    + [getattr(torch, name) for name in (
+        "sym_float", "sym_int", "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_sum",
+    ) if hasattr(torch, name)]
 )  # fmt: skip
+# Higher-order operators that only call their subgraphs (looked through as graphs of their own).
+_CALLING_OPERATORS = frozenset(
+    {"cond", "while_loop", "map_impl", "scan", "invoke_subgraph", "wrap_with_set_grad_enabled", "wrap_with_autocast"}
+)
 
 
 @dataclass
 class _Kept:
-    owner: torch.nn.Module
-    name: str
     tensor: torch.Tensor
     value: torch.Tensor | None  # None: the tensor could not have been written (no data behind it)
 
@@ -50,36 +55,54 @@ class _Kept:
 class Restoring:
     """What :func:`buffers_restored` yields: the buffers it will put back, for values that must outlive the block."""
 
-    def __init__(self, kept: list[_Kept], names: list[tuple[torch.nn.Module, set[str]]]) -> None:
-        self._kept = kept
-        self._names = names  # each module's buffer names on the way in: one registered by the run is removed
-        self._storages = {key for item in kept if item.value is not None if (key := _storage(item.tensor))}
+    def __init__(self, owners: list[torch.nn.Module]) -> None:
+        # Each module's buffers as they were bound (None included): rebound, added or removed ones are undone.
+        self._bound = [(owner, dict(compat.own_buffers(owner))) for owner in owners]
+        # Each tensor's value once, however many modules hold it; engines' payloads never.
+        self._kept: dict[int, _Kept] = {}
+        for _, bound in self._bound:
+            for name, tensor in bound.items():
+                if tensor is not None and id(tensor) not in self._kept and not engines.is_engine_attribute(name):
+                    self._kept[id(tensor)] = _keep(tensor)
+
+    def kept(self) -> list[torch.Tensor]:
+        """The buffers whose values are kept to be put back."""
+        return [item.tensor for item in self._kept.values()]
 
     def apart(self, value: _T) -> _T:
         """``value`` (any nesting) with each tensor sharing memory with a buffer to be put back copied.
 
         A module that returns the cache it updates hands out the buffer itself:
         putting the buffer back would change that output under whoever keeps it.
+        Where each buffer's memory is now is looked up here (a run may have
+        grown one into new memory).
         """
-        if not self._storages:
+        kept = [item.tensor for item in self._kept.values() if item.value is not None]
+        if not kept:
             return value
-        shared = self._storages
+        shared = {key for tensor in kept if (key := _storage(tensor))}
+        ids = {id(tensor) for tensor in kept}
         return pytree.tree_map_only(  # type: ignore[no-any-return]
-            torch.Tensor, lambda tensor: tensor.clone() if _storage(tensor) in shared else tensor, value
+            torch.Tensor,
+            lambda tensor: tensor.clone() if id(tensor) in ids or _storage(tensor) in shared else tensor,
+            value,
         )
 
     def put_back(self) -> Exception | None:
-        """Put each buffer back, each on its own; the first error, or None."""
+        """Bind each module's buffers as they were, then give each its value; the first error, or None.
+
+        Each is put back on its own: one that fails leaves the others to be put back.
+        """
         first: Exception | None = None
-        for owner, names in self._names:
+        for owner, bound in self._bound:
             held = compat.own_buffers(owner)
-            for added in [name for name in held if name not in names]:
+            for added in [name for name in held if name not in bound]:
                 del held[added]
-        for item in self._kept:
+            for name, tensor in bound.items():
+                if held.get(name, _ABSENT) is not tensor:
+                    held[name] = tensor  # rebound (`self.cache = self.cache + x`), or filled where it was None
+        for item in self._kept.values():
             try:
-                held = compat.own_buffers(item.owner)
-                if held.get(item.name) is not item.tensor:
-                    held[item.name] = item.tensor  # rebound (`self.cache = self.cache + x`)
                 if item.value is None or _same_bits(item.tensor, item.value):
                     continue
                 with torch.inference_mode() if item.tensor.is_inference() else torch.no_grad():
@@ -87,8 +110,14 @@ class Restoring:
                         item.tensor.resize_(item.value.shape)
                     item.tensor.copy_(item.value)
             except Exception as exc:
-                first = first or exc
+                if first is None:
+                    first = exc
+                else:
+                    _log.warning("trt-inline: a buffer could not be put back: %s", exc)
         return first
+
+
+_ABSENT = object()
 
 
 @contextlib.contextmanager
@@ -104,11 +133,8 @@ def buffers_restored(module: Any) -> Iterator[Restoring]:
     buffer gets its tensor back, a resized one its size). Outputs that are a
     buffer must be taken out with :meth:`Restoring.apart` before the block ends.
     """
-    found = _buffers_it_may_write(module)
-    restoring = Restoring(
-        [_keep(owner, name, tensor) for owner, name, tensor in found],
-        [(owner, set(compat.own_buffers(owner))) for owner in _owners(module)] if found else [],
-    )
+    writes = isinstance(module, torch.nn.Module) and _may_write_buffers(module)
+    restoring = Restoring(_owners(module) if writes else [])
     try:
         yield restoring
     except BaseException:
@@ -121,10 +147,10 @@ def buffers_restored(module: Any) -> Iterator[Restoring]:
         raise problem
 
 
-def _keep(owner: torch.nn.Module, name: str, tensor: torch.Tensor) -> _Kept:
+def _keep(tensor: torch.Tensor) -> _Kept:
     if tensor.is_meta:
-        return _Kept(owner, name, tensor, None)
-    return _Kept(owner, name, tensor, tensor.detach().to("cpu", copy=True))
+        return _Kept(tensor, None)
+    return _Kept(tensor, tensor.detach().to("cpu", copy=True))
 
 
 def _same_bits(tensor: torch.Tensor, value: torch.Tensor) -> bool:
@@ -159,19 +185,11 @@ def _owners(module: Any) -> list[torch.nn.Module]:
     return owners
 
 
-def _buffers_it_may_write(module: Any) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
-    """(owner, name, tensor) of each buffer outside engines, where a run of ``module`` may write one."""
-    if not isinstance(module, torch.nn.Module) or not _may_write_buffers(module):
-        return []
-    found: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
-    seen: set[int] = set()
-    for owner in _owners(module):
-        for name, tensor in compat.own_buffers(owner).items():
-            if tensor is None or id(tensor) in seen or engines.is_engine_attribute(name):
-                continue
-            seen.add(id(tensor))
-            found.append((owner, name, tensor))
-    return found
+def _buffers_it_may_write(module: Any) -> list[str]:
+    """The names of the buffers outside engines that :func:`buffers_restored` copies for ``module``."""
+    writes = isinstance(module, torch.nn.Module) and _may_write_buffers(module)
+    kept = {id(tensor) for tensor in Restoring(_owners(module) if writes else []).kept()}
+    return [name for name, buffer in module.named_buffers() if id(buffer) in kept] if kept else []
 
 
 def _may_write_buffers(module: torch.nn.Module) -> bool:
@@ -197,6 +215,8 @@ def _may_write(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if node.op == "call_function":
         if isinstance(node.target, compat.OpOverload):
             return compat.op_is_mutable(node.target)
+        if compat.higher_order_name(node.target) in _CALLING_OPERATORS:
+            return False
         return node.target not in _PURE_OPERATORS
     if node.op == "call_module":  # a graph is looked through, an input guard reads; other modules are eager code
         return not isinstance(gm.get_submodule(str(node.target)), (torch.fx.GraphModule, *compat.guard_call_types()))
