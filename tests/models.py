@@ -118,6 +118,7 @@ class RunningCache(nn.Module):
         super().__init__()
         self.linear = nn.Linear(4, 4)
         self.register_buffer("cache", torch.zeros(2, 4))
+        self.requires_grad_(False)  # inference: torch 2.5's export refuses a buffer write carrying a gradient
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear(x)
@@ -133,6 +134,7 @@ class ReturnsCache(nn.Module):
         super().__init__()
         self.linear = nn.Linear(4, 4)
         self.register_buffer("cache", torch.zeros(3, 4))
+        self.requires_grad_(False)  # inference: torch 2.5's export refuses a buffer write carrying a gradient
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.relu(self.linear(x))

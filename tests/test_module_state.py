@@ -236,17 +236,31 @@ def test_a_failed_put_back_is_raised_after_the_others_and_never_hides_the_blocks
 
 
 def _tampered(source: Path, target: Path) -> None:
-    """``source`` with its program writing 100 times the new value into the buffer it returns."""
+    """``source`` with its program writing 100 times the new value into the buffer it returns.
+
+    The write is an in-place ``copy_`` in the graph (recent torch) or the value of
+    a buffer-mutation output (torch 2.5): either way the new value is scaled.
+    """
     from trt_inline.verify.reference_io import REFERENCE_IO_FILE
 
     extra = {REFERENCE_IO_FILE: ""}
     program = torch.export.load(source, extra_files=extra)
     graph = program.graph
-    write = next(n for n in graph.nodes if n.target == torch.ops.aten.copy_.default)
-    with graph.inserting_before(write):
-        scaled = graph.call_function(torch.ops.aten.mul.Tensor, (write.args[1], 100.0))
-    scaled.meta = dict(write.args[1].meta)
-    write.replace_input_with(write.args[1], scaled)
+    write = next((n for n in graph.nodes if n.target == torch.ops.aten.copy_.default), None)
+    if write is not None:
+        with graph.inserting_before(write):
+            scaled = graph.call_function(torch.ops.aten.mul.Tensor, (write.args[1], 100.0))
+        scaled.meta = dict(write.args[1].meta)
+        write.replace_input_with(write.args[1], scaled)
+    else:
+        mutated = next(s for s in program.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION")
+        value = next(n for n in graph.nodes if n.name == mutated.arg.name)
+        with graph.inserting_after(value):
+            scaled = graph.call_function(torch.ops.aten.mul.Tensor, (value, 100.0))
+        scaled.meta = dict(value.meta)
+        value.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
+        scaled.name = value.name  # the signature names the mutation's value
+        value.name = f"{value.name}_unscaled"
     program.graph_module.recompile()
     torch.export.save(program, target, extra_files=extra)
 
