@@ -111,14 +111,22 @@ class HalfOverflow(nn.Module):
         return torch.relu(self.linear(x)) - 1.0
 
 
-class RunningCache(nn.Module):
+class _Cached(nn.Module):
+    """An inference model with a cache buffer of ``rows`` rows (torch 2.5's export refuses a buffer write carrying a
+    gradient, so nothing requires one)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(rows, 4))
+        self.requires_grad_(False)
+
+
+class RunningCache(_Cached):
     """A forward that updates a buffer as it runs (a cache): each call reads what the one before it left."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-        self.register_buffer("cache", torch.zeros(2, 4))
-        self.requires_grad_(False)  # inference: torch 2.5's export refuses a buffer write carrying a gradient
+        super().__init__(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear(x)
@@ -127,14 +135,11 @@ class RunningCache(nn.Module):
         return out
 
 
-class ReturnsCache(nn.Module):
+class ReturnsCache(_Cached):
     """A forward that updates its cache and returns it (present key/values): an output that is the buffer itself."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 4)
-        self.register_buffer("cache", torch.zeros(3, 4))
-        self.requires_grad_(False)  # inference: torch 2.5's export refuses a buffer write carrying a gradient
+        super().__init__(3)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.relu(self.linear(x))
