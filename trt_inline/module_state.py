@@ -133,8 +133,7 @@ def buffers_restored(module: Any) -> Iterator[Restoring]:
     buffer gets its tensor back, a resized one its size). Outputs that are a
     buffer must be taken out with :meth:`Restoring.apart` before the block ends.
     """
-    writes = isinstance(module, torch.nn.Module) and _may_write_buffers(module)
-    restoring = Restoring(_owners(module) if writes else [])
+    restoring = _restoring(module)
     try:
         yield restoring
     except BaseException:
@@ -145,6 +144,12 @@ def buffers_restored(module: Any) -> Iterator[Restoring]:
     problem = restoring.put_back()
     if problem is not None:
         raise problem
+
+
+def _restoring(module: Any) -> Restoring:
+    """What puts ``module``'s buffers back: nothing kept where a run cannot write one."""
+    writes = isinstance(module, torch.nn.Module) and _may_write_buffers(module)
+    return Restoring(_owners(module) if writes else [])
 
 
 def _keep(tensor: torch.Tensor) -> _Kept:
@@ -187,8 +192,7 @@ def _owners(module: Any) -> list[torch.nn.Module]:
 
 def _buffers_it_may_write(module: Any) -> list[str]:
     """The names of the buffers outside engines that :func:`buffers_restored` copies for ``module``."""
-    writes = isinstance(module, torch.nn.Module) and _may_write_buffers(module)
-    kept = {id(tensor) for tensor in Restoring(_owners(module) if writes else []).kept()}
+    kept = {id(tensor) for tensor in _restoring(module).kept()}
     return [name for name, buffer in module.named_buffers() if id(buffer) in kept] if kept else []
 
 
