@@ -108,7 +108,8 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
     import threading
     import time
 
-    from trt_inline.verify.views import FileView, _ReadAhead
+    from trt_inline.verify.read_ahead import ReadingAhead
+    from trt_inline.verify.views import FileView
 
     mib = 1 << 20
     path = tmp_path / "big.bin"
@@ -116,7 +117,7 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
     monkeypatch.setattr(isolation, "available_memory", lambda: 2)  # the smallest window: 64 MiB
     view = FileView(path)
 
-    def settled(reader: _ReadAhead, at_least: int) -> int:
+    def settled(reader: ReadingAhead, at_least: int) -> int:
         deadline = time.monotonic() + 30
         while reader.position < at_least and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -125,19 +126,19 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
 
     with view.reading_ahead():
         (reader,) = view._reader
-        assert reader.paced and reader.window == 64 * mib
+        assert reader.paced and reader.window == 64 * mib and not reader.by_parent
         assert settled(reader, 64 * mib) == 64 * mib  # nothing touched yet: one window, no further
         weights = view.tensor(0, 160 * mib, torch.uint8)
         assert int(weights[: 160 * mib : 4096].sum()) >= 0  # the program touches its first 160 MiB
         position = settled(reader, 200 * mib)
         assert 160 * mib + 64 * mib - 4 * mib <= position <= 160 * mib + 64 * mib
-    assert not [t for t in threading.enumerate() if t.name == "trt-inline-read-ahead"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("trt-inline-read-ahead")]
     # A view collected while reading ahead stops its reader and closes its descriptor: nothing is left behind.
     descriptors = len(os.listdir("/proc/self/fd"))
     collected = FileView(path)
     assert collected.start_reading_ahead() and len(os.listdir("/proc/self/fd")) > descriptors
     del collected
-    assert not [t for t in threading.enumerate() if t.name == "trt-inline-read-ahead"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("trt-inline-read-ahead")]
     assert len(os.listdir("/proc/self/fd")) == descriptors
 
 
@@ -213,7 +214,7 @@ def test_read_ahead_of_a_file_larger_than_memory_lets_go_of_pages_well_behind_th
     import mmap
     import time
 
-    from trt_inline.verify.views import _ReadAhead
+    from trt_inline.verify import read_ahead
 
     mib = 1 << 20
     path = tmp_path / "big.bin"
@@ -222,7 +223,7 @@ def test_read_ahead_of_a_file_larger_than_memory_lets_go_of_pages_well_behind_th
         for _ in range(768):
             handle.write(block)
     monkeypatch.setattr(isolation, "available_memory", lambda: 2)  # a 64 MiB window
-    monkeypatch.setattr(_ReadAhead, "_LAG", 64 * mib)
+    monkeypatch.setattr(read_ahead.Pacer, "_LAG", 64 * mib)
     descriptor = os.open(path, os.O_RDONLY)
     pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
     try:
@@ -237,15 +238,138 @@ def test_read_ahead_of_a_file_larger_than_memory_lets_go_of_pages_well_behind_th
 
         assert int(weights[: 512 * mib : 4096].sum()) >= 0  # the program reads its first 512 MiB
         assert mapped_here(0) and mapped_here(256 * mib)
-        reader = _ReadAhead(descriptor, mapped, path.stat().st_size, release=True)
+        reading = read_ahead.start(descriptor, mapped, path.stat().st_size, release=True)
         deadline = time.monotonic() + 30
-        while reader.released < 384 * mib and time.monotonic() < deadline:
+        while reading.pacer.released < 384 * mib and time.monotonic() < deadline:
             time.sleep(0.02)
-        reader.stop()
-        assert reader.released >= 384 * mib, reader.released
+        reading.stop()
+        assert reading.pacer.released >= 384 * mib, reading.pacer.released
         assert not mapped_here(0) and not mapped_here(256 * mib), "pages well behind the program are let go"
         assert mapped_here(500 * mib), "the last 64 MiB before the program are kept"
         assert int(weights[:4096].sum()) >= 0 and mapped_here(0)  # and read again as any page would be
     finally:
         os.close(pagemap)
         os.close(descriptor)
+
+
+def test_a_child_paces_the_reading_its_parent_does(tmp_path: Path) -> None:
+    """The feed end to end in one process: a pacer on a mapping moves, over a pipe, a reader of the same file."""
+    import mmap
+    import time
+
+    from trt_inline.verify import read_ahead
+
+    mib = 1 << 20
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(1024) * (320 * 1024))  # 320 MiB
+    feed_read, feed_write = os.pipe()
+    descriptor = os.open(path, os.O_RDONLY)
+    parent = read_ahead.FeedReader(str(path), 64 * mib)
+    try:
+        feed = read_ahead.Feed(feed_write, parent.identity, 64 * mib)
+        assert feed.serves(descriptor)
+        with open(tmp_path / "other.bin", "wb") as other:
+            assert not feed.serves(other.fileno()), "another file is read by the child itself"
+
+        def parent_settled(at_least: int, run: int = 1) -> int:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([feed_read], [], [], 0.05)
+                if ready:
+                    parent.take(os.read(feed_read, 1 << 16))
+                elif parent.reader.position >= at_least and parent._run == run:
+                    break
+            time.sleep(0.3)  # had it gone on, it would have by now
+            return parent.reader.position
+
+        assert parent_settled(64 * mib) == 64 * mib, "before the child says anything: the first window"
+        mapped = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            weights = torch.frombuffer(mapped, dtype=torch.uint8)
+        pacer = read_ahead.Pacer(mapped, path.stat().st_size, feed.window, feed.mover())
+        try:
+            assert int(weights[: 160 * mib : 4096].sum()) >= 0  # the program touches its first 160 MiB
+            position = parent_settled(200 * mib)
+            assert 160 * mib + 64 * mib - 4 * mib <= position <= 160 * mib + 64 * mib, position
+        finally:
+            pacer.stop()
+        restarted = read_ahead.Pacer(mapped, path.stat().st_size, feed.window, feed.mover())  # a second run
+        try:
+            restarts = parent.reader._restarts
+            position = parent_settled(200 * mib, run=2)
+            assert parent.reader._restarts == restarts + 1, "a new run reads from the start again"
+            assert 160 * mib + 64 * mib - 4 * mib <= position <= 160 * mib + 64 * mib, position
+        finally:
+            restarted.stop()
+    finally:
+        parent.stop()
+        for end in (feed_read, feed_write, descriptor):
+            os.close(end)
+
+
+def test_the_parent_trusts_no_record_of_the_feed(tmp_path: Path) -> None:
+    """Records are untrusted: cut ones wait for their rest, targets stay within the file, old runs change nothing."""
+    import struct
+    import time
+
+    from trt_inline.verify import read_ahead
+
+    mib = 1 << 20
+    path = tmp_path / "big.bin"
+    path.write_bytes(b"\1" * (80 * mib))
+    parent = read_ahead.FeedReader(str(path), 0)
+    record = struct.Struct("<QQ")
+
+    def position_after(data: bytes) -> int:
+        parent.take(data)
+        time.sleep(0.3)
+        return parent.reader.position
+
+    try:
+        assert position_after(b"") == 0
+        assert position_after(record.pack(1, 4 * mib) + record.pack(1, 2 * mib)) == 2 * mib, "the last record counts"
+        whole = record.pack(1, 16 * mib)
+        assert position_after(whole[:7]) == 2 * mib, "half a record moves nothing"
+        assert position_after(whole[7:]) == 16 * mib
+        assert position_after(record.pack(1, (1 << 64) - 1)) == 80 * mib, "a target past the end: the end"
+        assert position_after(record.pack(3, 8 * mib)) == 8 * mib and parent._run == 3, "a new run: from 0"
+        assert position_after(record.pack(2, 80 * mib)) == 8 * mib, "an older run is ignored"
+        assert position_after(os.urandom(4096)) <= 80 * mib
+    finally:
+        parent.stop()
+    assert not parent.reader._thread.is_alive()
+    with pytest.raises(OSError):
+        os.fstat(parent.reader.descriptor)  # closed by its thread
+
+
+def test_verify_of_a_large_file_is_read_ahead_by_the_calling_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file past the read-ahead threshold: the parent reads it, the sandboxed child paces it, the run passes."""
+    from trt_inline.verify import read_ahead
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(18))).eval()  # 72 MiB
+    x = torch.randn(2, 1024)
+    compiled = trt_inline.reference.compile(model, (x,))
+    path = tmp_path / "large.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,))
+    assert path.stat().st_size >= read_ahead.READ_AHEAD_FROM
+    with caplog.at_level(logging.INFO, logger="trt_inline.progress"):
+        report = trt_inline.verify(path)
+    assert report.ok and report.outputs and max(o.max_abs_diff for o in report.outputs) == 0.0, report
+    messages = [r.getMessage() for r in caplog.records if r.name == "trt_inline.progress"]
+    assert any("reading it ahead of the child" in m for m in messages), messages
+    assert any("pacing the calling process's reading ahead of the program" in m for m in messages), messages
+
+
+def test_the_parent_reads_ahead_only_a_regular_file(tmp_path: Path) -> None:
+    """A FIFO put where the file was: refused at once, never waited on (the child then says what is wrong)."""
+    from trt_inline.verify import read_ahead
+
+    fifo = tmp_path / "model.pt2"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        read_ahead.FeedReader(str(fifo), 1 << 30)
+    assert isolation._feed_reader(str(fifo)) is None

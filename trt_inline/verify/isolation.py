@@ -23,7 +23,9 @@ after all, try to reach what is outside. So ``verify``, ``inspect`` and
   in its process group killed when the job ends.
 
 The request and the report travel over pipes, never over files another process
-could rewrite. The parent turns a killed, crashed or exhausted child into one
+could rewrite; so do the child's progress lines and how far the parent should
+read the file ahead of the program (:mod:`trt_inline.verify.read_ahead`). The
+parent turns a killed, crashed or exhausted child into one
 :class:`IsolationError` line that says which limit or which signal, and never
 crashes itself. Everything the child reports is untrusted: it is checked and
 its strings escaped where the parent decodes it (:func:`decode_result`).
@@ -71,6 +73,7 @@ from trt_inline.errors import (
     first_line,
 )
 from trt_inline.formats import format_size
+from trt_inline.verify.read_ahead import READ_AHEAD_FROM, FeedReader, window_for
 from trt_inline.verify.views import unmappable
 
 if TYPE_CHECKING:
@@ -235,6 +238,7 @@ def run_isolated(
     debug: bool = False,
     namespaces: bool = True,
     relay: RelayServer | None = None,
+    read_ahead: str | None = None,
 ) -> ChildResult:
     """Run ``job`` in a sandboxed child process under ``limits``; its return value, or its error re-raised here.
 
@@ -246,6 +250,8 @@ def run_isolated(
     ``namespaces=False`` leaves the namespace layer out (tests of the other walls).
     ``relay``: the child verifies one rank of a rank set; its collectives come
     over a second pair of pipes and ``relay`` answers them (:mod:`trt_inline.distributed.relay`).
+    ``read_ahead``: one of ``files`` whose weights the job reads: this process
+    reads it into the page cache from now on, paced by the child (:mod:`trt_inline.verify.read_ahead`).
     Raises :class:`IsolationError` naming ``where`` when the child is stopped.
     """
     import torch
@@ -267,12 +273,17 @@ def run_isolated(
         "namespaces": namespaces,
         "debug": debug,
     }
-    message = json.dumps(request).encode() + b"\n" + payload.getvalue()
     work = Path(tempfile.mkdtemp(prefix="trt-inline-"))
+    feed = None
     try:
+        feed = _feed_reader(read_ahead)  # reading from now on: the child takes seconds to start
+        if feed is not None:
+            request["read_ahead"] = {"identity": list(feed.identity), "window": feed.window}
+            progress.report(f"{where}: reading it ahead of the child, at most {format_size(feed.window)} ahead")
+        message = json.dumps(request).encode() + b"\n" + payload.getvalue()
         # Its temporary files (torch's own, a package's extracted library) stay in its own folder.
         (work / "tmp").mkdir()
-        with _Pipes(message, where, relay) as pipes:
+        with _Pipes(message, where, relay, feed) as pipes:
             zygote = _zygote_for_now() if relay is None else None
             if zygote is not None:
                 outcome = zygote.run(work, pipes, limits)
@@ -282,19 +293,42 @@ def run_isolated(
             sys.stderr.write(_tail(work / "stderr.txt"))
         return _outcome(outcome, limits, where)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        try:
+            if feed is not None:
+                feed.stop()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _feed_reader(path: str | None) -> FeedReader | None:
+    """A reader of ``path`` for the child to pace, already reading its first window; None for a small file."""
+    if path is None:
+        return None
+    try:
+        size = os.path.getsize(path)
+        if size < READ_AHEAD_FROM:
+            return None
+        available = available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return FeedReader(path, window_for(size, available))
+    except OSError:
+        return None  # the child says what is wrong with the file
 
 
 class _Pipes:
-    """The request pipe (written by a thread: the child reads it while the parent supervises) and the result pipe.
+    """The request pipe (written by a thread: the child reads it while the parent supervises), the result pipe,
+    the progress pipe and the read-ahead feed (:class:`~trt_inline.verify.read_ahead.Feed`).
 
     Each descriptor is closed once (a number closed twice may by then be another file's).
     """
 
-    def __init__(self, message: bytes, where: str, relay: RelayServer | None = None) -> None:
+    def __init__(
+        self, message: bytes, where: str, relay: RelayServer | None = None, feed: FeedReader | None = None
+    ) -> None:
         self.request_read, self.request_write = os.pipe()
         self.result_read, self.result_write = os.pipe()
         self.progress_read, self.progress_write = os.pipe()
+        self.feed_read, self.feed_write = os.pipe()
+        self.feed = feed
         self.relay = relay
         self.call_read, self.call_write = os.pipe() if relay is not None else (-1, -1)
         self.reply_read, self.reply_write = os.pipe() if relay is not None else (-1, -1)
@@ -307,7 +341,8 @@ class _Pipes:
         self._progress = bytearray()
         self._open = {
             self.request_read, self.request_write, self.result_read, self.result_write, self.progress_read,
-            self.progress_write, self.call_read, self.call_write, self.reply_read, self.reply_write,
+            self.progress_write, self.feed_read, self.feed_write, self.call_read, self.call_write, self.reply_read,
+            self.reply_write,
         } - {-1}  # fmt: skip
         self._lock = threading.Lock()
         self._writer = threading.Thread(target=self._write, daemon=True)
@@ -330,9 +365,9 @@ class _Pipes:
                 view = view[os.write(self.request_write, view[: 1 << 20]) :]
         self._close(self.request_write)
 
-    def child_ends(self) -> tuple[int, int, int]:
-        """The ends the child keeps (request, result, progress); the parent closes its copies once it has them."""
-        return self.request_read, self.result_write, self.progress_write
+    def child_ends(self) -> tuple[int, int, int, int]:
+        """The ends the child keeps (request, result, progress, feed); the parent closes its copies once it has them."""
+        return self.request_read, self.result_write, self.progress_write, self.feed_write
 
     def relay_ends(self) -> tuple[int, int]:
         """The ends a rank-set child keeps: it writes its calls to the first and reads the replies from the second."""
@@ -342,6 +377,7 @@ class _Pipes:
         self._close(self.request_read)
         self._close(self.result_write)
         self._close(self.progress_write)
+        self._close(self.feed_write)
         self._close(self.call_write)
         self._close(self.reply_read)
 
@@ -358,7 +394,7 @@ class _Pipes:
         never blocking: the caller checks the limits between two drains.
         """
         relay = self.relay
-        watched = [self.result_read] + ([self.progress_read] if self.progress_read in self._open else [])
+        watched = [self.result_read] + [end for end in (self.progress_read, self.feed_read) if end in self._open]
         if relay is not None and relay.wants_input() and self.call_read in self._open:
             watched.append(self.call_read)
         replying = relay is not None and relay.wants_output() and self.reply_write in self._open
@@ -367,6 +403,8 @@ class _Pipes:
             self._take(os.read(self.result_read, 1 << 20))
         if self.progress_read in ready:
             self._progress_lines(os.read(self.progress_read, 1 << 16))
+        if self.feed_read in ready:
+            self._feed_records(os.read(self.feed_read, 1 << 16))
         if relay is None:
             return
         if self.call_read in ready:
@@ -396,6 +434,13 @@ class _Pipes:
         if len(self._progress) > _MAX_PROGRESS_LINE:
             self._progress.clear()
 
+    def _feed_records(self, chunk: bytes) -> None:
+        """Move the reading ahead as the child says (untrusted: see FeedReader.take)."""
+        if not chunk:
+            self._close(self.feed_read)
+        elif self.feed is not None:
+            self.feed.take(chunk)
+
     def finish(self) -> None:
         """Read the rest once the child has ended (its write end is closed: EOF comes)."""
         while not self.overflow:
@@ -411,6 +456,7 @@ class _Pipes:
         self.handed_over()
         self._close(self.result_read)
         self._close(self.progress_read)
+        self._close(self.feed_read)
         self._close(self.call_read)
         self._close(self.reply_write)
         self._close(self.request_write)  # unblocks the writer if the child never read
@@ -461,7 +507,7 @@ def _run_fresh(work: Path, pipes: _Pipes, limits: Limits) -> _Ended:
     command = _interpreter_command(
         "from trt_inline.verify.isolation import child_main; child_main(sys.argv[2])", str(work)
     )
-    request_read, result_write, progress_write = pipes.child_ends()
+    request_read, result_write, progress_write, feed_write = pipes.child_ends()
     relay_fds: dict[str, str] = {}
     if pipes.relay is not None:
         from trt_inline.distributed.relay import CALL_FD_ENV, REPLY_FD_ENV
@@ -474,12 +520,13 @@ def _run_fresh(work: Path, pipes: _Pipes, limits: Limits) -> _Ended:
             stdin=request_read,
             stdout=stderr,
             stderr=stderr,
-            pass_fds=(result_write, progress_write, *map(int, relay_fds.values())),
+            pass_fds=(result_write, progress_write, feed_write, *map(int, relay_fds.values())),
             start_new_session=True,
             env={
                 **_child_environment(work),
                 "TRT_INLINE_RESULT_FD": str(result_write),
                 "TRT_INLINE_PROGRESS_FD": str(progress_write),
+                "TRT_INLINE_FEED_FD": str(feed_write),
                 **relay_fds,
             },
         )
@@ -540,7 +587,7 @@ def _rss_limit(work: Path) -> int | None:
 # One clean interpreter that forks the children (reusing_interpreter)
 # ---------------------------------------------------------------------------
 
-# The interpreter's loop: for each job it receives (its folder, environment and the two pipe ends,
+# The interpreter's loop: for each job it receives (its folder, environment and its pipe ends,
 # over a UNIX socket), fork a child that becomes what a fresh interpreter running
 # child_main(folder) would be; report its pid, then its wait status and peak RSS.
 _ZYGOTE = """
@@ -552,7 +599,7 @@ from trt_inline.verify.isolation import child_main
 compat.import_loaders()
 channel = socket.socket(fileno=int(sys.argv[2]))
 while True:
-    message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 3)
+    message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 4)
     if not message:
         break
     folder, environment = json.loads(message)
@@ -568,9 +615,11 @@ while True:
         os.dup2(output, 2)
         os.dup2(descriptors[1], 3)
         os.dup2(descriptors[2], 4)
-        os.closerange(5, 1 << 16)
+        os.dup2(descriptors[3], 5)
+        os.closerange(6, 1 << 16)
         os.environ["TRT_INLINE_RESULT_FD"] = "3"
         os.environ["TRT_INLINE_PROGRESS_FD"] = "4"
+        os.environ["TRT_INLINE_FEED_FD"] = "5"
         tempfile.tempdir = None
         child_main(folder)
     for descriptor in descriptors:
@@ -853,6 +902,13 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     compat.import_loaders()
     if request["arguments"].get("allow_native_code"):
         compat.prepare_package_loading()
+    feed = request.get("read_ahead")
+    if feed is not None:  # the parent reads this file ahead: the child says how far
+        from trt_inline.verify import read_ahead
+
+        with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
+            device, inode = (int(number) for number in feed["identity"])
+            read_ahead.feed_parent(int(os.environ["TRT_INLINE_FEED_FD"]), (device, inode), int(feed["window"]))
     if request.get("sandbox", True):
         from trt_inline import sandbox
 

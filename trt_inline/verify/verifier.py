@@ -275,7 +275,7 @@ def verify(
         save_target(save_outputs)
     report = report_of_child(
         "verify", arguments, tensors, limits, where=path, files=files, sandbox=sandbox, debug=debug,
-        save_outputs=save_outputs, save_boundaries=save_boundaries, repro=repro,
+        save_outputs=save_outputs, save_boundaries=save_boundaries, repro=repro, read_ahead=path,
     )  # fmt: skip
     if extract is not None:
         _write_extract(report, repro or [], extract, allow_native_code)
@@ -296,8 +296,11 @@ def report_of_child(
     save_boundaries: str | os.PathLike[str] | None = None,
     repro: list[Any] | None = None,
     relay: RelayServer | None = None,
+    read_ahead: str | None = None,
 ) -> VerifyReport:
     """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost.
+
+    ``read_ahead``: the file whose weights the job reads, read ahead by this process (:func:`run_isolated`).
 
     The child's report is untrusted: its strings are escaped and cut again here
     (:func:`~trt_inline.errors.bounded_strings`), and the outputs it hands back
@@ -306,7 +309,7 @@ def report_of_child(
     result = run_isolated(
         job, {**arguments, "keep_outputs": save_outputs is not None}, tensors, limits,
         where=where, files=files, sandbox=sandbox, imports=bool(arguments.get("allow_pickle")), debug=debug,
-        relay=relay,
+        relay=relay, read_ahead=read_ahead,
     )  # fmt: skip
     try:
         report = VerifyReport.from_dict(bounded_strings(result.value))
