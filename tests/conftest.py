@@ -45,6 +45,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--memory", action="store_true", help="run the 1 GiB memory-budget test (tests/test_memory.py; .ci/run does)"
     )
     parser.addoption(
+        "--packages",
+        action="store_true",
+        help="run the tests that compile AOTInductor packages (C++, about two minutes; .ci/run and .ci/matrix do)",
+    )
+    parser.addoption(
         "--tensor-parallel",
         action="store_true",
         help="run the torchrun rank-set tests (tests/test_tensor_parallel.py, about a minute; .ci/run does)",
@@ -66,6 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ("--memory", "memory", "the 1 GiB memory-budget test runs with --memory (.ci/run passes it)"),
         ("--tensor-parallel", "tensor_parallel", "the torchrun rank-set tests run with --tensor-parallel (.ci/run "
          "passes it)"),
+        ("--packages", "packages", "the tests that compile AOTInductor packages run with --packages (.ci/run and "
+         ".ci/matrix pass it)"),
     ):  # fmt: skip
         if config.getoption(option):
             continue

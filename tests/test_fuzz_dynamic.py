@@ -215,6 +215,7 @@ def test_samples_cross_engine_boundaries() -> None:
         assert count_scalar_crossings(compile_spec(spec, executed)) >= 1, spec
 
 
+@pytest.mark.packages
 def test_samples_as_aot_inductor_packages(tmp_path: Path) -> None:
     """A fixed example as an AOTInductor package, loaded in a fresh process, at both ends of both ranges.
 

@@ -34,7 +34,10 @@ from trt_inline import compat, reference
 from trt_inline.verify import REFERENCE_IO_FILE, VerifyInputError
 
 WHY_NOT = compat.aoti_packages()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"AOTInductor packages: {WHY_NOT}")
+pytestmark = [
+    pytest.mark.packages,
+    pytest.mark.skipif(WHY_NOT is not None, reason=f"AOTInductor packages: {WHY_NOT}"),
+]
 
 NATIVE = "--allow-native-code"
 

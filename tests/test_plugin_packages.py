@@ -15,7 +15,10 @@ from trt_inline import compat
 from trt_inline.verify import REFERENCE_IO_FILE
 
 WHY_NOT = compat.aoti_packages()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"AOTInductor packages: {WHY_NOT}")
+pytestmark = [
+    pytest.mark.packages,
+    pytest.mark.skipif(WHY_NOT is not None, reason=f"AOTInductor packages: {WHY_NOT}"),
+]
 
 _PLUGIN_SAVE = """
     import sys, torch
