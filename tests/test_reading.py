@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pty
@@ -133,13 +134,24 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
         position = settled(reader, 200 * mib)
         assert 160 * mib + 64 * mib - 4 * mib <= position <= 160 * mib + 64 * mib
     assert not [t for t in threading.enumerate() if t.name.startswith("trt-inline-read-ahead")]
-    # A view collected while reading ahead stops its reader and closes its descriptor: nothing is left behind.
-    descriptors = len(os.listdir("/proc/self/fd"))
+
+    # A view collected while reading ahead stops its reader and closes its descriptors: nothing is left behind.
+    # (Counted by what they name: another test's garbage may close its own files at any moment.)
+    def open_here() -> list[str]:
+        names = []
+        for descriptor in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{descriptor}")
+                names += [target] if target == str(path.resolve()) or target.endswith("/pagemap") else []
+        return sorted(names)
+
+    before = open_here()
     collected = FileView(path)
-    assert collected.start_reading_ahead() and len(os.listdir("/proc/self/fd")) > descriptors
+    assert collected.start_reading_ahead()
+    assert len(open_here()) == len(before) + 3, "its descriptor, its mapping's and pagemap's"
     del collected
     assert not [t for t in threading.enumerate() if t.name.startswith("trt-inline-read-ahead")]
-    assert len(os.listdir("/proc/self/fd")) == descriptors
+    assert open_here() == before
 
 
 def test_progress_on_a_terminal_and_never_when_piped_or_json(saved_seed: SavedSeed) -> None:
