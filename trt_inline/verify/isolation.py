@@ -308,8 +308,7 @@ def _feed_reader(path: str | None) -> FeedReader | None:
         size = os.path.getsize(path)
         if size < READ_AHEAD_FROM:
             return None
-        available = available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return FeedReader(path, window_for(size, available))
+        return FeedReader(path, window_for(size))
     except OSError:
         return None  # the child says what is wrong with the file
 

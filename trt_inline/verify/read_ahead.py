@@ -52,8 +52,14 @@ def chunk_for(size: int) -> int:
     return min(256 << 20, max(16 << 20, (size // 128) >> 20 << 20))
 
 
-def window_for(size: int, available: int) -> int:
-    """How far ahead of the program to read: half of ``available`` memory, at least four reads."""
+def window_for(size: int) -> int:
+    """How far ahead of the program to read: half the memory available now, at least four reads.
+
+    (In a sandboxed child /proc/meminfo may be out of reach: then half the machine's memory.)
+    """
+    from trt_inline.verify.isolation import available_memory  # (isolation reads files through views)
+
+    available = available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return max(chunk_for(size) * 4, available // 2)
 
 
@@ -354,11 +360,7 @@ def start(descriptor: int, mapped: mmap.mmap, size: int, *, release: bool) -> Re
     Its parent reads it where it named this file (:func:`feed_parent`); else a
     thread of this process does.
     """
-    from trt_inline.verify.isolation import available_memory  # (isolation reads files through views)
-
     if _feed is not None and _feed.serves(descriptor):
         return ReadingAhead(Pacer(mapped, size, _feed.window, _feed.mover(), release=release), None)
-    # (in a sandboxed child /proc/meminfo may be out of reach: then the machine's memory)
-    available = available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     reader = SequentialReader(descriptor, size, 0)
-    return ReadingAhead(Pacer(mapped, size, window_for(size, available), reader.move, release=release), reader)
+    return ReadingAhead(Pacer(mapped, size, window_for(size), reader.move, release=release), reader)
