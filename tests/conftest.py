@@ -80,6 +80,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if marker in item.keywords:
                 item.add_marker(skip)
+    cuda_items = [item for item in items if "cuda" in item.keywords]
+    if cuda_items and not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device, and this machine has none (.ci/cuda runs these on one)")
+        for item in cuda_items:
+            item.add_marker(skip)
 
 
 def _rank(name: str) -> int:
@@ -96,6 +101,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def python_path(*first: str | Path) -> str:
+    """``PYTHONPATH`` for a test's own interpreter: ``first``, the repository, then what this process was given.
+
+    Kept, not replaced: trt-inline and its dependencies may live on ``PYTHONPATH`` rather than in a venv
+    (``pip install --target DIR``), and a subprocess without them cannot import pyseccomp.
+    """
+    given = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return os.pathsep.join(dict.fromkeys([*map(str, first), str(REPO), *given]))
+
 
 # Loads each saved file in a process that has imported nothing but torch and the
 # named modules, runs it on each stored input set and writes the outputs back. An
@@ -145,7 +161,7 @@ def load_runs_in_fresh_process(
     results_file = tmp_path / "results.pt"
     by_path = input_sets if isinstance(input_sets, dict) else {path: input_sets for path in paths}
     torch.save({str(path): [list(inputs) for inputs in by_path[path]] for path in paths}, inputs_file)
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=python_path())
     proc = subprocess.run(
         [sys.executable, "-c", _LOADER, str(inputs_file), str(results_file), ",".join(imports), *map(str, paths)],
         capture_output=True,

@@ -348,3 +348,24 @@ class FlattenRows(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x * 2.0
         return torch.relu(h.view(h.shape[0], -1))
+
+
+class TransformerBlock(nn.Module):
+    """A pre-norm transformer block: attention (``nn.MultiheadAttention``) and an MLP, each residual.
+
+    ``dropout``: after the attention, active only in training mode (an eval block draws nothing).
+    """
+
+    def __init__(self, width: int = 32, heads: int = 4, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.drop = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.drop(self.attention(h, h, h, need_weights=False)[0])
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))

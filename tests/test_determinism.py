@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, python_path
 
 _SAVE = textwrap.dedent(
     """
@@ -47,7 +47,7 @@ def test_saved_files_do_not_depend_on_hash_seed(tmp_path: Path, seeds: tuple[str
     for seed in seeds:
         folder = tmp_path / f"hashseed_{seed}"
         folder.mkdir()
-        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(REPO))
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=python_path())
         proc = subprocess.run(
             [sys.executable, "-c", _SAVE, str(REPO / "tests"), str(folder)],
             capture_output=True,

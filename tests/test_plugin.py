@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import releases
 import torch
-from conftest import REPO, as_list, load_in_fresh_process, load_runs_in_fresh_process, max_abs_diff
+from conftest import REPO, as_list, load_in_fresh_process, load_runs_in_fresh_process, max_abs_diff, python_path
 
 import trt_inline
 import trt_inline_autoload
@@ -126,7 +126,7 @@ def run_python(
     code: str, tree: Path, *args: str, disable: bool = False, path: Sequence[Path] = ()
 ) -> subprocess.CompletedProcess[str]:
     """``python -c code args`` with the shell ``tree`` (and ``path``) importable, as a user's process."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(TESTS), str(REPO), *map(str, path)]))
+    env = dict(os.environ, PYTHONPATH=python_path(tree, TESTS, REPO, *path))
     env.pop("TRT_INLINE_DISABLE", None)
     if disable:
         env["TRT_INLINE_DISABLE"] = "1"
@@ -695,7 +695,7 @@ def test_doctor_reports_and_exits_zero_without_torch_tensorrt() -> None:
 
 def run_doctor(tree: Path) -> subprocess.CompletedProcess[str]:
     """``trt-inline doctor`` with ``tree``'s torch_tensorrt importable and autoload on."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=python_path(tree))
     env.pop("TRT_INLINE_DISABLE", None)
     return subprocess.run(
         [sys.executable, "-m", "trt_inline.cli", "doctor"], capture_output=True, text=True, env=env, timeout=120

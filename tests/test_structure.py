@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed
+from conftest import REPO, SavedSeed, python_path
 
 import trt_inline
 from trt_inline import cli, export, logs, passes
@@ -238,7 +238,7 @@ def test_cli_debug_shows_the_pass_log(saved_seed: SavedSeed, tmp_path: Path) -> 
         "with logs.debug_to_stderr(True):\n"
         "    trt_inline.transform(gm)\n"
     )
-    env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}", "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": python_path(REPO / "tests"), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "trt_inline.passes DEBUG: before inline_trt_modules:" in proc.stderr

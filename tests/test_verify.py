@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed
+from conftest import REPO, SavedSeed, python_path
 from models import RELU, ConvBnRelu
 
 import trt_inline
@@ -72,7 +72,7 @@ def cli(*args: str, env: dict[str, str] | None = None, process: bool = False) ->
             except SystemExit as exc:  # argparse's usage errors
                 code = int(exc.code or 0)
         return subprocess.CompletedProcess(["trt-inline", *args], code, out.getvalue(), err.getvalue())
-    run_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    run_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "trt_inline.cli", *args], capture_output=True, text=True, env=run_env, timeout=300
     )
@@ -230,7 +230,7 @@ def test_inspect_shows_wiring_by_position(saved: dict[str, Path]) -> None:
 
 def test_verify_saved_model_example(saved: dict[str, Path]) -> None:
     script = REPO / "examples" / "verify_saved_model.py"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=python_path())
     good = subprocess.run([sys.executable, str(script), str(saved["good"])], capture_output=True, text=True, env=env)
     assert good.returncode == 0 and "PASS" in good.stdout, good.stderr
     bad = subprocess.run([sys.executable, str(script), str(saved["miswired"])], capture_output=True, text=True, env=env)

@@ -54,6 +54,7 @@ __all__ = [
     "PYTHON_FUNCTIONS",
     "REFUSED_ATEN",
     "UNINITIALIZED_ATEN",
+    "DRAWS_ONLY_WHEN",
     "allowed_now",
     "allows",
     "allowing",
@@ -112,6 +113,11 @@ PRIVATE_ATEN = frozenset(
         "aten::_log_softmax",
         "aten::_native_batch_norm_legit_no_training",
         "aten::_native_batch_norm_legit_functional",
+        # The attention kernels scaled_dot_product_attention lowers to on the CPU and on CUDA.
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
     }
 )
 # Functional ATen operators refused all the same: they touch files or build tensors unchecked.
@@ -123,6 +129,26 @@ UNINITIALIZED_ATEN = frozenset(
     {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
      "aten::empty_permuted"}
 )  # fmt: skip
+# Operators tagged random that draw only when an argument says so: an exported model in eval mode passes
+# ``dropout_p=0.0`` to attention and ``train=False`` to dropout, and the call draws nothing. A call is
+# allowed when each argument named here holds the literal value given (a value the graph computes never
+# counts: it could be anything at run time) and it passes no generator.
+_ATTENTION = ("dropout_p", 0.0)
+_NOT_TRAINING = ("train", False)
+DRAWS_ONLY_WHEN: dict[str, tuple[str, object]] = {
+    "aten::scaled_dot_product_attention": _ATTENTION,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": _ATTENTION,
+    "aten::_scaled_dot_product_efficient_attention": _ATTENTION,
+    "aten::_scaled_dot_product_flash_attention": _ATTENTION,
+    "aten::_scaled_dot_product_cudnn_attention": _ATTENTION,
+    "aten::native_dropout": _NOT_TRAINING,
+    "aten::dropout": _NOT_TRAINING,
+    "aten::feature_dropout": _NOT_TRAINING,
+    "aten::alpha_dropout": _NOT_TRAINING,
+    "aten::feature_alpha_dropout": _NOT_TRAINING,
+    "aten::rrelu": ("training", False),
+    "aten::rrelu_with_noise_functional": ("training", False),
+}
 _REFUSED_WORDS = ("sparse", "nested", "_unsafe")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -193,10 +219,20 @@ def is_native_engine_op(name: str) -> bool:
     return any(op.name == base and op.native_code for op in engines.ENGINE_OPS)
 
 
-def check_target(target: Any) -> None:
-    """Raise :class:`RefusedOperatorError` unless a node target (an object) is allowed."""
+# A call's arguments: (args, kwargs) as the graph or program passes them; literals are Python values.
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+# The calls of an operator are each checked later with their arguments (check_call): name-level checks pass
+# the operators of DRAWS_ONLY_WHEN.
+PER_CALL = ((), {"__per_call__": True})
+
+
+def check_target(target: Any, call: Call | None = None) -> None:
+    """Raise :class:`RefusedOperatorError` unless a node target (an object) is allowed, called with ``call``.
+
+    Without ``call`` a random operator is refused whatever it is given.
+    """
     if isinstance(target, compat.OpOverload):
-        _check_op(target)
+        _check_op(target, call)
         return
     try:
         if target in _FUNCTION_NAMES:
@@ -206,7 +242,12 @@ def check_target(target: Any) -> None:
     raise RefusedOperatorError(f"calls {qualified_name(target)}, which is not an allowed operator")
 
 
-def _check_op(op: compat.OpOverload) -> None:
+def check_call(target: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
+    """Raise :class:`RefusedOperatorError` unless this call of ``target``, with these arguments, is allowed."""
+    check_target(target, (tuple(args), dict(kwargs)))
+
+
+def _check_op(op: compat.OpOverload, call: Call | None = None) -> None:
     name = compat.op_schema_name(op) or ""
     full = f"{name}.{compat.op_overload_name(op)}"
     extra = _extra_allowed.get()
@@ -220,7 +261,7 @@ def _check_op(op: compat.OpOverload) -> None:
         raise RefusedOperatorError(_native_refusal(full))
     if name == engines.REFERENCE_OP.name:
         return
-    reason = _aten_refusal(op, name)
+    reason = _aten_refusal(op, name, call)
     if reason:
         raise RefusedOperatorError(f"calls {full}, {reason} (--allow-op {name} allows it for a trusted file)")
 
@@ -240,7 +281,31 @@ def _collective_refusal(full: str) -> str:
     )
 
 
-def _aten_refusal(op: compat.OpOverload, name: str) -> str | None:
+def _draws(op: compat.OpOverload, name: str, call: Call | None) -> str | None:
+    """Why a call of random operator ``op`` may draw from the global generator; None where it cannot."""
+    quiet = DRAWS_ONLY_WHEN.get(name)
+    if quiet is None or call is None:
+        return "whatever it is given"
+    if call is PER_CALL:
+        return None
+    args, kwargs = call
+    argument, value = quiet
+    try:
+        given = compat.op_argument_value(op, args, kwargs, argument)
+    except KeyError:
+        return f"its {argument} not given"
+    # Only a literal of the quiet value: 0.0 for a rate (never a bool, NaN or a value computed in the graph).
+    literal = given is value if isinstance(value, bool) else type(given) in (int, float) and given == value
+    if not literal:
+        return f"{argument}={printable(repr(given))[:60]}"
+    with contextlib.suppress(KeyError):
+        generator = compat.op_argument_value(op, args, kwargs, "generator")
+        if generator is not None:
+            return "an explicit generator"
+    return None
+
+
+def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) -> str | None:
     namespace, _, opname = name.partition("::")
     if namespace != "aten":
         return "which is not an ATen or engine operator"
@@ -251,16 +316,23 @@ def _aten_refusal(op: compat.OpOverload, name: str) -> str | None:
     if name in UNINITIALIZED_ATEN:
         return "whose result is uninitialized memory (it could tell a verification from a normal run)"
     if compat.op_is_random(op):
-        return "whose result depends on the global random state (it could tell a verification from a normal run)"
+        why = _draws(op, name, call)
+        if why is not None:
+            return (
+                f"whose result depends on the global random state ({why}; it could tell a verification "
+                "from a normal run)"
+            )
     if opname.startswith("_") and name not in PRIVATE_ATEN and not compat.is_core_aten(op):
         return "a private operator that is not on the allow-list"
     return None
 
 
-def resolve(name: str) -> Callable[..., Any]:
+def resolve(name: str, *, per_call: bool = False) -> Callable[..., Any]:
     """The allowed callable a qualified name stands for (``aten::relu.default``, ``operator.add``).
 
     Raises :class:`RefusedOperatorError` for anything not allowed, or not an operator at all.
+    ``per_call``: each call of it is checked later with its arguments (:func:`check_call`), so an
+    operator of :data:`DRAWS_ONLY_WHEN` passes here.
     """
     # The reference program format writes ``operator.add``, torch's serializer ``_operator.add``.
     function = PYTHON_FUNCTIONS.get(f"_{name}" if name.startswith("operator.") else name)
@@ -274,7 +346,7 @@ def resolve(name: str) -> Callable[..., Any]:
     if is_native_engine_op(qualified) and qualified not in _extra_allowed.get():
         raise RefusedOperatorError(_native_refusal(f"{qualified}.{overload or 'default'}"))
     op = _lookup(namespace, opname, overload or "default")
-    _check_op(op)
+    _check_op(op, PER_CALL if per_call else None)
     return op
 
 

@@ -87,7 +87,7 @@ def doctor() -> list[Finding]:
             ok=bool(entry),
         )
     )
-    findings.append(_sandbox_finding())
+    findings.extend(_sandbox_findings())
     autoload_off = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1"
     if trt_inline_switches.disabled_by_env():
         autoload = f"off ({trt_inline_switches.DISABLE_ENV}={os.environ[trt_inline_switches.DISABLE_ENV]})"
@@ -124,15 +124,20 @@ def doctor() -> list[Finding]:
     return findings
 
 
-def _sandbox_finding() -> Finding:
-    """What the OS sandbox sets up on this machine, asked of a real sandboxed child (``sandbox_job``)."""
+def _sandbox_findings() -> list[Finding]:
+    """What the OS sandbox sets up on this machine, and whether CUDA runs inside it, asked of a real sandboxed
+    child (``sandbox_job``)."""
     from trt_inline.verify.isolation import Limits, run_isolated
 
     try:
         result = run_isolated("sandbox", {}, None, Limits(120.0, 2 << 30), where="sandbox")
     except TrtInlineError as exc:
-        return Finding("sandbox", f"UNAVAILABLE: {first_line(exc)}", ok=False)
-    return Finding("sandbox", str(result.sandbox))
+        return [Finding("sandbox", f"UNAVAILABLE: {first_line(exc)}", ok=False)]
+    findings = [Finding("sandbox", str(result.sandbox))]
+    cuda = result.value.get("cuda") if isinstance(result.value, dict) else None
+    if cuda is not None:
+        findings.append(Finding("CUDA in sandbox", printable(str(cuda))[:300], ok=str(cuda).startswith("works")))
+    return findings
 
 
 def _run_doctor(args: argparse.Namespace) -> int:

@@ -64,6 +64,9 @@ __all__ = [
     "op_argument_types",
     "op_is_mutable",
     "op_is_random",
+    "op_argument_value",
+    "cuda_built",
+    "cuda_started",
     "op_schema_name",
     "own_buffers",
     "prepare_package_loading",
@@ -313,6 +316,34 @@ def op_is_random(target: OpOverload) -> bool:
 def op_argument_types(target: OpOverload) -> list[str]:
     """The declared type of each argument of an OpOverload's schema (``"Tensor"``, ``"str"``, ...)."""
     return [str(argument.type) for argument in target._schema.arguments]
+
+
+def cuda_built() -> bool:
+    """Whether this torch was built with CUDA; asks nothing of a device (CUDA is not started)."""
+    return bool(torch.backends.cuda.is_built())  # type: ignore[no-untyped-call]
+
+
+def cuda_started() -> bool:
+    """Whether this process has started CUDA already (a process forked after that cannot use it)."""
+    return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+
+
+def op_argument_value(target: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+    """What a call of ``target`` passes as its argument ``name``: positional, keyword or the schema's default.
+
+    Raises KeyError where the schema has no such argument, or the call passes none and it has no default.
+    """
+    for position, argument in enumerate(target._schema.arguments):
+        if argument.name != name:
+            continue
+        if name in kwargs:
+            return kwargs[name]
+        if position < len(args) and not argument.kwarg_only:
+            return args[position]
+        if argument.has_default_value():
+            return argument.default_value
+        break
+    raise KeyError(name)
 
 
 def op_overloads(packet: OpOverloadPacket) -> list[str]:

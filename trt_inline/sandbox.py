@@ -11,7 +11,8 @@ layer               what it takes away
 namespaces          (where unprivileged user namespaces are allowed) a user, PID,
                     network and IPC namespace of its own: no network interface but a
                     loopback nobody else is on, and the job runs as the first process
-                    of its PID namespace, so everything in it dies with it
+                    of its PID namespace, so everything in it dies with it (no PID
+                    namespace where CUDA runs: see below)
 Landlock            every file but the Python installation (read), the job's private
                     folder (read and write) and what a job is given; TCP bind and
                     connect; signals and abstract UNIX sockets outside the sandbox
@@ -28,6 +29,18 @@ table holds without them, since seccomp alone already refuses sockets and new
 processes. seccomp goes through libseccomp (the ``pyseccomp`` binding), which
 compiles the filter for the machine's architecture; Landlock and namespaces are
 three system calls each, made here through ``ctypes``.
+
+Where the job may use CUDA (``Policy.devices``: the machine has NVIDIA devices
+and they are not hidden), the driver must start inside the walls: Landlock also
+grants the device files (read, write, ioctl), what the driver reads about the
+devices, the kernel module and the machine's memory, ``/dev/shm``, and writing
+the files of this process's own threads (the driver names its threads through
+``/proc/self/task/<tid>/comm`` and fails with error 304 where it cannot); and
+there is no PID namespace, whose thread ids would not match the system's
+``/proc``. seccomp is the same. SECURITY.md lists each grant and why it opens no
+way out. Nothing may start CUDA before :func:`enter`: entering forks, and torch
+refuses CUDA in a process forked after it started (:func:`cuda_devices_visible`
+asks without starting it).
 
 Nothing here imports torch: :func:`enter` runs in a child that has imported it
 already, and :func:`status` is cheap.
@@ -46,7 +59,7 @@ import termios
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Applied", "Policy", "SandboxUnavailable", "Status", "enter", "status"]
+__all__ = ["Applied", "Policy", "SandboxUnavailable", "Status", "cuda_devices_visible", "enter", "status"]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -184,6 +197,9 @@ def _fs_rights(abi: int) -> int:
     return rights
 
 
+_pinned: list[int] = []
+
+
 def _landlock(rules: dict[str, int], abi: int, *, loopback: bool) -> None:
     """Restrict this process to ``rules`` ({path: rights}); TCP only on loopback-only namespaces."""
     handled = _fs_rights(abi)
@@ -213,7 +229,12 @@ def _landlock(rules: dict[str, int], abi: int, *, loopback: bool) -> None:
                         ctypes.byref(rule), ctypes.c_uint32(0),
                     )  # fmt: skip
             finally:
-                os.close(descriptor)
+                if path.startswith("/proc/self"):
+                    # Kept open: procfs makes a new inode for a path whose entry it dropped, and a rule
+                    # holds the inode it was given; an open descriptor keeps the entry, so the rule holds.
+                    _pinned.append(descriptor)
+                else:
+                    os.close(descriptor)
         _call("prctl", _PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
         _syscall(_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
     finally:
@@ -242,6 +263,18 @@ def _python_paths() -> set[str]:
     return {path for path in paths if path and path != "/"}
 
 
+def cuda_devices_visible() -> bool:
+    """Whether this machine has NVIDIA devices a CUDA program here may use, asked without starting CUDA.
+
+    Starting CUDA before :func:`enter` would break the job: entering forks, and torch refuses CUDA in a
+    process forked after it was started. ``CUDA_VISIBLE_DEVICES`` set empty (or to ``-1``) hides them.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and (not visible.strip() or visible.strip().startswith("-1")):
+        return False
+    return os.path.exists("/dev/nvidiactl")
+
+
 def _rules(policy: Policy) -> dict[str, int]:
     rules = dict.fromkeys(_python_paths(), _READ)
     rules.update(dict.fromkeys(policy.readable, _READ))
@@ -250,13 +283,27 @@ def _rules(policy: Policy) -> dict[str, int]:
     rules.update(dict.fromkeys(("/dev/urandom", "/dev/random", "/dev/zero", "/proc/cpuinfo"), _FS_READ_FILE))
     rules.update({"/proc/self": _READ, "/sys/devices/system/cpu": _READ, str(policy.private): _READ_WRITE})
     if policy.devices:
-        # CUDA and TensorRT: the driver's device files and what it reads about them.
-        for name in os.listdir("/dev"):
-            if name.startswith("nvidia"):
-                rules[f"/dev/{name}"] = _FS_READ_FILE | _FS_WRITE_FILE | _FS_IOCTL_DEV
-        rules.update(
-            {"/proc/driver/nvidia": _READ, "/sys/bus/pci": _READ, "/sys/devices": _READ, "/dev/shm": _READ_WRITE}
-        )
+        rules.update(_cuda_rules())
+    return rules
+
+
+def _cuda_rules() -> dict[str, int]:
+    """What the CUDA driver (and TensorRT) reach while it starts and runs; SECURITY.md says why each is safe.
+
+    The device files, opened read-write with ioctls; what the driver reads about the devices, the
+    kernel module and the machine's memory; its shared memory; and the names of this process's own
+    threads, which the driver (570 and newer) writes while it starts, failing with error 304
+    ("OS call failed") where it cannot.
+    """
+    device = _FS_READ_FILE | _FS_WRITE_FILE | _FS_IOCTL_DEV
+    rules = {f"/dev/{name}": device for name in os.listdir("/dev") if name.startswith("nvidia")}
+    folders = (
+        "/proc/driver/nvidia", "/proc/driver/nvidia-uvm", "/proc/driver/nvidia-caps", "/sys/bus/pci",
+        "/sys/devices", "/sys/module/nvidia", "/sys/module/nvidia_uvm", "/proc/sys/vm",
+    )  # fmt: skip
+    rules.update(dict.fromkeys(folders, _READ))
+    rules.update(dict.fromkeys(("/proc/devices", "/proc/meminfo", "/proc/modules"), _FS_READ_FILE))
+    rules.update({"/dev/shm": _READ_WRITE, "/proc/self/task": _READ | _FS_WRITE_FILE})
     return rules
 
 
@@ -352,8 +399,9 @@ def _single_threaded() -> bool:
         return False
 
 
-def _namespaces(loopback: bool) -> str | None:
-    """Enter new user, PID, network and IPC namespaces and become their first process; why not, or None.
+def _namespaces(loopback: bool, pid: bool) -> str | None:
+    """Enter new user, network and IPC namespaces, and with ``pid`` a PID namespace whose first process it
+    becomes; why not, or None.
 
     Must be single-threaded (unshare refuses a new user namespace otherwise): a
     multi-threaded caller forks first. Returns in the process that runs the job.
@@ -361,15 +409,17 @@ def _namespaces(loopback: bool) -> str | None:
     if not _single_threaded():
         _fork_and_follow()
     uid, gid = os.getuid(), os.getgid()
+    flags = _CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWIPC | (_CLONE_NEWPID if pid else 0)
     try:
-        _call("unshare", ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC))
+        _call("unshare", ctypes.c_int(flags))
         # The same user inside as outside, so that files it creates belong to it.
         Path("/proc/self/setgroups").write_text("deny")
         Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
         Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
     except OSError as exc:
         return f"namespaces unavailable: {exc.strerror or exc}"
-    _fork_and_follow()  # the first process of the new PID namespace: everything in it dies with it
+    if pid:
+        _fork_and_follow()  # the first process of the new PID namespace: everything in it dies with it
     if loopback:
         _loopback_up()
     return None
@@ -448,9 +498,12 @@ def enter(policy: Policy) -> Applied:
     if found.missing:
         raise SandboxUnavailable("this system lacks " + " and ".join(found.missing))
     applied = Applied()
-    why_not = _namespaces(policy.loopback) if policy.namespaces else "namespaces not asked for"
+    # No PID namespace where CUDA runs: /proc stays the system's, and the driver names its threads through
+    # /proc/self/task/<tid>, by the thread ids it sees, which a PID namespace of its own would renumber.
+    pid = not policy.devices
+    why_not = _namespaces(policy.loopback, pid) if policy.namespaces else "namespaces not asked for"
     if why_not is None:
-        applied.layers.append("user, PID, network and IPC namespaces")
+        applied.layers.append(f"user, {'PID, ' if pid else ''}network and IPC namespaces")
         with contextlib.suppress(OSError):
             _drop_capabilities()
     elif policy.loopback:

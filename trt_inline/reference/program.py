@@ -310,12 +310,19 @@ def as_tensor(value: Any, spec: ValueSpec | None, device: torch.device) -> torch
     return scalars.to_tensor(value, device, spec.dtype if spec is not None else None)
 
 
-_device_copies: weakref.WeakKeyDictionary[torch.Tensor, dict[torch.device, torch.Tensor]] = weakref.WeakKeyDictionary()
+# Copies of payloads on other devices, by the payload's identity: a weak-keyed dictionary would compare
+# two references to one tensor with the tensor's own ==, which compares values (and raises).
+_device_copies: dict[int, tuple[weakref.ref[torch.Tensor], dict[torch.device, torch.Tensor]]] = {}
 
 
 def _payload_on(payload: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The payload moved to ``device``, copied once per payload and device."""
-    copies = _device_copies.setdefault(payload, {})
+    """The payload moved to ``device``, copied once per payload and device, dropped with the payload."""
+    key = id(payload)
+    entry = _device_copies.get(key)
+    if entry is None or entry[0]() is not payload:
+        entry = (weakref.ref(payload, lambda _, key=key: _device_copies.pop(key, None)), {})  # type: ignore[misc]
+        _device_copies[key] = entry
+    copies = entry[1]
     if device not in copies:
         copies[device] = payload.to(device)
     return copies[device]
@@ -352,17 +359,14 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
         steps = []
         num_values = num_inputs + len(weights)
         for index, raw in enumerate(doc["steps"]):
+            args = tuple(_decode_arg(raw["args"], num_values))
+            kwargs = {str(k): _decode_arg(v, num_values) for k, v in raw["kwargs"].items()}
             try:
-                target = allowed_ops.resolve(str(raw["target"]))
+                target = allowed_ops.resolve(str(raw["target"]), per_call=True)
+                allowed_ops.check_call(target, args, kwargs)  # a random operator: only where it cannot draw
             except RefusedOperatorError as exc:
                 raise RefusedOperatorError(f"step {index} {exc}") from None
-            steps.append(
-                _Step(
-                    target=target,
-                    args=tuple(_decode_arg(raw["args"], num_values)),
-                    kwargs={str(k): _decode_arg(v, num_values) for k, v in raw["kwargs"].items()},
-                )
-            )
+            steps.append(_Step(target=target, args=args, kwargs=kwargs))
             num_values += 1
         outputs = tuple(int(i) for i in doc["outputs"])
         raw_inputs = doc.get("input_specs", [None] * num_inputs)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from trt_inline import compat
 from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
@@ -95,10 +96,19 @@ def isolated_run() -> Iterator[None]:
     files from strangers (:mod:`trt_inline.allowed_ops`). Whatever a run draws
     from the global generators (an operator a trusted file was allowed) is
     undone on the way out, on the CPU and every CUDA device, also when it raises.
+
+    CUDA is never started here (a CPU run on a CUDA machine stays on the CPU): the CUDA generators
+    are saved where CUDA already runs, and where the run itself started it they are put back to
+    their first state, as they were before anything drew from them.
     """
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        yield
+    started = compat.cuda_started()
+    devices = list(range(torch.cuda.device_count())) if started else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        if not started and compat.cuda_started():
+            torch.cuda.manual_seed_all(torch.cuda.initial_seed())
 
 
 def run_on(

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import getpass
 import io
 import json
 import os
@@ -481,7 +483,7 @@ def _interpreter_command(code: str, *arguments: str) -> list[str]:
 # Environment variables a child keeps: what configures the interpreter, torch, its threads, its
 # allocator and the devices it sees. A change in one of them needs a new interpreter to fork from.
 _STARTUP_VARIABLES = re.compile(
-    r"^(PYTHON|LD_|MALLOC_|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|CUDA_|NVIDIA_|TORCH|TRT_INLINE_|LANG$|LC_|TZ$)"
+    r"^(PYTHON|PYTORCH_|LD_|MALLOC_|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|CUDA_|NVIDIA_|TORCH|TRT_INLINE_|LANG$|LC_|TZ$)"
 )
 
 
@@ -494,11 +496,25 @@ def _child_environment(work: Path | None = None) -> dict[str, str]:
     namespaces; torch does not use it.
     """
     environment = {k: v for k, v in os.environ.items() if _STARTUP_VARIABLES.match(k)}
-    environment.update(MALLOC_ARENA_MAX="2", OPENBLAS_NUM_THREADS="1")
+    # The user's name, as a normal call sees it: the sandbox hides /etc/passwd, where getpass.getuser()
+    # looks without these, and torch before 2.13 names its cache folder after it (KeyError otherwise).
+    environment.update(USER=_user_name(), LOGNAME=_user_name(), MALLOC_ARENA_MAX="2", OPENBLAS_NUM_THREADS="1")
     if work is not None:
         private = str(work / "tmp")
-        environment.update(TMPDIR=private, HOME=private, CUDA_CACHE_PATH=private, XDG_CACHE_HOME=private)
+        environment.update(
+            TMPDIR=private, HOME=private, CUDA_CACHE_PATH=private, XDG_CACHE_HOME=private,
+            TORCHINDUCTOR_CACHE_DIR=private, TRITON_CACHE_DIR=private,
+        )  # fmt: skip
     return environment
+
+
+@functools.cache
+def _user_name() -> str:
+    """This process's user name (``getpass.getuser()``), ``uid_N`` where the system has none for it."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError, ImportError):
+        return f"uid_{os.getuid()}"
 
 
 def _run_fresh(work: Path, pipes: _Pipes, limits: Limits) -> _Ended:
@@ -889,6 +905,7 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
 
     import trt_inline.reference
     import trt_inline.verify  # noqa: F401
+    from trt_inline import sandbox as sandbox_walls
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     module_name, function_name = request["job"]
@@ -908,22 +925,22 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
             device, inode = (int(number) for number in feed["identity"])
             read_ahead.feed_parent(int(os.environ["TRT_INLINE_FEED_FD"]), (device, inode), int(feed["window"]))
+    # Whether CUDA may be used, asked without initialising it: torch refuses CUDA in a process forked after
+    # CUDA was initialised, and entering the sandbox forks (its PID namespace).
+    cuda = compat.cuda_built() and sandbox_walls.cuda_devices_visible()
     if request.get("sandbox", True):
-        from trt_inline import sandbox
-
-        cuda = torch.cuda.is_available()
         readable = tuple(request.get("files", ()))
         if request.get("imports"):
             readable += tuple(entry for entry in sys.path if os.path.isabs(entry) and os.path.isdir(entry))
         # Native code the user allowed may bring a loader that writes outside its folder (torch 2.8's: /tmp).
         writable = compat.aoti_loader_folders() if request["arguments"].get("allow_native_code") else ()
-        policy = sandbox.Policy(
+        policy = sandbox_walls.Policy(
             work, readable, writable, devices=cuda, namespaces=bool(request.get("namespaces", True))
         )
-        applied = sandbox.enter(policy).describe()
+        applied = sandbox_walls.enter(policy).describe()
     request["base_rss"] = _own_resident()
     memory = int(request["memory"])
-    if torch.cuda.is_available():
+    if cuda:
         # The CUDA driver reserves address space far beyond what it uses: the parent watches RSS instead.
         (work / "rss_limit").write_text(str(_own_resident() + memory))
     else:
@@ -974,8 +991,26 @@ class MemorySampler:
 
 
 def sandbox_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:
-    """What the sandbox of a child set up (``trt-inline doctor``): the layers are in the result itself."""
-    return {"pid": os.getpid()}
+    """What the sandbox of a child set up (``trt-inline doctor``): the layers are in the result itself; and
+    whether CUDA starts and computes inside it, where this machine has NVIDIA devices."""
+    from trt_inline import compat
+    from trt_inline import sandbox as sandbox_walls
+
+    if not (compat.cuda_built() and sandbox_walls.cuda_devices_visible()):
+        return {"pid": os.getpid(), "cuda": None}
+    import torch
+
+    try:
+        count = torch.cuda.device_count()
+        if not torch.cuda.is_available() or count == 0:
+            return {"pid": os.getpid(), "cuda": "FAILS: torch.cuda.is_available() is False inside the sandbox"}
+        value = float((torch.ones(64, device="cuda") * 2).sum())
+        name = torch.cuda.get_device_name(0)
+    except Exception as exc:
+        return {"pid": os.getpid(), "cuda": f"FAILS: {type(exc).__name__}: {first_line(exc)}"}
+    if value != 128.0:
+        return {"pid": os.getpid(), "cuda": f"FAILS: 64 twos summed to {value} on CUDA"}
+    return {"pid": os.getpid(), "cuda": f"works ({count} device{'s' if count > 1 else ''}: {name})"}
 
 
 def _own_address_space() -> int:

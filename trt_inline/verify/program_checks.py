@@ -423,7 +423,8 @@ def _node_name(node: Any) -> str:
 
 def _target_problem(target: str) -> str | None:
     try:
-        allowed_ops.resolve(allowed_ops.serialized_to_qualified(target))
+        # Each call is checked with its arguments where the module is built (check_runnable).
+        allowed_ops.resolve(allowed_ops.serialized_to_qualified(target), per_call=True)
     except RefusedOperatorError as exc:
         return str(exc)
     return None
@@ -454,7 +455,7 @@ def check_runnable(module: torch.nn.Module, file: Path | str) -> None:
             if node.op != "call_function":
                 continue
             try:
-                allowed_ops.check_target(node.target)
+                allowed_ops.check_call(node.target, node.args, node.kwargs)
                 if engines.is_engine_call(node):
                     engines.engine_signature(node)  # decodes a reference program: refuses its steps' targets
             except RefusedOperatorError as exc:

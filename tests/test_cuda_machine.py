@@ -1,0 +1,294 @@
+"""What a CUDA machine needs, guarded on every machine; and the CUDA lane (``cuda`` marker, ``.ci/cuda``).
+
+Each CPU test guards one thing that broke on a GPU machine and fails without its fix:
+nothing asks torch about CUDA before the sandbox is entered (entering forks, and torch
+refuses CUDA in a process forked after it started); the sandbox lets the CUDA driver name
+its threads (driver 570+ fails with error 304 where it cannot); the child knows its user
+name (torch before 2.13 raises KeyError naming its cache folder without one); reference
+payloads copied to another device are cached by identity (a weak-keyed dictionary compares
+tensors by value); attention and dropout that cannot draw are allowed. The tests marked
+``cuda`` run the whole loop on a CUDA device and are skipped, with the reason, elsewhere.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import REPO, SavedSeed, as_list, load_runs_in_fresh_process, max_abs_diff, python_path
+from models import RELU, ConvBnRelu, TransformerBlock
+
+import trt_inline
+from trt_inline import allowed_ops, reference, sandbox
+from trt_inline.errors import RefusedOperatorError
+from trt_inline.reference import program as reference_program
+from trt_inline.verify import isolation
+from trt_inline.verify.isolation import Limits, run_isolated
+
+TESTS = Path(__file__).parent
+_WALLS = sandbox.status().missing
+needs_sandbox = pytest.mark.skipif(bool(_WALLS), reason=f"this system cannot set up the sandbox: {_WALLS}")
+GELU = "torch.ops.aten.gelu.default"
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=python_path(TESTS))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+# ---------------------------------------------------------------------------
+# Before the sandbox: nothing starts CUDA
+# ---------------------------------------------------------------------------
+
+
+@needs_sandbox
+@pytest.mark.parametrize("native_code", [False, True], ids=["default", "allow-native-code"])
+def test_nothing_asks_torch_about_cuda_before_the_sandbox(saved_seed: SavedSeed, native_code: bool) -> None:
+    """The interpreter that forks children and a child up to ``sandbox.enter`` make no call that starts CUDA."""
+    proc = _python(f"import cuda_probe; cuda_probe.record_child_start({str(saved_seed.good)!r}, {native_code})")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["outcome"] == "ran", found
+    calls: list[str] = found["calls"]
+    assert "enter" in calls, calls
+    before = calls[: calls.index("enter")]
+    assert before == [], f"asked torch about CUDA before entering the sandbox: {before}"
+
+
+def test_cuda_devices_are_seen_without_starting_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Devices are the driver's control file; CUDA_VISIBLE_DEVICES empty or -1 hides them."""
+    present = {"/dev/nvidiactl"}
+    monkeypatch.setattr(sandbox.os.path, "exists", lambda path: path in present)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert sandbox.cuda_devices_visible()
+    for hidden in ("", " ", "-1", "-1,0"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert not sandbox.cuda_devices_visible(), hidden
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert sandbox.cuda_devices_visible()
+    present.clear()
+    assert not sandbox.cuda_devices_visible()
+
+
+# ---------------------------------------------------------------------------
+# Inside the sandbox: what the CUDA driver does while it starts
+# ---------------------------------------------------------------------------
+
+_NAME_THREADS = """
+import json, os, sys, tempfile
+from pathlib import Path
+from trt_inline import sandbox
+import cuda_probe
+parent = os.getppid()
+private = Path(tempfile.mkdtemp())
+sandbox.enter(sandbox.Policy(private, devices={devices}))
+print(json.dumps(cuda_probe.thread_names({{"parent": parent}}, None)))
+"""
+
+
+@needs_sandbox
+def test_the_sandbox_lets_the_cuda_driver_name_its_own_threads() -> None:
+    """With devices, a new thread of the child renames itself (the driver does, or fails with error 304);
+    the parent's threads stay out of reach; without devices, nothing in procfs is writable."""
+    with_devices = _python(_NAME_THREADS.format(devices=True))
+    assert with_devices.returncode == 0, with_devices.stderr[-3000:]
+    found = json.loads(with_devices.stdout.strip().splitlines()[-1])
+    assert found["own thread"] == "SUCCEEDED", found
+    assert found["parent's thread"].startswith("blocked"), found
+
+    without = _python(_NAME_THREADS.format(devices=False))
+    assert without.returncode == 0, without.stderr[-3000:]
+    found = json.loads(without.stdout.strip().splitlines()[-1])
+    assert found["own thread"].startswith("blocked"), found
+    assert found["parent's thread"].startswith("blocked"), found
+
+
+@needs_sandbox
+def test_the_child_has_the_callers_user_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """getpass.getuser() in the sandbox (where /etc/passwd is hidden) gives the caller's name, not a KeyError."""
+    monkeypatch.setitem(isolation.JOBS, "user_name", ("cuda_probe", "user_name"))
+    for variable in ("USER", "LOGNAME", "LNAME", "USERNAME"):
+        monkeypatch.delenv(variable, raising=False)  # as under a service manager: the name only in the passwd file
+    isolation._user_name.cache_clear()
+    try:
+        seen = run_isolated("user_name", {}, None, Limits(120, 2 << 30), where="probe").value
+    finally:
+        isolation._user_name.cache_clear()
+    assert seen == {"user": getpass.getuser()}, seen
+
+
+# ---------------------------------------------------------------------------
+# The reference backend across devices
+# ---------------------------------------------------------------------------
+
+
+def test_payload_copies_on_another_device_are_kept_by_identity() -> None:
+    """Engines whose payload sits on one device and inputs on another copy it once (the second call used to
+    compare two references to the payload with the tensor's own ==, which raises)."""
+    payload = torch.arange(64, dtype=torch.uint8)
+    meta = torch.device("meta")
+    first = reference_program._payload_on(payload, meta)
+    second = reference_program._payload_on(payload, meta)
+    assert second is first and first.device == meta
+    assert id(payload) in reference_program._device_copies
+    key = id(payload)
+    del payload, first, second
+    assert key not in reference_program._device_copies
+
+
+# ---------------------------------------------------------------------------
+# Random operators: refused only when the call draws
+# ---------------------------------------------------------------------------
+
+
+def _gated(name: str) -> tuple[Any, str, object]:
+    """The OpOverload ``name`` names, and the argument (with its quiet value) that says whether a call draws."""
+    argument, quiet = allowed_ops.DRAWS_ONLY_WHEN[name]
+    namespace, _, rest = name.partition("::")
+    return getattr(getattr(torch.ops, namespace), rest).default, argument, quiet
+
+
+@pytest.mark.parametrize("name", sorted(allowed_ops.DRAWS_ONLY_WHEN))
+def test_random_operators_pass_only_when_the_call_cannot_draw(name: str) -> None:
+    op, argument, quiet = _gated(name)
+    graph = torch.fx.Graph()
+    value = graph.placeholder("x")  # a value the graph computes: never taken as quiet
+    drawing = 0.1 if isinstance(quiet, float) else True
+    allowed_ops.check_call(op, (), {argument: quiet})
+    for given in (drawing, value, None, float("nan"), 1e-30) if isinstance(quiet, float) else (drawing, value, None):
+        with pytest.raises(RefusedOperatorError, match="depends on the global random state"):
+            allowed_ops.check_call(op, (), {argument: given})
+    with pytest.raises(RefusedOperatorError, match="depends on the global random state"):
+        allowed_ops.check_target(op)  # no call to look at: refused as before
+    if "generator" in [a.name for a in op._schema.arguments]:
+        with pytest.raises(RefusedOperatorError, match="an explicit generator"):
+            allowed_ops.check_call(op, (), {argument: quiet, "generator": torch.Generator()})
+
+
+def test_attention_lowerings_in_engine_programs() -> None:
+    """Each attention kernel scaled_dot_product_attention lowers to (CPU, CUDA efficient/flash/cuDNN) in a
+    reference program: allowed with dropout_p 0.0, refused with 0.1, naming the step and the argument."""
+    lowerings = [name for name, gate in allowed_ops.DRAWS_ONLY_WHEN.items() if gate[0] == "dropout_p"]
+    assert "aten::_scaled_dot_product_efficient_attention" in lowerings
+    for name in lowerings:
+        op = getattr(torch.ops.aten, name.partition("::")[2]).default
+        position = [a.name for a in op._schema.arguments].index("dropout_p")
+        refs: list[Any] = [{"ref": 0}, {"ref": 0}, {"ref": 0}, *[None] * (position - 3)]
+        for dropout, allowed in ((0.0, True), (0.1, False)):
+            doc = {
+                "format": reference_program.FORMAT, "inputs": 1, "weights": [], "outputs": [1],
+                "steps": [{"target": f"{name}.default", "args": [*refs, dropout], "kwargs": {}}],
+            }  # fmt: skip
+            text = json.dumps(doc)
+            if allowed:
+                reference_program.load_program(text)
+            else:
+                with pytest.raises(RefusedOperatorError, match=r"step 0 calls .*dropout_p=0\.1"):
+                    reference_program.load_program(text)
+
+
+def test_a_transformer_block_saves_loads_and_verifies(tmp_path: Path) -> None:
+    """Pre-norm attention block, gelu in PyTorch: saved, loaded in a fresh process bit for bit, verified."""
+    model = TransformerBlock().eval()
+    x = torch.randn(2, 5, 32)
+    compiled = reference.compile(model, (x,), torch_executed_ops=[GELU])
+    kinds = {type(m).__name__ for _, m in compiled.named_children()}
+    assert "ReferenceEngine" in kinds and "GraphModule" in kinds
+    path = tmp_path / "block.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,))
+    with torch.no_grad():
+        expected = as_list(compiled(x))
+        assert max_abs_diff(expected, as_list(model(x))) <= 1e-5
+    loaded = load_runs_in_fresh_process(tmp_path, [path], [(x,)])[str(path)][0]
+    assert max_abs_diff(loaded["outputs"], expected) == 0.0
+    report = trt_inline.verify(path)
+    assert report.ok, report.to_text()
+
+
+def test_dropout_that_draws_is_refused_at_save(tmp_path: Path) -> None:
+    """A block whose dropout runs in training mode draws at every call: the reference backend's save refuses it."""
+    model = TransformerBlock(dropout=0.1).eval()
+    model.drop.train()
+    x = torch.randn(2, 5, 32)
+    with pytest.raises(RefusedOperatorError, match=r"global random state \(train=True"):
+        compiled = reference.compile(model, (x,), torch_executed_ops=[GELU])
+        trt_inline.save(compiled, tmp_path / "drawing.pt2", arg_inputs=(x,))
+
+
+# ---------------------------------------------------------------------------
+# The CUDA lane: the whole loop on a CUDA device (.ci/cuda)
+# ---------------------------------------------------------------------------
+
+cuda = pytest.mark.cuda
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=python_path())
+    return subprocess.run(
+        [sys.executable, "-m", "trt_inline", *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO
+    )
+
+
+@cuda
+def test_doctor_says_cuda_runs_in_the_sandbox() -> None:
+    proc = _cli("doctor")
+    line = next((line for line in proc.stdout.splitlines() if line.startswith("CUDA in sandbox")), "")
+    assert "works" in line, proc.stdout + proc.stderr
+
+
+@cuda
+@pytest.mark.parametrize("args", [(), ("--device", "cuda"), ("--device", "cuda", "--per-engine")])
+def test_a_cpu_file_verifies_on_a_cuda_machine_in_the_sandbox(saved_seed: SavedSeed, args: tuple[str, ...]) -> None:
+    proc = _cli("verify", str(saved_seed.good), *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("PASS") and "seccomp" in proc.stdout
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("retrace", [True, False], ids=["retrace", "no-retrace"])
+def test_the_reference_backend_on_cuda(tmp_path: Path, dtype: torch.dtype, retrace: bool) -> None:
+    """Compiled, saved, loaded in a fresh process and verified in the sandbox, all on CUDA, bit for bit."""
+    model = ConvBnRelu().eval().to("cuda", dtype)
+    x = torch.randn(2, 3, 8, 8, device="cuda", dtype=dtype)
+    compiled = reference.compile(model, (x,), torch_executed_ops=[RELU])
+    path = tmp_path / "cuda.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,), retrace=retrace)
+    with torch.no_grad():
+        expected = as_list(compiled(x))
+    assert all(t.is_cuda for t in expected)
+    loaded = load_runs_in_fresh_process(tmp_path, [path], [(x,)])[str(path)][0]
+    assert all(t.is_cuda for t in loaded["outputs"])
+    assert max_abs_diff(loaded["outputs"], expected) == 0.0
+    proc = _cli("verify", str(path))
+    assert proc.returncode == 0 and "max abs diff 0 " in proc.stdout, proc.stdout + proc.stderr
+
+
+@cuda
+def test_a_cuda_file_verifies_on_the_cpu(tmp_path: Path) -> None:
+    """Saved on the GPU, every engine a reference engine: verifies with --device cpu (a CPU CI's check)."""
+    model = ConvBnRelu().eval().to("cuda")
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    path = tmp_path / "cuda.pt2"
+    trt_inline.save(reference.compile(model, (x,), torch_executed_ops=[RELU]), path, arg_inputs=(x,))
+    proc = _cli("verify", str(path), "--device", "cpu", "--atol", "1e-4", "--rtol", "1e-4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@cuda
+def test_a_transformer_block_on_cuda(tmp_path: Path) -> None:
+    """Attention lowers to a CUDA kernel that takes dropout_p: with 0.0 it is saved and verified."""
+    model = TransformerBlock().eval().to("cuda")
+    x = torch.randn(2, 5, 32, device="cuda")
+    compiled = reference.compile(model, (x,), torch_executed_ops=[GELU])
+    path = tmp_path / "block.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,))
+    proc = _cli("verify", str(path), "--random-inputs", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
