@@ -1,15 +1,19 @@
-"""The seed scenario end to end: compile with relu falling back, save, load, compare.
+"""The seed scenario end to end: compile with relu falling back, save, load, compare, verify.
 
 Compiles a conv -> batchnorm -> relu network with ``relu`` forced to run in
 PyTorch, on TensorRT when ``torch_tensorrt`` and CUDA are available and on the
 CPU reference backend otherwise; saves it with trt_inline's positional passes as
 an ExportedProgram (or, with ``--format aot_inductor``, as an AOTInductor
-package); loads it in a fresh interpreter; and prints the engines, the fallback
-ops, and the max abs difference between the loaded and the in-memory module.
-Exits 1 if they differ beyond the backend's tolerance.
+package); loads it in a fresh interpreter; verifies the file (``trt_inline.verify``,
+in a sandboxed child); and prints the engines, the fallback ops, the verdict and
+the max abs difference between the loaded and the in-memory module. Exits 1 if
+verify fails or they differ beyond the backend's tolerance.
 
     python examples/relu_fallback.py [--backend auto|reference|tensorrt] [--format exported_program|aot_inductor]
-                                     [--out model.pt2] [--no-retrace]
+                                     [--out model.pt2] [--no-retrace] [--device cpu|cuda]
+
+``--device cuda`` runs the reference backend on a CUDA device (a machine with CUDA and no TensorRT);
+TensorRT always runs on CUDA.
 """
 
 from __future__ import annotations
@@ -132,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         default="exported_program",
         help="what to save: an ExportedProgram, or an AOTInductor package (compiles C++, takes a while)",
     )
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), help="where the model runs (default: cuda for TensorRT, else cpu)"
+    )
     args = parser.parse_args(argv)
 
     backend = args.backend
@@ -139,17 +146,23 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "auto":
         backend = "reference" if why_not else "tensorrt"
         if why_not:
-            print(f"TensorRT not used: {why_not}; compiling with the CPU reference backend")
+            print(f"TensorRT not used: {why_not}; compiling with the reference backend")
     elif backend == "tensorrt" and why_not:
         print(f"error: --backend tensorrt: {why_not}", file=sys.stderr)
         return 2
 
+    device = args.device or ("cuda" if backend == "tensorrt" else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device on this machine", file=sys.stderr)
+        return 2
+    if backend == "tensorrt" and device != "cuda":
+        print("error: TensorRT engines run on CUDA: drop --device cpu or pass --backend reference", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
-    device = "cuda" if backend == "tensorrt" else "cpu"
     model = ConvBnRelu().eval().to(device)
     inputs = (torch.randn(2, 3, 16, 16, device=device),)
     compiled = compile_model(backend, model, inputs)
-    print(f"compiled on the {backend} backend:")
+    print(f"compiled on the {backend} backend, on {device}:")
     describe(compiled)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,14 +175,26 @@ def main(argv: list[str] | None = None) -> int:
             f"saved {path} ({args.format}, {path.stat().st_size} bytes, retrace={not args.no_retrace}, {seconds:.1f} s)"
         )
         loaded = load_in_fresh_process(path, inputs, workdir, args.format)
+        # Verified as a file from anyone would be (sandboxed child); our own file, so its TensorRT engines
+        # and package library (native code) may be loaded.
+        native = backend == "tensorrt" or args.format == "aot_inductor"
+        report = trt_inline.verify(path, allow_native_code=native)
+        print(report.to_text().splitlines()[0])
 
     with torch.no_grad():
         expected: Any = compiled(*inputs)
         eager: Any = model(*inputs)
     diff = max((a.cpu() - b).abs().max().item() for a, b in zip(expected, loaded, strict=True))
     eager_diff = max((a - b).abs().max().item() for a, b in zip(eager, expected, strict=True))
+    on_device = all(o.device.type == device for o in expected)
     print(f"max abs diff, loaded vs in-memory compiled module: {diff:.3g}")
     print(f"max abs diff, compiled vs eager PyTorch:            {eager_diff:.3g}")
+    if not report.ok:
+        print(f"FAIL: verify: {report.to_text()}", file=sys.stderr)
+        return 1
+    if not on_device:
+        print(f"FAIL: the compiled module's outputs are not on {device}", file=sys.stderr)
+        return 1
     if diff > TOLERANCE[backend]:
         print(f"FAIL: loaded program differs by {diff} (tolerance {TOLERANCE[backend]})", file=sys.stderr)
         return 1
