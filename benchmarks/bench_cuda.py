@@ -68,9 +68,13 @@ class ViTBlocks(nn.Module):
         return self.blocks(x)
 
 
-def _model(name: str) -> tuple[nn.Module, torch.Tensor, str]:
+def _model(name: str) -> tuple[nn.Module, torch.Tensor, str] | None:
+    """The model, its input and the operator that falls back; None where torchvision is missing."""
     if name == "resnet50":
-        import torchvision
+        try:
+            import torchvision
+        except ImportError:
+            return None
 
         return torchvision.models.resnet50(weights=None), torch.randn(8, 3, 224, 224), "torch.ops.aten.relu.default"
     if name == "vit_blocks":
@@ -115,7 +119,11 @@ def main() -> int:
     print(f"{'model':<12} {'file MiB':>9} {'verify s':>9} {'by hand s':>10} {'ratio':>6} {'peak GPU MiB':>13}")
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
-            model, x, fallback = _model(name)
+            found = _model(name)
+            if found is None:
+                print(f"{name:<12} skipped: torchvision is not installed")
+                continue
+            model, x, fallback = found
             model, x = model.eval().to(args.device), x.to(args.device)
             compiled = reference.compile(model, (x,), torch_executed_ops=[fallback])
             path = Path(scratch) / f"{name}.pt2"

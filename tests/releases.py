@@ -70,6 +70,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
     allowed = [
         r"real TensorRT engines: ",  # the GPU suite (Docker GPU job)
         r"reference engines on CUDA tensors: no CUDA device",
+        r"needs a CUDA device, and this machine has none",  # the cuda lane (.ci/cuda)
         r"the 1 GiB memory-budget test runs with --memory",  # .ci/run runs it on its own
         r"the torchrun rank-set tests run with --tensor-parallel",  # .ci/run runs them on their own
     ]
@@ -78,6 +79,8 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         allowed.append(r"keeps tensors in one torch\.save blob")  # no raw records to cut short
     if minor(torch_version) < (2, 8):
         allowed.append(r"AOTInductor packages: ")
+    if minor(torch_version) < (2, 7):  # (where torch.export.passes has no move_to_device_pass)
+        allowed.append(r"has no torch\.export\.passes\.move_to_device_pass")
     if minor(torch_version) < (2, 7):  # (the flag exists from 2.7.1: compat.traces_size_obliviously)
         allowed.append(r"traces without size-oblivious sizes")
     if (2, 7) <= minor(torch_version) < (2, 10):  # the size-oblivious flag, still guarding there (2.7.1 ... 2.9.1)

@@ -292,3 +292,43 @@ def test_a_transformer_block_on_cuda(tmp_path: Path) -> None:
     trt_inline.save(compiled, path, arg_inputs=(x,))
     proc = _cli("verify", str(path), "--random-inputs", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Device placement on load
+# ---------------------------------------------------------------------------
+
+
+def _skip_without_device_moves() -> None:
+    try:
+        from torch.export.passes import move_to_device_pass  # noqa: F401
+    except ImportError:
+        pytest.skip(f"torch {torch.__version__} has no torch.export.passes.move_to_device_pass")
+
+
+def test_load_places_the_program_on_the_device_asked_for(saved_seed: SavedSeed) -> None:
+    """``trt_inline.load(path, device=...)``: weights, constants and the engines' payloads move; the program
+    runs there (the meta device stands in for a second device on a machine that has one)."""
+    _skip_without_device_moves()
+    on_cpu = trt_inline.load(saved_seed.good)
+    state = {**on_cpu.state_dict, **on_cpu.constants}
+    assert state and all(t.device.type == "cpu" for t in state.values() if isinstance(t, torch.Tensor))
+    moved = trt_inline.load(saved_seed.good, device="meta")
+    tensors = [t for t in {**moved.state_dict, **moved.constants}.values() if isinstance(t, torch.Tensor)]
+    assert len(tensors) == len(state) and all(t.device.type == "meta" for t in tensors)
+    with torch.no_grad():
+        outputs = as_list(moved.module()(saved_seed.x.to("meta")))
+        expected = as_list(on_cpu.module()(saved_seed.x))
+    assert [(o.device.type, o.shape, o.dtype) for o in outputs] == [("meta", e.shape, e.dtype) for e in expected]
+    with pytest.raises(trt_inline.VerifyInputError, match="is not a device"):
+        trt_inline.load(saved_seed.good, device="nowhere:7")
+
+
+@cuda
+def test_load_places_a_cpu_file_on_cuda(saved_seed: SavedSeed) -> None:
+    moved = trt_inline.load(saved_seed.good, device="cuda")
+    with torch.no_grad():
+        outputs = as_list(moved.module()(saved_seed.x.cuda()))
+        expected = as_list(saved_seed.compiled(saved_seed.x))
+    assert all(o.is_cuda for o in outputs)
+    assert max_abs_diff([o.cpu() for o in outputs], expected) <= 1e-4

@@ -66,6 +66,7 @@ __all__ = [
     "op_is_random",
     "op_argument_value",
     "cuda_built",
+    "move_program_to",
     "cuda_started",
     "op_schema_name",
     "own_buffers",
@@ -316,6 +317,21 @@ def op_is_random(target: OpOverload) -> bool:
 def op_argument_types(target: OpOverload) -> list[str]:
     """The declared type of each argument of an OpOverload's schema (``"Tensor"``, ``"str"``, ...)."""
     return [str(argument.type) for argument in target._schema.arguments]
+
+
+def move_program_to(program: torch.export.ExportedProgram, device: torch.device) -> torch.export.ExportedProgram:
+    """``program`` with its weights, constants, example inputs, node metadata and the devices its nodes name
+    moved to ``device`` (``torch.export.passes.move_to_device_pass``; each tensor copied on its own, so a
+    weight mapped from a file goes to the device without a host copy of all of them)."""
+    try:
+        from torch.export.passes import move_to_device_pass
+    except ImportError as exc:
+        raise IncompatibleTorchError(
+            f"torch {torch.__version__} has no torch.export.passes.move_to_device_pass: load without device= and "
+            "move the module (program.module().to(device))"
+        ) from exc
+    moved: torch.export.ExportedProgram = move_to_device_pass(program, device)
+    return moved
 
 
 def cuda_built() -> bool:

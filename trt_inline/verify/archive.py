@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, distributed, formats, progress
+from trt_inline import allowed_ops, compat, distributed, formats, progress
 from trt_inline.distributed.manifest import MANIFEST_FILE, decode_manifest
 from trt_inline.errors import VerifyInputError, printable
 from trt_inline.package import output_kinds_of
@@ -175,7 +175,9 @@ def _loaded(contents: Contents, weights: bool) -> LoadedFile:
     )  # fmt: skip
 
 
-def load(path: str | os.PathLike[str], *, check_ranks: bool = True) -> ExportedProgram:
+def load(
+    path: str | os.PathLike[str], *, check_ranks: bool = True, device: str | torch.device | None = None
+) -> ExportedProgram:
     """The ExportedProgram a ``.pt2`` file holds, its weights mapped from the file rather than read into memory.
 
     ``torch.export.load`` reads every weight into the process's own memory; this
@@ -191,7 +193,15 @@ def load(path: str | os.PathLike[str], *, check_ranks: bool = True) -> ExportedP
     only in a process of the rank, world size and process groups it was saved
     for (:class:`RankSetError` otherwise; ``check_ranks=False`` loads it anyway),
     and its collectives are pointed at this job's groups with the recorded members.
+
+    ``device`` (``"cuda:1"``, ``"cpu"``): the program placed there, whatever device it was saved on: its
+    weights go from the file's mapping to the device one tensor at a time, and the devices its nodes name
+    follow (reference engines run where their inputs are).
     """
+    try:
+        target = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise VerifyInputError(f"{Path(path)}: device {device!r} is not a device ({exc})") from None
     with allowed_ops.allowing((), every_operator=True):
         contents = read_file(path, allow_pickle=True, allow_native_code=True, mutations=True)
         if contents.document is None:
@@ -203,6 +213,8 @@ def load(path: str | os.PathLike[str], *, check_ranks: bool = True) -> ExportedP
         program = canonical_archive(contents).load(weights=contents.kind == EXPORTED_PROGRAM)
         if manifest is not None and distributed.in_rank_set():
             distributed.rebind_groups(program.graph_module, manifest)
+        if target is not None:
+            program = compat.move_program_to(program, target)
         return program
 
 
