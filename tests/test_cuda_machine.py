@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, SavedSeed, as_list, load_runs_in_fresh_process, max_abs_diff, python_path
-from models import RELU, ConvBnRelu, TransformerBlock
+from models import RELU, ConvBnRelu, ScalarCase, TransformerBlock, scalar_cases
+from test_scalars import scalar_crossings
 
 import trt_inline
 from trt_inline import allowed_ops, reference, sandbox
@@ -332,3 +333,81 @@ def test_load_places_a_cpu_file_on_cuda(saved_seed: SavedSeed) -> None:
         expected = as_list(saved_seed.compiled(saved_seed.x))
     assert all(o.is_cuda for o in outputs)
     assert max_abs_diff([o.cpu() for o in outputs], expected) <= 1e-4
+
+
+@cuda
+@pytest.mark.parametrize("case", scalar_cases(), ids=lambda case: case.name)
+def test_scalars_crossing_engine_boundaries_on_cuda(tmp_path: Path, case: ScalarCase) -> None:
+    """Dynamic sizes, a scalar crossing an engine boundary, on CUDA: bitwise at both ends of the range."""
+    model = case.model.eval().to("cuda")
+    on_cuda = lambda inputs: tuple(t.to("cuda") for t in inputs)  # noqa: E731
+    compiled = reference.compile(
+        model, on_cuda(case.inputs), torch_executed_ops=case.torch_executed_ops, dynamic_shapes=case.dynamic_shapes
+    )
+    assert [c for c in scalar_crossings(compiled) if c[0] == case.crossing], "no scalar crossing"
+    paths = []
+    for retrace in (True, False):
+        path = tmp_path / f"{case.name}_{retrace}.pt2"
+        trt_inline.save(
+            compiled, path, arg_inputs=on_cuda(case.inputs), dynamic_shapes=case.dynamic_shapes, retrace=retrace
+        )
+        paths.append(path)
+    checks = [on_cuda(inputs) for inputs in case.checks]
+    runs = load_runs_in_fresh_process(tmp_path, paths, checks)
+    for index, inputs in enumerate(checks):
+        with torch.no_grad():
+            expected = as_list(compiled(*inputs))
+        for path in paths:
+            assert max_abs_diff(runs[str(path)][index]["outputs"], expected) == 0.0, (path.name, index)
+    for path in paths:
+        proc = _cli("verify", str(path))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@cuda
+@pytest.mark.packages
+def test_an_aot_inductor_package_for_cuda(tmp_path: Path) -> None:
+    """The reference backend's program compiled by AOTInductor for CUDA: loaded in a fresh process, bitwise."""
+    model = ConvBnRelu().eval().to("cuda")
+    x = torch.randn(2, 3, 8, 8, device="cuda")
+    compiled = reference.compile(model, (x,), torch_executed_ops=[RELU])
+    path = tmp_path / "cuda.package.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,), output_format="aot_inductor")
+    with torch.no_grad():
+        expected = as_list(compiled(x))
+    loaded = load_runs_in_fresh_process(tmp_path, [path], [(x,)])[str(path)][0]
+    assert max_abs_diff([o.to("cuda") for o in loaded["outputs"]], expected) <= 1e-5
+    proc = _cli("verify", str(path), "--allow-native-code")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+_LOAD_ON_CUDA = """
+import json, sys, torch, trt_inline
+def anonymous():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+torch.cuda.init()
+trt_inline.load(sys.argv[1])  # what the first load of any file costs once (imports, the deserializer's caches)
+before = anonymous()
+program = trt_inline.load(sys.argv[1], device="cuda")
+after = anonymous()
+on_cuda = all(t.is_cuda for t in program.state_dict.values())
+print(json.dumps({"anonymous": after - before, "on_cuda": on_cuda}))
+"""
+
+
+@cuda
+def test_load_onto_cuda_keeps_no_host_copy_of_the_weights(tmp_path: Path) -> None:
+    """Weights go from the file mapping to the device: host anonymous memory at most 0.25x the weights plus the
+    largest tensor."""
+    model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(32))).eval()
+    x = torch.randn(4, 1024)
+    path = tmp_path / "weights.pt2"
+    trt_inline.save(torch.export.export(model, (x,)), path, arg_inputs=(x,), embed_reference=False)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    largest = max(p.numel() * p.element_size() for p in model.parameters())
+    proc = _python(_LOAD_ON_CUDA.replace("sys.argv[1]", repr(str(path))))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["on_cuda"], found
+    assert found["anonymous"] <= weights // 4 + largest, (found, weights)
