@@ -137,7 +137,14 @@ def compare_output(
     index: int, actual: Any, expected: torch.Tensor, atol: float | None, rtol: float | None, stat: str = "elemwise"
 ) -> OutputComparison:
     """One output against its reference: max abs / rel diff, and whether it is within tolerance (``stat``:
-    :data:`ERROR_STATS`)."""
+    :data:`ERROR_STATS`). Every comparison of values (outputs, engine boundaries, random runs, ``diff``) is this one.
+
+    Nothing is converted into a value that compares equal when the original does not (:func:`_widened`):
+    floating values are compared in float64, into which every floating dtype widens exactly; complex values
+    as complex128 (the magnitude of the difference, both parts reported); integers and booleans by their
+    exact values (a difference is at least 1, however large the values); quantized values by their scale,
+    zero point and integer representation. A value that differs is never reported as max abs diff 0.
+    """
     default_atol, default_rtol = default_tolerance(expected.dtype)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
@@ -155,32 +162,43 @@ def compare_output(
         return mismatch(f"output {index} is {describe_value(actual)}, expected {describe_value(expected)}")
     if expected.numel() == 0:
         return OutputComparison(index, shape, dtype, 0.0, 0.0, atol, rtol, True)
-    a, e = actual.double(), expected.double()
+    if expected.is_quantized:
+        why = _quantization_differs(actual, expected)
+        if why is not None:
+            return mismatch(f"output {index} is quantized differently: {why}")
+        actual, expected = actual.int_repr(), expected.int_repr()
+    a, e, same = _widened(actual, expected)
+    integral = not (expected.is_floating_point() or expected.is_complex())
+    a, e = (a.double(), e.double()) if integral else (a, e)  # for the statistics only: `same` decided equality
     diff = (a - e).abs()
-    both_nan = a.isnan() & e.isnan()
-    same_inf = a.isinf() & (a == e)
-    diff = torch.where(both_nan | same_inf, torch.zeros_like(diff), diff)
+    # A difference never rounds to 0: integers differ by at least 1 (float64 loses the low bits past 2**53).
+    diff = torch.where(same, torch.zeros_like(diff), diff.clamp_min(1.0) if integral else diff)
     finite_reference = e.isfinite()
     nan_count = int((a.isnan() & ~e.isnan()).sum())
     inf_count = int((a.isinf() & finite_reference).sum())
     # Statistics over the values where both sides are finite: one NaN must not hide how close the rest is.
     both_finite = a.isfinite() & finite_reference
-    worst, mean, median, p99, cosine = _statistics(diff[both_finite], a[both_finite], e[both_finite])
+    worst, mean, median, p99, cosine = _statistics(diff[both_finite], _real(a[both_finite]), _real(e[both_finite]))
     max_abs = float("inf") if nan_count or inf_count else worst
     relative = (diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf"))
     max_rel = float(relative.max())
     if stat == "elemwise":
-        within = bool((diff <= atol + rtol * e.abs()).all())
+        within = bool((same | (diff <= atol + rtol * e.abs())).all())
         how = f"max abs diff {max_abs:.6g}, max rel diff {max_rel:.6g}"
     else:
         which = ERROR_STATS.index(stat) - 1  # max, mean, median, p99: _statistics' order
         absolute_stat = (worst, mean, median, p99)[which]
-        relative_stat = _statistics(relative[both_finite], a[both_finite], e[both_finite])[which]
+        relative_stat = _statistics(relative[both_finite], _real(a[both_finite]), _real(e[both_finite]))[which]
         within = absolute_stat <= atol or relative_stat <= rtol
         how = f"{stat} abs error {absolute_stat:.6g}, {stat} rel error {relative_stat:.6g}"
+    if a.is_complex():
+        parts = (a - e)[both_finite & ~same]
+        if parts.numel():
+            real, imaginary = float(parts.real.abs().max()), float(parts.imag.abs().max())
+            how += f" (real part {real:.6g}, imaginary part {imaginary:.6g})"
     # Where the reference is NaN or Inf and this value is not the same (finite, or the other Inf): the
     # statistics are over finite pairs only, so these must fail on their own.
-    unmatched = int((~both_finite & ~(both_nan | same_inf)).sum()) - nan_count - inf_count
+    unmatched = int((~both_finite & ~same).sum()) - nan_count - inf_count
     ok = nan_count == 0 and inf_count == 0 and unmatched == 0 and within
     problem = None
     if nan_count or inf_count:
@@ -191,11 +209,83 @@ def compare_output(
     elif not ok:
         problem = f"output {index} differs: {how} (atol {atol:g}, rtol {rtol:g}"
         problem += ")" if stat == "elemwise" else f", --check-error-stat {stat})"
+    if problem is not None:
+        problem += _first_difference(actual, expected, same)
     finite_count = int(both_finite.sum())
     return OutputComparison(
         index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem, mean, median, p99, cosine, nan_count,
         inf_count, finite_count,
     )  # fmt: skip
+
+
+# Integer dtypes by width, for comparing bit patterns: equal bits are equal values for an integer.
+_SIGNED_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _widened(actual: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both values in a dtype that holds every value of theirs exactly, and where they are the same value.
+
+    Floating dtypes (float64 and narrower, float8 included) widen to float64 exactly: each value of a
+    narrower IEEE format is a float64 value. Complex widens to complex128. Integers and booleans are
+    compared by their bits (equal bits are the same integer) and kept, widened to int64 where that is
+    exact, for the size of a difference. NaN is the same as NaN, an infinity as the same infinity.
+    """
+    if expected.is_floating_point() or expected.is_complex():
+        wide = torch.complex128 if expected.is_complex() else torch.float64
+        if torch.finfo(expected.dtype).bits > 64:
+            raise VerifyInputError(f"values of {expected.dtype} do not widen exactly to {wide}")
+        a, e = actual.to(wide), expected.to(wide)
+        same = (a == e) | (a.isnan() & e.isnan())
+        return a, e, same
+    width = expected.element_size()
+    bits = _SIGNED_OF_WIDTH[width]
+    same = actual.contiguous().view(bits) == expected.contiguous().view(bits)
+    if expected.dtype == torch.uint64:  # past int64: its values, as float64, only size the difference
+        return (
+            actual.view(torch.int64).double() + (actual.view(torch.int64) < 0) * 2.0**64,
+            (expected.view(torch.int64).double() + (expected.view(torch.int64) < 0) * 2.0**64),
+            same,
+        )
+    return actual.to(torch.int64), expected.to(torch.int64), same
+
+
+def _quantization_differs(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """How two quantized tensors' schemes, scales or zero points differ; None where they are the same."""
+    if actual.qscheme() != expected.qscheme():
+        return f"scheme {actual.qscheme()} vs {expected.qscheme()}"
+    if expected.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        if actual.q_scale() != expected.q_scale():
+            return f"scale {actual.q_scale()!r} vs {expected.q_scale()!r}"
+        if actual.q_zero_point() != expected.q_zero_point():
+            return f"zero point {actual.q_zero_point()!r} vs {expected.q_zero_point()!r}"
+        return None
+    if actual.q_per_channel_axis() != expected.q_per_channel_axis():
+        return f"channel axis {actual.q_per_channel_axis()} vs {expected.q_per_channel_axis()}"
+    channels: list[tuple[torch.Tensor, torch.Tensor, str]] = [
+        (actual.q_per_channel_scales(), expected.q_per_channel_scales(), "scales"),
+        (actual.q_per_channel_zero_points(), expected.q_per_channel_zero_points(), "zero points"),
+    ]
+    for got, want, what in channels:
+        if got.shape != want.shape or got.dtype != want.dtype or not bool(_widened(got, want)[2].all()):
+            return f"per-channel {what} differ"
+    return None
+
+
+def _real(value: torch.Tensor) -> torch.Tensor:
+    """A complex value as pairs of reals (for norms and dot products); any other as it is."""
+    return torch.view_as_real(value) if value.is_complex() else value
+
+
+def _first_difference(actual: torch.Tensor, expected: torch.Tensor, same: torch.Tensor) -> str:
+    """``; 3 of 64 values differ, the first at [0, 5]: 9007199254740993 vs 9007199254740992``."""
+    differing = ~same
+    count = int(differing.sum())
+    if count == 0:
+        return ""
+    position = [int(i) for i in differing.nonzero()[0]]
+    where = tuple(position)
+    got, want = actual[where].item(), expected[where].item()
+    return f"; {count} of {same.numel()} values differ, the first at {position}: {got!r} vs {want!r}"
 
 
 def _statistics(
