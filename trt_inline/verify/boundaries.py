@@ -33,7 +33,7 @@ from trt_inline.engines import is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.graph_table import Region, Vocabulary
 from trt_inline.module_state import buffers_restored
-from trt_inline.verify.compare import isolated_run
+from trt_inline.verify.compare import isolated_run, normal_call
 from trt_inline.verify.reference_io import EngineBoundary
 
 __all__ = [
@@ -367,12 +367,12 @@ def trace_program(
     if len(placeholders) != len(flat):
         raise VerifyInputError(f"the program takes {len(placeholders)} inputs, {len(flat)} were given")
     try:
-        with isolated_run(), torch.no_grad(), buffers_restored(module) as restored:  # from the state it was given
+        with isolated_run(), normal_call(), buffers_restored(module) as restored:  # from the state it was given
             result = restored.apart(tracer.run(*flat, enable_io_processing=False))
     except VerifyInputError:
         raise
     except _Stopped:
-        with isolated_run(), torch.no_grad(), buffers_restored(module):
+        with isolated_run(), normal_call(), buffers_restored(module):
             unreached = tracer.unreached()
         return ProgramTrace(tracer.calls, [], [], [], tracer.crash, unreached)
     except Exception as exc:

@@ -20,7 +20,10 @@ __all__ = [
     "boundary_tolerance",
     "compare_output",
     "default_tolerance",
+    "RUN_MODES",
     "isolated_run",
+    "modes_disagree",
+    "normal_call",
     "run_on",
     "tolerance_for",
     "tolerance_key",
@@ -111,26 +114,69 @@ def isolated_run() -> Iterator[None]:
             torch.cuda.manual_seed_all(torch.cuda.initial_seed())
 
 
+@contextlib.contextmanager
+def normal_call() -> Iterator[None]:
+    """The grad mode a call of ``torch.export.load(f).module()(x)`` runs in by default: on.
+
+    Every run verify makes of a program is in it (a program must not be able to tell a verification from
+    a normal call by the grad mode), and :func:`run_on` runs it a second time under inference mode.
+    """
+    with torch.enable_grad():
+        yield
+
+
+# The modes :func:`run_on` runs a program in, and requires bit-identical outputs between: a normal call,
+# and how a server runs it.
+RUN_MODES: tuple[tuple[str, Callable[[], contextlib.AbstractContextManager[Any]]], ...] = (
+    ("as a normal call (grad mode on)", normal_call),
+    ("under torch.inference_mode()", torch.inference_mode),
+)
+
+
 def run_on(
     module: Callable[..., Any],
     args: Sequence[torch.Tensor],
     kwargs: dict[str, torch.Tensor],
     device: str | None,
-) -> list[Any]:
-    """Run ``module`` on the inputs (moved to ``device`` if given) in :func:`isolated_run`; flat outputs."""
+) -> tuple[list[Any], list[str]]:
+    """Run ``module`` on the inputs (moved to ``device`` if given) in :func:`isolated_run`, once in each of
+    :data:`RUN_MODES`: the flat outputs of the normal call, and each output that another mode changed."""
     if device is not None:
         if isinstance(module, torch.nn.Module):
             module = module.to(device)
         args = [a.to(device) for a in args]
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
-    try:
-        with isolated_run(), torch.no_grad(), buffers_restored(module) as restored:  # from the state it was given
-            outputs = restored.apart(module(*args, **kwargs))
-    except Exception as exc:
-        raise VerifyInputError(
-            f"the program does not accept the reference inputs ({type(exc).__name__}: {first_line(exc)})"
-        ) from exc
-    return list(pytree.tree_leaves(outputs))
+    runs: list[list[Any]] = []
+    for _, mode in RUN_MODES:
+        try:
+            with isolated_run(), mode(), buffers_restored(module) as restored:  # from the state it was given
+                outputs = restored.apart(module(*args, **kwargs))
+        except Exception as exc:
+            raise VerifyInputError(
+                f"the program does not accept the reference inputs ({type(exc).__name__}: {first_line(exc)})"
+            ) from exc
+        runs.append([o.detach() if isinstance(o, torch.Tensor) else o for o in pytree.tree_leaves(outputs)])
+    first = runs[0]
+    problems = []
+    for (mode_name, _), other in zip(RUN_MODES[1:], runs[1:], strict=True):
+        problems += modes_disagree(first, other, RUN_MODES[0][0], mode_name)
+    return first, problems
+
+
+def modes_disagree(first: Sequence[Any], other: Sequence[Any], first_mode: str, other_mode: str) -> list[str]:
+    """Where two runs of one program on the same inputs differ in any bit: a program that reads how it is run."""
+    if len(first) != len(other):
+        return [f"the program returns {len(first)} outputs run {first_mode} and {len(other)} run {other_mode}"]
+    problems = []
+    for index, (value, again) in enumerate(zip(first, other, strict=True)):
+        if isinstance(value, torch.Tensor):
+            comparison = compare_output(index, again, value, 0.0, 0.0)
+            why = comparison.problem
+        else:
+            why = None if type(value) is type(again) and value == again else f"{again!r} vs {value!r}"
+        if why is not None:
+            problems.append(f"output {index} differs between a run {first_mode} and a run {other_mode}: {why}")
+    return problems
 
 
 def compare_output(

@@ -20,7 +20,14 @@ from trt_inline.module_state import buffers_restored
 from trt_inline.package import load_package
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
-from trt_inline.verify.compare import ERROR_STATS, compare_output, run_on, tolerance_for, tolerance_key
+from trt_inline.verify.compare import (
+    ERROR_STATS,
+    compare_output,
+    normal_call,
+    run_on,
+    tolerance_for,
+    tolerance_key,
+)
 from trt_inline.verify.drill import drill_down
 from trt_inline.verify.extract import (
     diverged_engine,
@@ -237,7 +244,7 @@ def verify(
             )
         with (
             recording(expected_module if per_engine else None) as records,
-            torch.no_grad(),
+            normal_call(),
             buffers_restored(expected_module) as restored,
         ):
             expected = tensors_only(
@@ -544,7 +551,7 @@ def _verify_here(
             kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
             with (
                 recording(expected_module if per_engine else None) as records,
-                torch.no_grad(),
+                normal_call(),
                 buffers_restored(expected_module) as restored,
             ):
                 want = tensors_only(restored.apart(expected_module(*args, **kwargs)), "expected outputs")
@@ -579,7 +586,7 @@ def _verify_here(
         progress.report("running the program on the reference inputs")
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
-                got = run_on(runnable, args, kwargs, device)
+                got, mode_problems = run_on(runnable, args, kwargs, device)
         except VerifyInputError as exc:
             # Inputs the file itself carries (or a run of the compiled module recorded) are not unusable input:
             # a program that raises on them is wrong, and where it raises is found boundary by boundary.
@@ -589,6 +596,7 @@ def _verify_here(
                 raise
             _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc, repro)
             return report
+        report.problems.extend(mode_problems)
         progress.report(f"comparing {len(got)} outputs")
         if save_outputs is not None:
             save_tensors(tensors_only(got, "outputs"), save_outputs)
@@ -836,15 +844,17 @@ def _random_runs(
         progress.report("running on random inputs", (iteration + 1, count))
         problem = None
         try:
-            outputs = run_on(runnable, draw.inputs, {}, device)
+            outputs, mode_problems = run_on(runnable, draw.inputs, {}, device)
         except VerifyInputError as exc:
             problem = f"rejected inputs within its declared ranges: {exc}"
         else:
             bad = [str(i) for i, out in enumerate(outputs) if not _finite(out)]
-            if bad:
+            if mode_problems:
+                problem = "; ".join(mode_problems)
+            elif bad:
                 problem = f"NaN or Inf in output {', '.join(bad)}"
             elif expected_module is not None:
-                with torch.no_grad(), buffers_restored(expected_module) as restored:
+                with normal_call(), buffers_restored(expected_module) as restored:
                     want = tensors_only(restored.apart(expected_module(*draw.inputs)), "expected outputs")
                 differ = [
                     c.problem

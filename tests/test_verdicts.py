@@ -1,0 +1,99 @@
+"""Verdicts that hold: the verify run is a normal call, and a program that reads how it is run is caught.
+
+A file crafted as an attacker who read the verifier would: its program adds
+``is_leaf(h)`` to its output, which is 1 where the run records no autograd graph (a
+run under ``torch.no_grad()``, as verify's used to be) and 0 in a normal call of
+``torch.export.load(f).module()`` (grad mode on, its weights requiring grad). It embeds
+the outputs of the no-grad run as its reference, so that a verify under ``no_grad``
+passes it while every normal call computes something else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_verify import cli
+
+import trt_inline
+from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
+from trt_inline.verify.compare import RUN_MODES, run_on
+from trt_inline.verify.reference_io import encode_reference_io
+
+
+@pytest.fixture(scope="module")
+def grad_mode_reader(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("grad_mode_reader")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8).eval()
+    x = torch.randn(2, 8)
+    honest = root / "honest.pt2"
+    trt_inline.save(torch.export.export(model, (x,)), honest, arg_inputs=(x,))
+
+    extra = {REFERENCE_IO_FILE: ""}
+    program = torch.export.load(honest, extra_files=extra)
+    graph = program.graph
+    output = next(node for node in graph.nodes if node.op == "output")
+    result = output.args[0][0]
+    with graph.inserting_before(output):
+        leaf = graph.call_function(torch.ops.aten.is_leaf.default, (result,))
+        leaf.meta["val"] = True
+        shifted = graph.call_function(torch.ops.aten.add.Tensor, (result, leaf))
+        shifted.meta["val"] = result.meta["val"]
+    output.replace_input_with(result, shifted)
+    for spec in program.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == result.name:
+            spec.arg.name = shifted.name
+    program.graph_module.recompile()
+    with torch.no_grad():
+        quiet = program.module()(x)
+    reference = decode_reference_io(extra[REFERENCE_IO_FILE])
+    reference.outputs = [quiet.detach()]
+    crafted = root / "crafted.pt2"
+    torch.export.save(program, crafted, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
+    torch.save([x], root / "inputs.pt")
+    torch.save([quiet.detach()], root / "expected.pt")
+    return {"honest": honest, "crafted": crafted, "root": root}
+
+
+def test_the_crafted_file_computes_otherwise_in_a_normal_call(grad_mode_reader: dict[str, Path]) -> None:
+    """The attack is real: the same file, the same inputs, a normal call and a no-grad call differ by 1."""
+    program = torch.export.load(grad_mode_reader["crafted"])
+    assert any(n.target is torch.ops.aten.is_leaf.default for n in program.graph.nodes)
+    x = torch.load(grad_mode_reader["root"] / "inputs.pt")[0]
+    normal = program.module()(x)
+    with torch.no_grad():
+        quiet = program.module()(x)
+    assert float((quiet - normal).abs().max()) == 1.0
+
+
+@pytest.mark.parametrize("against", ["embedded", "inputs"])
+def test_verify_runs_as_a_normal_call_and_fails_the_crafted_file(
+    grad_mode_reader: dict[str, Path], against: str
+) -> None:
+    root = grad_mode_reader["root"]
+    given = ["--inputs", str(root / "inputs.pt"), "--expected", str(root / "expected.pt")]
+    proc = cli("verify", str(grad_mode_reader["crafted"]), *(given if against == "inputs" else []))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "output 0 differs" in proc.stdout
+    # The honest file passes.
+    proc = cli("verify", str(grad_mode_reader["honest"]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_program_whose_modes_disagree_is_named() -> None:
+    """run_on runs in each mode and names the output that a second mode (inference mode) changed."""
+    assert [name for name, _ in RUN_MODES] == ["as a normal call (grad mode on)", "under torch.inference_mode()"]
+    weight = torch.nn.Parameter(torch.ones(3))
+
+    def reads_its_mode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * weight
+        return h, h + float(torch.ops.aten.is_leaf.default(h))
+
+    outputs, problems = run_on(reads_its_mode, [torch.ones(3)], {}, None)
+    assert not outputs[1].requires_grad and float(outputs[1][0]) == 1.0  # the normal call's outputs, detached
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(
+        "output 1 differs between a run as a normal call (grad mode on) and a run under torch.inference_mode()"
+    ), problems
