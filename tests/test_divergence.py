@@ -320,7 +320,10 @@ def test_statistics_and_non_finite_values() -> None:
     poisoned[3], poisoned[4] = float("nan"), float("inf")
     nan = compare_output(0, poisoned, expected, 1e9, 1e9)
     assert not nan.ok and (nan.nan_count, nan.inf_count) == (1, 1)
-    assert nan.problem == "output 0 has 1 NaN and 1 Inf where the reference is finite"
+    assert nan.problem == (
+        "output 0 has 1 NaN and 1 Inf where the reference is finite; 2 of 100 values differ, the first at [3]: "
+        "nan vs 3.0"
+    )
     assert nan.median_abs_diff == 0.0 and nan.finite_count == 98, "statistics are over the finite values"
     assert nan.error_text() == "1 NaN and 1 Inf where the reference is finite", "never 'max abs diff inf'"
     assert nan.statistics_text().endswith("(over the 98 finite values)")

@@ -52,6 +52,9 @@ def grad_mode_reader(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     reference.outputs = [quiet.detach()]
     crafted = root / "crafted.pt2"
     torch.export.save(program, crafted, extra_files={REFERENCE_IO_FILE: encode_reference_io(reference)})
+    wide = torch.nn.Linear(600, 600).eval()  # 1.4 MiB of weights: 16 MiB is too little to run it
+    x600 = torch.randn(2, 600)
+    trt_inline.save(torch.export.export(wide, (x600,)), root / "wide.pt2", arg_inputs=(x600,))
     torch.save([x], root / "inputs.pt")
     torch.save([quiet.detach()], root / "expected.pt")
     return {"honest": honest, "crafted": crafted, "root": root}
@@ -97,3 +100,51 @@ def test_a_program_whose_modes_disagree_is_named() -> None:
     assert problems[0].startswith(
         "output 1 differs between a run as a normal call (grad mode on) and a run under torch.inference_mode()"
     ), problems
+
+
+@pytest.mark.parametrize("limit", ["1M", "16M"])
+def test_a_memory_limit_too_small_is_named_as_one(grad_mode_reader: dict[str, Path], limit: str) -> None:
+    """However the child fails under a tiny limit (a thread that cannot start, native code exiting), the one
+    line says it ran out of its memory limit and that --memory-limit raises it."""
+    # CUDA hidden: where the child may use CUDA its limit is watched on resident memory instead (named alike).
+    wide = str(grad_mode_reader["root"] / "wide.pt2")
+    proc = cli("verify", wide, "--memory-limit", limit, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and f"memory limit of {limit[:-1]} MiB" in line, line
+    assert "--memory-limit raises it" in line, line
+
+
+def test_inspect_warns_of_what_verify_refuses(grad_mode_reader: dict[str, Path], tmp_path: Path) -> None:
+    """A node drawing from the global RNG: inspect shows the table with a warning line first, running nothing;
+    verify refuses the file."""
+    program = torch.export.load(grad_mode_reader["honest"])
+    graph = program.graph
+    output = next(node for node in graph.nodes if node.op == "output")
+    result = output.args[0][0]
+    with graph.inserting_before(output):
+        noise = graph.call_function(torch.ops.aten.rand_like.default, (result,))
+        noise.meta["val"] = result.meta["val"]
+        noisy = graph.call_function(torch.ops.aten.add.Tensor, (result, noise))
+        noisy.meta["val"] = result.meta["val"]
+    output.replace_input_with(result, noisy)
+    for spec in program.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == result.name:
+            spec.arg.name = noisy.name
+    program.graph_module.recompile()
+    path = tmp_path / "noisy.pt2"
+    torch.export.save(program, path)
+
+    proc = cli("inspect", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(
+        "warning: verify refuses this file: a node or engine step calls aten::rand_like.default, whose result "
+        "depends on the global random state"
+    ), lines[0]
+    assert sum(line.startswith("warning:") for line in lines) == 1, proc.stdout
+    assert any("rand_like" in line for line in lines[1:]), proc.stdout  # the table shows the node
+    proc = cli("verify", str(path))
+    assert proc.returncode == 2 and "calls aten::rand_like.default" in proc.stderr, proc.stdout + proc.stderr
+    clean = cli("inspect", str(grad_mode_reader["honest"]))
+    assert clean.returncode == 0 and "warning:" not in clean.stdout, clean.stdout

@@ -63,6 +63,7 @@ __all__ = [
     "qualified_name",
     "resolve",
     "serialized_to_qualified",
+    "showing_refusals",
 ]
 
 # Functions an exported graph calls besides operators, by the name torch's serializer
@@ -191,6 +192,28 @@ def allowing(
         _extra_allowed.reset(token)
 
 
+# Within showing_refusals(): the ATen calls refused for what they compute, recorded instead of raised.
+_shown: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("trt_inline_shown_refusals", default=None)
+# Refusals that hold even where refusals are only shown: a name that is no ATen operator, or one that reads files.
+_NOT_ATEN = "which is not an ATen or engine operator"
+_READS_FILES = "which reads files or builds tensors unchecked"
+
+
+@contextlib.contextmanager
+def showing_refusals() -> Iterator[list[str]]:
+    """Within the block, an ATen operator refused for what it computes (it writes to its arguments, draws from
+    the global random state, returns uninitialized memory, is private) is allowed, and why verify refuses it is
+    added to the list the block gives: ``inspect`` shows a file's table and says what verify would refuse,
+    running nothing. Everything else is refused as outside the block.
+    """
+    shown: list[str] = []
+    token = _shown.set(shown)
+    try:
+        yield shown
+    finally:
+        _shown.reset(token)
+
+
 def allows(name: str) -> bool:
     """Whether ``name`` (``ns::op``) is allowed beyond the allow-list at this point (:func:`allowing`)."""
     extra = _extra_allowed.get()
@@ -198,9 +221,12 @@ def allows(name: str) -> bool:
 
 
 def allowed_now() -> frozenset[str]:
-    """The operators allowed beyond the allow-list at this point (:func:`allowing`), collectives included."""
-    return _extra_allowed.get() | (
-        frozenset(COLLECTIVE_OPS) if _collectives_allowed.get() is not False else frozenset()
+    """The operators allowed beyond the allow-list at this point (:func:`allowing`), collectives included, and
+    a mark where refusals are only shown (:func:`showing_refusals`): what a cached decision depends on."""
+    return (
+        _extra_allowed.get()
+        | (frozenset(COLLECTIVE_OPS) if _collectives_allowed.get() is not False else frozenset())
+        | (frozenset({"<showing refusals>"}) if _shown.get() is not None else frozenset())
     )
 
 
@@ -263,7 +289,12 @@ def _check_op(op: compat.OpOverload, call: Call | None = None) -> None:
         return
     reason = _aten_refusal(op, name, call)
     if reason:
-        raise RefusedOperatorError(f"calls {full}, {reason} (--allow-op {name} allows it for a trusted file)")
+        message = f"calls {full}, {reason} (--allow-op {name} allows it for a trusted file)"
+        shown = _shown.get()
+        if shown is not None and reason not in (_NOT_ATEN, _READS_FILES):
+            shown.append(message)
+            return
+        raise RefusedOperatorError(message)
 
 
 def _native_refusal(full: str) -> str:
@@ -308,9 +339,9 @@ def _draws(op: compat.OpOverload, name: str, call: Call | None) -> str | None:
 def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) -> str | None:
     namespace, _, opname = name.partition("::")
     if namespace != "aten":
-        return "which is not an ATen or engine operator"
+        return _NOT_ATEN
     if name in REFUSED_ATEN or (name not in PRIVATE_ATEN and any(word in opname for word in _REFUSED_WORDS)):
-        return "which reads files or builds tensors unchecked"
+        return _READS_FILES
     if compat.op_is_mutable(op):
         return "which writes to its arguments"
     if name in UNINITIALIZED_ATEN:

@@ -471,6 +471,7 @@ class _Ended:
     stopped: str | None  # which limit stopped it, if one did
     result: bytes
     overflow: bool
+    limited: bool = False  # the child said it set its address-space limit (the job ran under it)
 
 
 def _interpreter_command(code: str, *arguments: str) -> list[str]:
@@ -577,7 +578,8 @@ def _supervise(
         outcome = ended()
         if outcome is not None:
             pipes.finish()
-            return _Ended(outcome[0], outcome[1], stopped, bytes(pipes.result), pipes.overflow)
+            limited = (work / _LIMITED).exists()
+            return _Ended(outcome[0], outcome[1], stopped, bytes(pipes.result), pipes.overflow, limited)
         pipes.drain(_POLL_SECONDS)
         if stopped is None:
             if rss_limit is None:
@@ -588,6 +590,11 @@ def _supervise(
                 stopped = "memory"
             if stopped:
                 _kill_group(pid)
+
+
+# The file a child writes in its folder once it runs under its address-space limit (untrusted: it only
+# chooses the words of an error).
+_LIMITED = "address_space_limited"
 
 
 def _rss_limit(work: Path) -> int | None:
@@ -818,6 +825,14 @@ def _outcome(ended: _Ended, limits: Limits, where: str) -> ChildResult:
             raise ValueError("not an object")
     except (ValueError, UnicodeDecodeError):
         code = os.waitstatus_to_exitcode(status)
+        if ended.limited:
+            # Native code that cannot allocate under the limit (a thread's stack, a buffer) often exits so,
+            # before Python can say MemoryError.
+            raise IsolationError(
+                f"{where}: the child process loading it exited with status {code} and no result while running "
+                f"under its memory limit of {format_size(limits.memory)}: it most likely ran out of it (native "
+                "code that cannot allocate ends so); --memory-limit raises it"
+            ) from None
         raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result") from None
     if "error" in result:
         kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError, RankSetError)
@@ -945,6 +960,7 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         (work / "rss_limit").write_text(str(_own_resident() + memory))
     else:
         limit = _own_address_space() + memory + int(request.get("mapped", 0))
+        (work / _LIMITED).touch()
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with MemorySampler() as sampler:
         value = job(request["arguments"], tensors)
@@ -1032,7 +1048,9 @@ def is_allocation_failure(exc: BaseException) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
         text = str(seen)
-        if isinstance(seen, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower():
+        # A thread's stack is address space too: under the limit, starting one fails so.
+        allocation = ("can't allocate memory", "out of memory", "can't start new thread", "cannot allocate memory")
+        if isinstance(seen, MemoryError) or any(words in text.lower() for words in allocation):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

@@ -466,8 +466,9 @@ def inspect_job(arguments: dict[str, Any], tensors: Any) -> list[str]:
     """The ``inspect`` table of a file, line by line, inside the child process (its program loaded without weights)."""
     from trt_inline.graph_table import describe_file
 
-    # Collectives are shown, not run: inspect runs nothing.
-    with allowed_ops.allowing((), collectives=True):
+    # Collectives, and ATen operators verify refuses for what they compute, are shown, not run: inspect runs
+    # nothing. What verify would refuse is said first.
+    with allowed_ops.allowing((), collectives=True), allowed_ops.showing_refusals() as refused:
         loaded = open_file(
             arguments["path"],
             allow_pickle=arguments["allow_pickle"],
@@ -475,7 +476,8 @@ def inspect_job(arguments: dict[str, Any], tensors: Any) -> list[str]:
             allow_ops=arguments["allow_ops"],
             weights=False,
         )
-        return describe_file(loaded).split("\n")
+        table = describe_file(loaded).split("\n")
+    return [f"warning: verify refuses this file: a node or engine step {why}" for why in dict.fromkeys(refused)] + table
 
 
 def _verify_here(
