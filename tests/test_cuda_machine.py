@@ -411,3 +411,19 @@ def test_load_onto_cuda_keeps_no_host_copy_of_the_weights(tmp_path: Path) -> Non
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found["on_cuda"], found
     assert found["anonymous"] <= weights // 4 + largest, (found, weights)
+
+
+def test_an_engine_of_scalars_only_lives_on_the_programs_device() -> None:
+    """An engine that takes and returns only scalars gets its 0-d tensors on the program's device (a CUDA program's
+    on CUDA), never on a default device: the meta device stands in for a second device."""
+    from trt_inline import passes
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3, device="meta")
+    graph.output(x)
+    program = torch.fx.GraphModule(torch.nn.Module(), graph)
+    device = passes._program_device(program)
+    assert device == torch.device("meta")
+    assert passes._Boundary.of([5], [7], device).device == torch.device("meta")
+    assert passes._Boundary.of([torch.empty(1)], [7], device).device == torch.device("cpu")  # a tensor's decides

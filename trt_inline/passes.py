@@ -118,6 +118,7 @@ def inline_engines(
     """``inline_trt_modules`` with a hook per engine (Torch-TensorRT 2.14 exposes KV-cache mutations there)."""
     log_graph(log, "before inline_trt_modules", gm)
     sizes = _InputSizes.of(gm)
+    program_device = _program_device(gm)
     for call_node in list(gm.graph.nodes):
         if not is_accelerated_call(gm, call_node):
             continue
@@ -132,7 +133,7 @@ def inline_engines(
             raise InlineError(f"{name}: engine called with keyword arguments {sorted(call_node.kwargs)}")
         module = gm.get_submodule(name)
         args = [(arg, produced_value(gm, arg)) for arg in call_node.args]
-        boundary = _Boundary.of([value for _, value in args], vals)
+        boundary = _Boundary.of([value for _, value in args], vals, program_device)
         inputs = [_as_engine_input(gm, call_node, arg, value, boundary) for arg, value in args]
         engine_call = emit_engine_call(gm, call_node, module, inputs, cross_compile_module=cross_compile_module)
         engine_call.meta["val"] = [boundary.engine_value(val) for val in vals]
@@ -156,6 +157,16 @@ def inline_engines(
     return gm
 
 
+def _program_device(gm: torch.fx.GraphModule) -> torch.device:
+    """The device of the program's first tensor input (its first parameter or buffer where it takes none)."""
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor):
+            return torch.device(node.meta["val"].device)
+    for tensor in (*gm.parameters(), *gm.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
 @dataclass(frozen=True)
 class _Boundary:
     """Where an engine's boundary values live: the device of its first tensor input, and the fake mode."""
@@ -164,9 +175,11 @@ class _Boundary:
     fake_mode: Any
 
     @staticmethod
-    def of(input_values: Sequence[Any], vals: Sequence[Any]) -> _Boundary:
+    def of(input_values: Sequence[Any], vals: Sequence[Any], program_device: torch.device) -> _Boundary:
+        """``program_device``: where an engine that takes and returns only scalars lives (the program's inputs'
+        device, never a default: a CUDA program's scalar engine on the CPU is a device placement bug)."""
         tensors = [value for value in [*input_values, *vals] if isinstance(value, torch.Tensor)]
-        device = tensors[0].device if tensors else torch.device("cpu")
+        device = tensors[0].device if tensors else program_device
         return _Boundary(device, compat.detect_fake_mode(tensors))
 
     def engine_value(self, value: Any) -> Any:
