@@ -1,4 +1,5 @@
-"""Verdicts that hold: the verify run is a normal call, and a program that reads how it is run is caught.
+"""Verdicts that hold: operators that report how a program is run are refused, the verify run is a normal
+call, and a program that reads how it is run is caught.
 
 A file crafted as an attacker who read the verifier would: its program adds
 ``is_leaf(h)`` to its output, which is 1 where the run records no autograd graph (a
@@ -77,7 +78,13 @@ def test_verify_runs_as_a_normal_call_and_fails_the_crafted_file(
 ) -> None:
     root = grad_mode_reader["root"]
     given = ["--inputs", str(root / "inputs.pt"), "--expected", str(root / "expected.pt")]
-    proc = cli("verify", str(grad_mode_reader["crafted"]), *(given if against == "inputs" else []))
+    crafted = [str(grad_mode_reader["crafted"]), *(given if against == "inputs" else [])]
+    # is_leaf returns a bool, not a tensor: refused for what it could report ...
+    proc = cli("verify", *crafted)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "calls aten::is_leaf.default, whose result is not a tensor" in proc.stderr, proc.stderr
+    # ... and where a trusted file's reader of state is allowed, the run as a normal call still catches it.
+    proc = cli("verify", *crafted, "--allow-op", "aten::is_leaf")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "output 0 differs" in proc.stdout
     # The honest file passes.

@@ -53,6 +53,7 @@ __all__ = [
     "PRIVATE_ATEN",
     "PYTHON_FUNCTIONS",
     "REFUSED_ATEN",
+    "SCALAR_RESULTS",
     "UNINITIALIZED_ATEN",
     "DRAWS_ONLY_WHEN",
     "allowed_now",
@@ -150,6 +151,19 @@ DRAWS_ONLY_WHEN: dict[str, tuple[str, object]] = {
     "aten::rrelu": ("training", False),
     "aten::rrelu_with_noise_functional": ("training", False),
 }
+# Operators whose result is not a tensor (a bool, an int, a number...) may report how the program runs rather
+# than compute on values: whether a value is a leaf of an autograd graph or an inference tensor, its output
+# number, its version counter, whether its memory is pinned or contiguous. Only these, each reviewed, may:
+# each gives a size, a rank, or a property of the values or dtype it is given.
+SCALAR_RESULTS = frozenset(
+    {
+        "aten::sym_size", "aten::size", "aten::sym_numel", "aten::numel", "aten::dim",  # sizes and rank
+        "aten::_local_scalar_dense", "aten::item",  # a 0-d tensor's value
+        "aten::is_nonzero", "aten::equal", "aten::is_same_size", "aten::allclose",  # values and shapes
+        "aten::is_floating_point", "aten::is_complex", "aten::is_signed",  # the dtype
+    }
+)  # fmt: skip
+_TENSOR_RESULTS = frozenset({"Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]"})
 _REFUSED_WORDS = ("sparse", "nested", "_unsafe")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -355,6 +369,8 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
             )
     if opname.startswith("_") and name not in PRIVATE_ATEN and not compat.is_core_aten(op):
         return "a private operator that is not on the allow-list"
+    if name not in SCALAR_RESULTS and not set(compat.op_return_types(op)) <= _TENSOR_RESULTS:
+        return "whose result is not a tensor (it could report how the program is run rather than compute on values)"
     return None
 
 

@@ -65,6 +65,7 @@ __all__ = [
     "op_is_mutable",
     "op_is_random",
     "op_argument_value",
+    "op_return_types",
     "cuda_built",
     "move_program_to",
     "cuda_started",
@@ -360,6 +361,11 @@ def op_argument_value(target: OpOverload, args: tuple[Any, ...], kwargs: dict[st
             return argument.default_value
         break
     raise KeyError(name)
+
+
+def op_return_types(target: OpOverload) -> list[str]:
+    """The declared type of each value an OpOverload returns (``"Tensor"``, ``"List[Tensor]"``, ``"bool"``)."""
+    return [str(result.type) for result in target._schema.returns]
 
 
 def op_overloads(packet: OpOverloadPacket) -> list[str]:
