@@ -153,7 +153,8 @@ def _gated(name: str) -> tuple[Any, str, object]:
     """The OpOverload ``name`` names, and the argument (with its quiet value) that says whether a call draws."""
     argument, quiet = allowed_ops.DRAWS_ONLY_WHEN[name]
     namespace, _, rest = name.partition("::")
-    return getattr(getattr(torch.ops, namespace), rest).default, argument, quiet
+    packet = getattr(getattr(torch.ops, namespace), rest)
+    return getattr(packet, packet.overloads()[0]), argument, quiet
 
 
 @pytest.mark.parametrize("name", sorted(allowed_ops.DRAWS_ONLY_WHEN))

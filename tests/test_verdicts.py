@@ -12,12 +12,14 @@ passes it while every normal call computes something else.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from test_verify import cli
 
 import trt_inline
+from trt_inline import allowed_ops
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
 from trt_inline.verify.compare import RUN_MODES, run_on
 from trt_inline.verify.reference_io import encode_reference_io
@@ -155,3 +157,52 @@ def test_inspect_warns_of_what_verify_refuses(grad_mode_reader: dict[str, Path],
     assert proc.returncode == 2 and "calls aten::rand_like.default" in proc.stderr, proc.stdout + proc.stderr
     clean = cli("inspect", str(grad_mode_reader["honest"]))
     assert clean.returncode == 0 and "warning:" not in clean.stdout, clean.stdout
+
+
+def _real_models(device: str) -> list[tuple[str, torch.nn.Module, tuple[torch.Tensor, ...], Any]]:
+    """The architectures the tests use, as a user exports them (eval), with their inputs and dynamic shapes."""
+    from models import ConvBnRelu, EdgesFallBack, MultiOutputBothSides, TinyResNet, TransformerBlock, scalar_cases
+
+    found: list[tuple[str, torch.nn.Module, tuple[torch.Tensor, ...], Any]] = [
+        ("conv_bn_relu", ConvBnRelu(), (torch.randn(2, 3, 8, 8),), None),
+        ("tiny_resnet", TinyResNet(), (torch.randn(2, 3, 8, 8),), None),
+        ("edges_fall_back", EdgesFallBack(), (torch.randn(2, 3, 8, 8),), None),
+        ("multi_output", MultiOutputBothSides(), (torch.randn(4, 16),), None),
+        ("transformer_block", TransformerBlock(), (torch.randn(2, 5, 32),), None),
+        ("lstm", torch.nn.LSTM(8, 8, batch_first=True), (torch.randn(2, 5, 8),), None),
+        *((case.name, case.model, case.inputs, case.dynamic_shapes) for case in scalar_cases()),
+    ]
+    try:
+        import torchvision
+
+        found.append(("resnet18", torchvision.models.resnet18(weights=None), (torch.randn(1, 3, 64, 64),), None))
+    except ImportError:
+        pass
+    return [(name, m.eval().to(device), tuple(t.to(device) for t in x), dyn) for name, m, x, dyn in found]
+
+
+def _every_call_allowed(device: str) -> None:
+    refused = []
+    for name, model, inputs, dynamic_shapes in _real_models(device):
+        exported = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+        for program in (exported, exported.run_decompositions()):  # as exported, and lowered to core ATen
+            for node in program.graph.nodes:
+                if node.op != "call_function":
+                    continue
+                try:
+                    allowed_ops.check_call(node.target, node.args, node.kwargs)
+                except Exception as exc:
+                    refused.append(f"{name}: {exc}")
+    assert refused == [], "\n".join(dict.fromkeys(refused))
+
+
+def test_every_operator_real_models_export_to_is_allowed() -> None:
+    """The allow-list refuses nothing a real model in eval mode exports to, on the CPU (as exported and lowered
+    to core ATen): convolutions, batch norm, residual blocks, attention, an LSTM, scalars under dynamic shapes."""
+    _every_call_allowed("cpu")
+
+
+@pytest.mark.cuda
+def test_every_operator_real_models_export_to_on_cuda_is_allowed() -> None:
+    """The same on CUDA, where attention lowers to CUDA kernels (and torchvision's resnet18 where installed)."""
+    _every_call_allowed("cuda")

@@ -14,7 +14,9 @@ ATen operators                  ``aten::*`` with a functional schema (no ``Tenso
                                 no ``out=``), public, or private and tagged ``core``, or
                                 one of :data:`PRIVATE_ATEN`; never :data:`REFUSED_ATEN`
                                 nor a name containing ``sparse``, ``nested`` or ``_unsafe``
-                                (but ``_unsafe_view``)
+                                (but ``_unsafe_view``); its results tensors, or it is one
+                                of :data:`SCALAR_RESULTS`; tagged random only in a call
+                                :data:`DRAWS_ONLY_WHEN` says cannot draw
 collectives                     :data:`~trt_inline.distributed.manifest.COLLECTIVE_OPS`
                                 outside :func:`allowing` blocks (a process running what
                                 it compiled), inside one only with ``collectives=True``
@@ -148,6 +150,10 @@ DRAWS_ONLY_WHEN: dict[str, tuple[str, object]] = {
     "aten::feature_dropout": _NOT_TRAINING,
     "aten::alpha_dropout": _NOT_TRAINING,
     "aten::feature_alpha_dropout": _NOT_TRAINING,
+    "aten::lstm": _NOT_TRAINING,  # dropout between layers, only in training
+    "aten::gru": _NOT_TRAINING,
+    "aten::rnn_tanh": _NOT_TRAINING,
+    "aten::rnn_relu": _NOT_TRAINING,
     "aten::rrelu": ("training", False),
     "aten::rrelu_with_noise_functional": ("training", False),
 }
@@ -161,6 +167,8 @@ SCALAR_RESULTS = frozenset(
         "aten::_local_scalar_dense", "aten::item",  # a 0-d tensor's value
         "aten::is_nonzero", "aten::equal", "aten::is_same_size", "aten::allclose",  # values and shapes
         "aten::is_floating_point", "aten::is_complex", "aten::is_signed",  # the dtype
+        # CUDA attention kernels: besides tensors, the longest query and key sequence (sizes).
+        "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention",
     }
 )  # fmt: skip
 _TENSOR_RESULTS = frozenset({"Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]"})
