@@ -20,9 +20,28 @@ from test_verify import cli
 
 import trt_inline
 from trt_inline import allowed_ops
+from trt_inline.errors import RefusedOperatorError
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
-from trt_inline.verify.compare import RUN_MODES, run_on
+from trt_inline.verify.compare import RUN_MODES, compare_output, modes_disagree, run_on
 from trt_inline.verify.reference_io import encode_reference_io
+
+
+def _add_to_first_output(program: torch.export.ExportedProgram, op: Any, value: Any) -> None:
+    """The program's first output ``result`` becomes ``result + op(result)``; ``value``: ``op``'s declared result
+    (None: a tensor like ``result``)."""
+    graph = program.graph
+    output = next(node for node in graph.nodes if node.op == "output")
+    result = output.args[0][0]
+    with graph.inserting_before(output):
+        added = graph.call_function(op, (result,))
+        added.meta["val"] = result.meta["val"] if value is None else value
+        total = graph.call_function(torch.ops.aten.add.Tensor, (result, added))
+        total.meta["val"] = result.meta["val"]
+    output.replace_input_with(result, total)
+    for spec in program.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == result.name:
+            spec.arg.name = total.name
+    program.graph_module.recompile()
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +55,7 @@ def grad_mode_reader(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
     extra = {REFERENCE_IO_FILE: ""}
     program = torch.export.load(honest, extra_files=extra)
-    graph = program.graph
-    output = next(node for node in graph.nodes if node.op == "output")
-    result = output.args[0][0]
-    with graph.inserting_before(output):
-        leaf = graph.call_function(torch.ops.aten.is_leaf.default, (result,))
-        leaf.meta["val"] = True
-        shifted = graph.call_function(torch.ops.aten.add.Tensor, (result, leaf))
-        shifted.meta["val"] = result.meta["val"]
-    output.replace_input_with(result, shifted)
-    for spec in program.graph_signature.output_specs:
-        if getattr(spec.arg, "name", None) == result.name:
-            spec.arg.name = shifted.name
-    program.graph_module.recompile()
+    _add_to_first_output(program, torch.ops.aten.is_leaf.default, True)
     with torch.no_grad():
         quiet = program.module()(x)
     reference = decode_reference_io(extra[REFERENCE_IO_FILE])
@@ -128,19 +135,7 @@ def test_inspect_warns_of_what_verify_refuses(grad_mode_reader: dict[str, Path],
     """A node drawing from the global RNG: inspect shows the table with a warning line first, running nothing;
     verify refuses the file."""
     program = torch.export.load(grad_mode_reader["honest"])
-    graph = program.graph
-    output = next(node for node in graph.nodes if node.op == "output")
-    result = output.args[0][0]
-    with graph.inserting_before(output):
-        noise = graph.call_function(torch.ops.aten.rand_like.default, (result,))
-        noise.meta["val"] = result.meta["val"]
-        noisy = graph.call_function(torch.ops.aten.add.Tensor, (result, noise))
-        noisy.meta["val"] = result.meta["val"]
-    output.replace_input_with(result, noisy)
-    for spec in program.graph_signature.output_specs:
-        if getattr(spec.arg, "name", None) == result.name:
-            spec.arg.name = noisy.name
-    program.graph_module.recompile()
+    _add_to_first_output(program, torch.ops.aten.rand_like.default, None)
     path = tmp_path / "noisy.pt2"
     torch.export.save(program, path)
 
@@ -206,3 +201,59 @@ def test_every_operator_real_models_export_to_is_allowed() -> None:
 def test_every_operator_real_models_export_to_on_cuda_is_allowed() -> None:
     """The same on CUDA, where attention lowers to CUDA kernels (and torchvision's resnet18 where installed)."""
     _every_call_allowed("cuda")
+
+
+class _ReadsPastItsInput(torch.nn.Module):
+    """segment_reduce told to skip its checks (``unsafe=True``) reads 64 values past a 4-value input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(x.shape[0], x.shape[0] + 65, dtype=torch.int64)
+        return torch.ops.aten.segment_reduce.default(x, "max", offsets=offsets, unsafe=True)
+
+
+def test_an_operator_told_to_skip_its_checks_is_refused(tmp_path: Path) -> None:
+    x = torch.zeros(4, dtype=torch.float64)
+    path = tmp_path / "reads_past.pt2"
+    trt_inline.save(torch.export.export(_ReadsPastItsInput(), (x,)), path, arg_inputs=(x,))
+    assert any(n.target is torch.ops.aten.segment_reduce.default for n in torch.export.load(path).graph.nodes)
+    proc = cli("verify", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "calls aten::segment_reduce.default, which can skip the checks of its inputs" in proc.stderr
+    assert "(unsafe=True)" in proc.stderr
+    graph = torch.fx.Graph()
+    computed = graph.placeholder("flag")
+    isin = torch.ops.aten.isin.Tensor_Tensor
+    allowed_ops.check_call(isin, (computed, computed), {})  # its checks kept (the default)
+    for flag in (True, computed):
+        with pytest.raises(RefusedOperatorError, match="skip the checks"):
+            allowed_ops.check_call(isin, (computed, computed), {"assume_unique": flag})
+    with pytest.raises(RefusedOperatorError, match="uninitialized memory"):
+        allowed_ops.check_call(torch.ops.aten.resize.default, (computed, [4096]), {})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.7, torch.tensor(0)),  # a float is no int64
+        (7, torch.tensor(True)),  # an int is no bool
+        (True, torch.tensor(1)),  # nor a bool an int
+        (2049.0, torch.tensor(2048.0, dtype=torch.float16)),  # 2049 does not exist in float16
+        (2**70, torch.tensor(0)),
+    ],
+)
+def test_a_scalar_output_is_never_converted_into_its_reference(value: Any, expected: torch.Tensor) -> None:
+    found = compare_output(1, value, expected, None, None)
+    assert not found.ok and found.problem is not None and found.problem.startswith("output 1 is the"), found
+
+
+def test_signed_zeros_and_nan_bits_differ() -> None:
+    """-0.0 is not 0.0 at zero tolerance (1 / x tells them apart); two runs differing in a NaN's bits disagree."""
+    zeros, negative = torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0])
+    found = compare_output(0, negative, zeros, 0.0, 0.0)
+    assert not found.ok and found.max_abs_diff > 0.0 and "1 of 2 values differ, the first at [0]" in str(found.problem)
+    assert compare_output(0, negative, zeros, None, None).ok  # within the default tolerance
+    nan = torch.tensor([float("nan")])
+    other_nan = nan.view(torch.int32).bitwise_xor(1).view(torch.float32)
+    assert compare_output(0, other_nan, nan, 0.0, 0.0).ok  # NaN is NaN as a value ...
+    assert modes_disagree([nan], [other_nan], "one way", "another")  # ... but two runs must match bit for bit
+    assert modes_disagree([nan], [nan.clone()], "one way", "another") == []

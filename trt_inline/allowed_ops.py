@@ -57,6 +57,7 @@ __all__ = [
     "REFUSED_ATEN",
     "SCALAR_RESULTS",
     "UNINITIALIZED_ATEN",
+    "CHECKED_ONLY_WHEN",
     "DRAWS_ONLY_WHEN",
     "allowed_now",
     "allows",
@@ -131,8 +132,14 @@ REFUSED_ATEN = frozenset({"aten::from_file", "aten::_unsafe_index", "aten::_unsa
 # for days), and so behave one way under verify and another in use.
 UNINITIALIZED_ATEN = frozenset(
     {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
-     "aten::empty_permuted"}
+     "aten::empty_permuted", "aten::resize", "aten::resize_as"}
 )  # fmt: skip
+# Operators with an argument that turns off the checks of their inputs (and lets them read past them): allowed
+# only in a call that passes the literal keeping the checks.
+CHECKED_ONLY_WHEN: dict[str, tuple[str, object]] = {
+    "aten::segment_reduce": ("unsafe", False),
+    "aten::isin": ("assume_unique", False),
+}
 # Operators tagged random that draw only when an argument says so: an exported model in eval mode passes
 # ``dropout_p=0.0`` to attention and ``train=False`` to dropout, and the call draws nothing. A call is
 # allowed when each argument named here holds the literal value given (a value the graph computes never
@@ -154,6 +161,8 @@ DRAWS_ONLY_WHEN: dict[str, tuple[str, object]] = {
     "aten::gru": _NOT_TRAINING,
     "aten::rnn_tanh": _NOT_TRAINING,
     "aten::rnn_relu": _NOT_TRAINING,
+    "aten::quantized_lstm": _NOT_TRAINING,  # (not tagged random, but draws the same way)
+    "aten::quantized_gru": _NOT_TRAINING,
     "aten::rrelu": ("training", False),
     "aten::rrelu_with_noise_functional": ("training", False),
 }
@@ -334,26 +343,34 @@ def _collective_refusal(full: str) -> str:
     )
 
 
-def _draws(op: compat.OpOverload, name: str, call: Call | None) -> str | None:
-    """Why a call of random operator ``op`` may draw from the global generator; None where it cannot."""
-    quiet = DRAWS_ONLY_WHEN.get(name)
-    if quiet is None or call is None:
+def _gate(op: compat.OpOverload, call: Call | None, gate: tuple[str, object]) -> str | None:
+    """Why a call of ``op`` does not pass the literal ``gate`` (argument, value) asks for; None where it does.
+
+    Only a literal of that value counts: ``0.0`` for a rate, ``False`` for a flag (never a bool for a rate, NaN,
+    or a value the graph computes). Without a call there is nothing to look at; ``PER_CALL``: checked later.
+    """
+    if call is None:
         return "whatever it is given"
     if call is PER_CALL:
         return None
     args, kwargs = call
-    argument, value = quiet
+    argument, value = gate
     try:
         given = compat.op_argument_value(op, args, kwargs, argument)
     except KeyError:
         return f"its {argument} not given"
-    # Only a literal of the quiet value: 0.0 for a rate (never a bool, NaN or a value computed in the graph).
     literal = given is value if isinstance(value, bool) else type(given) in (int, float) and given == value
-    if not literal:
-        return f"{argument}={printable(repr(given))[:60]}"
+    return None if literal else f"{argument}={printable(repr(given))[:60]}"
+
+
+def _draws(op: compat.OpOverload, name: str, call: Call | None) -> str | None:
+    """Why a call of random operator ``op`` may draw from the global generator; None where it cannot."""
+    quiet = DRAWS_ONLY_WHEN.get(name)
+    why = "whatever it is given" if quiet is None else _gate(op, call, quiet)
+    if why is not None or call is None or call is PER_CALL:
+        return why
     with contextlib.suppress(KeyError):
-        generator = compat.op_argument_value(op, args, kwargs, "generator")
-        if generator is not None:
+        if compat.op_argument_value(op, *call, "generator") is not None:
             return "an explicit generator"
     return None
 
@@ -368,7 +385,11 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
         return "which writes to its arguments"
     if name in UNINITIALIZED_ATEN:
         return "whose result is uninitialized memory (it could tell a verification from a normal run)"
-    if compat.op_is_random(op):
+    gate = CHECKED_ONLY_WHEN.get(name)
+    why = None if gate is None else _gate(op, call, gate)
+    if why is not None:
+        return f"which can skip the checks of its inputs and read past them ({why})"
+    if compat.op_is_random(op) or name in DRAWS_ONLY_WHEN:
         why = _draws(op, name, call)
         if why is not None:
             return (

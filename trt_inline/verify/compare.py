@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "boundary_tolerance",
     "compare_output",
     "default_tolerance",
+    "identical",
     "RUN_MODES",
     "isolated_run",
     "modes_disagree",
@@ -168,10 +170,12 @@ def modes_disagree(first: Sequence[Any], other: Sequence[Any], first_mode: str, 
     if len(first) != len(other):
         return [f"the program returns {len(first)} outputs run {first_mode} and {len(other)} run {other_mode}"]
     problems = []
+    why: str | None
     for index, (value, again) in enumerate(zip(first, other, strict=True)):
         if isinstance(value, torch.Tensor):
-            comparison = compare_output(index, again, value, 0.0, 0.0)
-            why = comparison.problem
+            if isinstance(again, torch.Tensor) and identical(again, value):
+                continue
+            why = compare_output(index, again, value, 0.0, 0.0).problem or "the same values in other bits (a NaN's)"
         else:
             why = None if type(value) is type(again) and value == again else f"{again!r} vs {value!r}"
         if why is not None:
@@ -199,8 +203,15 @@ def compare_output(
     def mismatch(problem: str) -> OutputComparison:
         return OutputComparison(index, shape, dtype, float("inf"), float("inf"), atol, rtol, False, problem)
 
-    if isinstance(actual, (bool, int, float)) and expected.dim() == 0:
-        actual = torch.tensor(actual, dtype=expected.dtype)  # a scalar output, kept as a 0-d tensor
+    if isinstance(actual, (bool, int, float)):
+        # A scalar output, against its 0-d reference: only a scalar of the same kind, converted exactly
+        # (0.7 is no int64 0, 7 no True, 2049 no float16 2048).
+        converted = _scalar_as(actual, expected)
+        if converted is None:
+            return mismatch(
+                f"output {index} is the {type(actual).__name__} {actual!r}, expected {describe_value(expected)}"
+            )
+        actual = converted
     if not isinstance(actual, torch.Tensor):
         return mismatch(f"output {index} is a {type(actual).__name__}")
     actual = actual.detach().cpu()
@@ -217,8 +228,10 @@ def compare_output(
     integral = not (expected.is_floating_point() or expected.is_complex())
     a, e = (a.double(), e.double()) if integral else (a, e)  # for the statistics only: `same` decided equality
     diff = (a - e).abs()
-    # A difference never rounds to 0: integers differ by at least 1 (float64 loses the low bits past 2**53).
-    diff = torch.where(same, torch.zeros_like(diff), diff.clamp_min(1.0) if integral else diff)
+    # A difference never rounds to 0: integers differ by at least 1 (float64 loses the low bits past 2**53), and
+    # -0.0 against 0.0 differs by the smallest float64 there is.
+    smallest = 1.0 if integral else math.ulp(0.0)
+    diff = torch.where(same, torch.zeros_like(diff), diff.clamp_min(smallest))
     finite_reference = e.isfinite()
     nan_count = int((a.isnan() & ~e.isnan()).sum())
     inf_count = int((a.isinf() & finite_reference).sum())
@@ -281,7 +294,8 @@ def _widened(actual: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor
         if torch.finfo(expected.dtype).bits > 64:
             raise VerifyInputError(f"values of {expected.dtype} do not widen exactly to {wide}")
         a, e = actual.to(wide), expected.to(wide)
-        same = (a == e) | (a.isnan() & e.isnan())
+        # The same bits, or both NaN: -0.0 is not 0.0 (1 / x tells them apart).
+        same = _same_bits(actual, expected) | (a.isnan() & e.isnan())
         return a, e, same
     width = expected.element_size()
     bits = _SIGNED_OF_WIDTH[width]
@@ -293,6 +307,51 @@ def _widened(actual: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor
             same,
         )
     return actual.to(torch.int64), expected.to(torch.int64), same
+
+
+def _bits(value: torch.Tensor) -> torch.Tensor:
+    """A value's bits as integers of its width (complex: its real and imaginary parts, in the last dimension)."""
+    if value.is_complex():
+        value = torch.view_as_real(value.to(torch.complex64) if value.element_size() < 8 else value)
+    return value.contiguous().view(_SIGNED_OF_WIDTH[value.element_size()])
+
+
+def _same_bits(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Where two values of one dtype and shape hold the same bits."""
+    same = _bits(actual) == _bits(expected)
+    return same.all(-1) if actual.is_complex() else same
+
+
+def identical(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether two tensors are the same in every bit: dtype, shape, quantization and values (a NaN's too)."""
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return False
+    if expected.is_quantized:
+        if _quantization_differs(actual, expected) is not None:
+            return False
+        actual, expected = actual.int_repr(), expected.int_repr()
+    return bool(_same_bits(actual.detach().cpu(), expected.detach().cpu()).all())
+
+
+def _scalar_as(value: bool | int | float, expected: torch.Tensor) -> torch.Tensor | None:
+    """A Python scalar as a 0-d tensor of ``expected``'s dtype, where it is of that kind and converts exactly."""
+    floating = expected.is_floating_point()
+    kind_matches = (
+        expected.dtype == torch.bool
+        if isinstance(value, bool)
+        else (not floating and not expected.is_complex() and expected.dtype != torch.bool)
+        if isinstance(value, int)
+        else floating
+    )
+    if expected.dim() != 0 or not kind_matches:
+        return None
+    try:
+        converted = torch.tensor(value, dtype=expected.dtype)
+    except (RuntimeError, OverflowError, ValueError):  # past the dtype's range
+        return None
+    back = converted.item()
+    exact = back == value and math.copysign(1.0, back) == math.copysign(1.0, value) if floating else back == value
+    return converted if exact or (floating and math.isnan(value) and math.isnan(back)) else None
 
 
 def _quantization_differs(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
