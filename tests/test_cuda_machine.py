@@ -280,7 +280,8 @@ def test_a_cuda_file_verifies_on_the_cpu(tmp_path: Path) -> None:
     x = torch.randn(2, 3, 8, 8, device="cuda")
     path = tmp_path / "cuda.pt2"
     trt_inline.save(reference.compile(model, (x,), torch_executed_ops=[RELU]), path, arg_inputs=(x,))
-    proc = _cli("verify", str(path), "--device", "cpu", "--atol", "1e-4", "--rtol", "1e-4")
+    # Another device computes otherwise within rounding (CUDA convolutions in TF32 by default): 1e-2.
+    proc = _cli("verify", str(path), "--device", "cpu", "--atol", "1e-2", "--rtol", "1e-2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -333,7 +334,7 @@ def test_load_places_a_cpu_file_on_cuda(saved_seed: SavedSeed) -> None:
         outputs = as_list(moved.module()(saved_seed.x.cuda()))
         expected = as_list(saved_seed.compiled(saved_seed.x))
     assert all(o.is_cuda for o in outputs)
-    assert max_abs_diff([o.cpu() for o in outputs], expected) <= 1e-4
+    assert max_abs_diff([o.cpu() for o in outputs], expected) <= 1e-2  # CUDA's TF32 convolutions against the CPU
 
 
 @cuda
@@ -377,7 +378,7 @@ def test_an_aot_inductor_package_for_cuda(tmp_path: Path) -> None:
     with torch.no_grad():
         expected = as_list(compiled(x))
     loaded = load_runs_in_fresh_process(tmp_path, [path], [(x,)])[str(path)][0]
-    assert max_abs_diff([o.to("cuda") for o in loaded["outputs"]], expected) <= 1e-5
+    assert max_abs_diff([o.to("cuda") for o in loaded["outputs"]], expected) <= 1e-3  # AOTInductor's own kernels
     proc = _cli("verify", str(path), "--allow-native-code")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
