@@ -38,7 +38,7 @@ import torch.fx
 from trt_inline.engines import REFERENCE_OP, engine_op
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.reference.program import load_program
-from trt_inline.verify.compare import default_tolerance
+from trt_inline.verify.compare import compare_output, default_tolerance
 
 __all__ = ["drill_down", "rebuild_drill_down"]
 
@@ -173,7 +173,11 @@ def _one_step(node: torch.fx.Node, values: dict[Any, Any]) -> tuple[torch.fx.Gra
 
 
 def _past_tolerance(value: Any, exact: Any) -> str | None:
-    """How a step's result differs from its float64 run, where past its dtype's tolerance; else None."""
+    """How a step's result differs from its float64 run, where past its dtype's tolerance; else None.
+
+    Compared by :func:`~trt_inline.verify.compare.compare_output`, the one comparison: the result widened to
+    float64 (exactly) against the float64 run, at the tolerance of the result's own dtype.
+    """
     pairs = list(zip(value, exact, strict=False)) if isinstance(value, (list, tuple)) else [(value, exact)]
     for got, want in pairs:
         if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.is_floating_point()):
@@ -181,10 +185,7 @@ def _past_tolerance(value: Any, exact: Any) -> str | None:
         if got.shape != want.shape or not got.numel():
             continue
         atol, rtol = default_tolerance(got.dtype)
-        a, e = got.double(), want.double()
-        if not bool(a.isfinite().all()) and bool(e.isfinite().all()):
-            return f"{int((~a.isfinite()).sum())} values not finite in {str(got.dtype).removeprefix('torch.')}"
-        difference = (a - e).abs().nan_to_num(0.0)
-        if bool((difference > atol + rtol * e.abs()).any()):
-            return f"max abs diff {float(difference.max()):.6g} in {str(got.dtype).removeprefix('torch.')}"
+        found = compare_output(0, got.to(want.dtype), want, atol, rtol)
+        if not found.ok:
+            return f"{found.error_text()} in {str(got.dtype).removeprefix('torch.')}"
     return None
