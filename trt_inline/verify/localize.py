@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace, Region
-from trt_inline.verify.compare import boundary_tolerance, compare_output, tolerance_for
+from trt_inline.verify.compare import boundary_tolerance, compare_output, exactly_as, tolerance_for
 from trt_inline.verify.reference_io import EngineBoundary
 from trt_inline.verify.report import BoundaryRow, Divergence, OutputComparison
 
@@ -51,11 +51,13 @@ class Reference:
 def _compare(
     actual: Sequence[Any], expected: Sequence[torch.Tensor], atol: Tolerance, rtol: Tolerance, stat: str
 ) -> list[OutputComparison]:
-    """Value by value; a scalar's 0-d tensor is compared in the reference's dtype (engines choose their own)."""
+    """Value by value; a scalar's 0-d tensor is compared in the reference's dtype where it converts exactly
+    (engines choose their own scalar dtypes); one that does not is a dtype mismatch."""
     result = []
     for index, (got, want) in enumerate(zip(actual, expected, strict=False)):
         if isinstance(got, torch.Tensor) and got.dim() == 0 and want.dim() == 0 and got.dtype != want.dtype:
-            got = got.to(want.dtype)
+            converted = exactly_as(got, want.dtype)
+            got = got if converted is None else converted
         atol_here, rtol_here = tolerance_for(atol, index), tolerance_for(rtol, index)
         result.append(compare_output(index, got, want, atol_here, rtol_here, stat))
     if len(actual) != len(expected):

@@ -588,7 +588,7 @@ def _verify_here(
         progress.report("running the program on the reference inputs")
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
-                got, mode_problems = run_on(runnable, args, kwargs, device)
+                run = run_on(runnable, args, kwargs, device)
         except VerifyInputError as exc:
             # Inputs the file itself carries (or a run of the compiled module recorded) are not unusable input:
             # a program that raises on them is wrong, and where it raises is found boundary by boundary.
@@ -598,7 +598,9 @@ def _verify_here(
                 raise
             _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc, repro)
             return report
-        report.problems.extend(mode_problems)
+        got = run.outputs
+        report.problems.extend(run.problems)
+        report.notes.extend(run.notes)
         progress.report(f"comparing {len(got)} outputs")
         if save_outputs is not None:
             save_tensors(tensors_only(got, "outputs"), save_outputs)
@@ -846,7 +848,8 @@ def _random_runs(
         progress.report("running on random inputs", (iteration + 1, count))
         problem = None
         try:
-            outputs, mode_problems = run_on(runnable, draw.inputs, {}, device)
+            ran = run_on(runnable, draw.inputs, {}, device)
+            outputs, mode_problems = ran.outputs, ran.problems
         except VerifyInputError as exc:
             problem = f"rejected inputs within its declared ranges: {exc}"
         else:
