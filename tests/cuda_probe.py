@@ -103,6 +103,13 @@ def thread_names(arguments: dict[str, Any], tensors: Any) -> dict[str, str]:
     thread.join()
     parent = int(arguments["parent"])
     try:
+        import resource
+
+        resource.prlimit(parent, resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))  # no change
+        results["parent's limits"] = "SUCCEEDED"
+    except OSError as exc:
+        results["parent's limits"] = f"blocked: {exc}"
+    try:
         _name(f"/proc/{parent}/task/{parent}/comm", b"renamed")
         results["parent's thread"] = "SUCCEEDED"
     except OSError as exc:

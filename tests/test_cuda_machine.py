@@ -103,6 +103,7 @@ def test_the_sandbox_lets_the_cuda_driver_name_its_own_threads() -> None:
     found = json.loads(with_devices.stdout.strip().splitlines()[-1])
     assert found["own thread"] == "SUCCEEDED", found
     assert found["parent's thread"].startswith("blocked"), found
+    assert found["parent's limits"].startswith("blocked"), found  # no PID namespace here: seccomp holds it
 
     without = _python(_NAME_THREADS.format(devices=False))
     assert without.returncode == 0, without.stderr[-3000:]

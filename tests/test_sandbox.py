@@ -56,6 +56,8 @@ _CONTAINED = (
     "read the parent's memory",
     "read the parent's environment",
     "leave its process group",
+    "lower the parent's limits",
+    "renice every process of its user",
 )
 _STILL_WORKING = ("write its own folder", "start a thread", "compute with torch")
 

@@ -18,6 +18,7 @@ Landlock            every file but the Python installation (read), the job's pri
                     connect; signals and abstract UNIX sockets outside the sandbox
 seccomp-bpf         ``execve``, new processes (``clone`` without ``CLONE_THREAD``,
                     ``fork``, ``vfork``), ``ptrace``, signals to other processes,
+                    other processes' limits, priorities and scheduling,
                     sockets, leaving its process group, namespaces, mounts, BPF,
                     ``io_uring``, keyrings, kernel modules, terminal injection
 ==================  ===================================================================
@@ -33,8 +34,8 @@ three system calls each, made here through ``ctypes``.
 Where the job may use CUDA (``Policy.devices``: the machine has NVIDIA devices
 and they are not hidden), the driver must start inside the walls: Landlock also
 grants the device files (read, write, ioctl), what the driver reads about the
-devices, the kernel module and the machine's memory, ``/dev/shm``, and writing
-the files of this process's own threads (the driver names its threads through
+devices, the kernel module and the machine's memory, and writing the files of
+this process's own threads (the driver names its threads through
 ``/proc/self/task/<tid>/comm`` and fails with error 304 where it cannot); and
 there is no PID namespace, whose thread ids would not match the system's
 ``/proc``. seccomp is the same. SECURITY.md lists each grant and why it opens no
@@ -291,9 +292,10 @@ def _cuda_rules() -> dict[str, int]:
     """What the CUDA driver (and TensorRT) reach while it starts and runs; SECURITY.md says why each is safe.
 
     The device files, opened read-write with ioctls; what the driver reads about the devices, the
-    kernel module and the machine's memory; its shared memory; and the names of this process's own
-    threads, which the driver (570 and newer) writes while it starts, failing with error 304
-    ("OS call failed") where it cannot.
+    kernel module and the machine's memory; and the files of this process's own threads (the driver,
+    570 and newer, names its threads through them while it starts, failing with error 304, "OS call
+    failed", where it cannot). Not ``/dev/shm``: without a mount namespace of its own it is the
+    machine's, where other processes keep their shared memory.
     """
     device = _FS_READ_FILE | _FS_WRITE_FILE | _FS_IOCTL_DEV
     rules = {f"/dev/{name}": device for name in os.listdir("/dev") if name.startswith("nvidia")}
@@ -303,8 +305,15 @@ def _cuda_rules() -> dict[str, int]:
     )  # fmt: skip
     rules.update(dict.fromkeys(folders, _READ))
     rules.update(dict.fromkeys(("/proc/devices", "/proc/meminfo", "/proc/modules"), _FS_READ_FILE))
-    rules.update({"/dev/shm": _READ_WRITE, "/proc/self/task": _READ | _FS_WRITE_FILE})
+    rules["/proc/self/task"] = _READ | _FS_WRITE_FILE
     return rules
+
+
+def _load_cuda_driver() -> None:
+    """Load the CUDA driver's library now (without starting CUDA: no cuInit), so that its folder, wherever the
+    system keeps it, is among the mapped libraries the sandbox lets the job read."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libcuda.so.1")
 
 
 # ---------------------------------------------------------------------------
@@ -322,6 +331,13 @@ _REFUSED_SYSCALLS = (
     "kcmp", "personality", "ioperm", "iopl", "acct", "swapon", "swapoff", "reboot", "syslog", "quotactl",
 )  # fmt: skip
 _SOCKET_SYSCALLS = ("socket", "socketpair")
+# System calls that act on the process their first argument names: refused unless it names the caller (0).
+_OWN_PROCESS_ONLY = (
+    "prlimit64", "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr", "migrate_pages",
+    "move_pages", "get_robust_list",
+)  # fmt: skip
+_PRIO_PROCESS = 0
+_IOPRIO_WHO_PROCESS = 1
 
 
 def _seccomp_module() -> object:
@@ -350,6 +366,14 @@ def _seccomp(loopback: bool) -> None:
     own = os.getpid()
     rules.add_rule(denied, "kill", arg(0, seccomp.NE, own))  # type: ignore[attr-defined]
     rules.add_rule(denied, "tgkill", arg(0, seccomp.NE, own))  # type: ignore[attr-defined]
+    # Other processes' limits, priorities, scheduling and memory placement: only its own (0: the caller). A PID
+    # namespace hides the other processes too; where there is none (no namespaces, or CUDA), these hold.
+    for name in _OWN_PROCESS_ONLY:
+        with contextlib.suppress(Exception):  # a name this architecture does not have
+            rules.add_rule(denied, name, arg(0, seccomp.NE, 0))  # type: ignore[attr-defined]
+    for name, which in (("setpriority", _PRIO_PROCESS), ("ioprio_set", _IOPRIO_WHO_PROCESS)):
+        rules.add_rule(denied, name, arg(0, seccomp.NE, which))  # type: ignore[attr-defined]
+        rules.add_rule(denied, name, arg(1, seccomp.NE, 0))  # type: ignore[attr-defined]
     rules.add_rule(denied, "ioctl", arg(1, seccomp.EQ, termios.TIOCSTI))  # type: ignore[attr-defined]
     if not loopback:
         for name in _SOCKET_SYSCALLS:
@@ -510,6 +534,8 @@ def enter(policy: Policy) -> Applied:
         raise SandboxUnavailable(f"a rank set's loopback network needs namespaces ({why_not})")
     else:
         applied.missing.append(why_not)
+    if policy.devices:
+        _load_cuda_driver()
     _landlock(_rules(policy), found.landlock_abi, loopback=policy.loopback)
     applied.layers.append(f"Landlock ABI {found.landlock_abi}")
     _seccomp(policy.loopback)
