@@ -184,10 +184,13 @@ def test_attention_lowerings_in_engine_programs() -> None:
         op = getattr(torch.ops.aten, name.partition("::")[2]).default
         position = [a.name for a in op._schema.arguments].index("dropout_p")
         refs: list[Any] = [{"ref": 0}, {"ref": 0}, {"ref": 0}, *[None] * (position - 3)]
+        # The attention output itself, as a program reads it (a kernel of several outputs through getitem).
+        several = len(op._schema.returns) > 1
+        read = [{"target": "operator.getitem", "args": [{"ref": 1}, 0], "kwargs": {}}] if several else []
         for dropout, allowed in ((0.0, True), (0.1, False)):
             doc = {
-                "format": reference_program.FORMAT, "inputs": 1, "weights": [], "outputs": [1],
-                "steps": [{"target": f"{name}.default", "args": [*refs, dropout], "kwargs": {}}],
+                "format": reference_program.FORMAT, "inputs": 1, "weights": [], "outputs": [1 + len(read)],
+                "steps": [{"target": f"{name}.default", "args": [*refs, dropout], "kwargs": {}}, *read],
             }  # fmt: skip
             text = json.dumps(doc)
             if allowed:
@@ -195,6 +198,37 @@ def test_attention_lowerings_in_engine_programs() -> None:
             else:
                 with pytest.raises(RefusedOperatorError, match=r"step 0 calls .*dropout_p=0\.1"):
                     reference_program.load_program(text)
+
+
+def test_attention_outputs_that_hold_no_values_are_never_read() -> None:
+    """The CUDA attention kernels leave their random seed and offset uninitialized where they draw nothing: a
+    graph or an engine program may read their output and log-sum-exp (and sequence lengths), nothing else."""
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention.default
+    allowed_ops.check_reads(efficient, [0, 1, 0])
+    for reads in ([2], [3], [0, None]):
+        with pytest.raises(RefusedOperatorError, match="uninitialized memory where it draws nothing"):
+            allowed_ops.check_reads(efficient, reads)
+    allowed_ops.check_reads(torch.ops.aten._scaled_dot_product_flash_attention.default, [0, 4, 5])
+    with pytest.raises(RefusedOperatorError, match="its output 6 of"):
+        allowed_ops.check_reads(torch.ops.aten._scaled_dot_product_flash_attention.default, [6])
+    allowed_ops.check_reads(torch.ops.aten.relu.default, [None])  # (no such outputs)
+
+    def program(index: int) -> str:
+        attention = {"target": "aten::_scaled_dot_product_efficient_attention.default",
+                     "args": [{"ref": 0}, {"ref": 0}, {"ref": 0}, None, False, 0.0], "kwargs": {}}  # fmt: skip
+        read = {"target": "operator.getitem", "args": [{"ref": 1}, index], "kwargs": {}}
+        doc = {
+            "format": reference_program.FORMAT,
+            "inputs": 1,
+            "weights": [],
+            "outputs": [2],
+            "steps": [attention, read],
+        }
+        return json.dumps(doc)
+
+    reference_program.load_program(program(0))
+    with pytest.raises(RefusedOperatorError, match=r"step 0 reads its output 2 of"):
+        reference_program.load_program(program(2))
 
 
 def test_a_transformer_block_saves_loads_and_verifies(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from trt_inline import allowed_ops
 from trt_inline.errors import RefusedOperatorError
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
 from trt_inline.verify.compare import RUN_MODES, compare_output, modes_disagree, run_on
+from trt_inline.verify.program_checks import _index_read
 from trt_inline.verify.reference_io import encode_reference_io
 
 
@@ -188,6 +189,7 @@ def _every_call_allowed(device: str) -> None:
                     continue
                 try:
                     allowed_ops.check_call(node.target, node.args, node.kwargs)
+                    allowed_ops.check_reads(node.target, [_index_read(node, user) for user in node.users])
                 except Exception as exc:
                     refused.append(f"{name}: {exc}")
     assert refused == [], "\n".join(dict.fromkeys(refused))

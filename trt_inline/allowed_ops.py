@@ -54,6 +54,7 @@ from trt_inline.errors import RefusedOperatorError, printable
 __all__ = [
     "PRIVATE_ATEN",
     "PYTHON_FUNCTIONS",
+    "READABLE_OUTPUTS",
     "REFUSED_ATEN",
     "SCALAR_RESULTS",
     "UNINITIALIZED_ATEN",
@@ -62,6 +63,7 @@ __all__ = [
     "allowed_now",
     "allows",
     "allowing",
+    "check_reads",
     "check_target",
     "is_native_engine_op",
     "qualified_name",
@@ -182,6 +184,13 @@ SCALAR_RESULTS = frozenset(
 )  # fmt: skip
 _TENSOR_RESULTS = frozenset({"Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]"})
 _REFUSED_WORDS = ("sparse", "nested", "_unsafe")
+# Operators some of whose outputs are uninitialized memory where they draw nothing (the CUDA attention kernels'
+# random seeds and offsets, their unused slots): a call is allowed only where it reads nothing but these outputs.
+READABLE_OUTPUTS: dict[str, frozenset[int]] = {
+    "aten::_scaled_dot_product_efficient_attention": frozenset({0, 1}),  # output, log-sum-exp
+    "aten::_scaled_dot_product_flash_attention": frozenset({0, 1, 4, 5}),  # ... and the longest sequences
+    "aten::_scaled_dot_product_cudnn_attention": frozenset({0, 1, 4, 5}),
+}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _extra_allowed: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
@@ -297,6 +306,29 @@ def check_target(target: Any, call: Call | None = None) -> None:
     except TypeError:  # unhashable: not one of ours
         pass
     raise RefusedOperatorError(f"calls {qualified_name(target)}, which is not an allowed operator")
+
+
+def check_reads(target: Any, reads: Iterable[int | None]) -> None:
+    """Raise :class:`RefusedOperatorError` where a call of ``target`` has an output read that holds uninitialized
+    memory (:data:`READABLE_OUTPUTS`). ``reads``: the index each use of its result takes (None: the whole result).
+    """
+    if not isinstance(target, compat.OpOverload):
+        return
+    name = compat.op_schema_name(target) or ""
+    readable = READABLE_OUTPUTS.get(name)
+    if readable is None or _EVERY_OPERATOR in _extra_allowed.get() or name in _extra_allowed.get():
+        return
+    for index in reads:
+        if index not in readable:
+            what = "its whole result" if index is None else f"its output {index}"
+            message = (
+                f"reads {what} of {qualified_name(target)}, which is uninitialized memory where it draws nothing "
+                f"(only outputs {sorted(readable)} hold values; --allow-op {name} allows it for a trusted file)"
+            )
+            shown = _shown.get()
+            if shown is None:
+                raise RefusedOperatorError(message)
+            shown.append(message)
 
 
 def check_call(target: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:

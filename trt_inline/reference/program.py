@@ -21,7 +21,7 @@ import functools
 import json
 import operator
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,6 +384,7 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
         raise EngineFormatError(f"engine program is incomplete: {exc!r}") from exc
     if any(not 0 <= i < num_values for i in outputs):
         raise EngineFormatError("engine program returns a value it never computes")
+    _check_reads(steps, num_inputs + len(weights), outputs)
     if len(input_specs) != num_inputs:
         raise EngineFormatError("engine program describes a different number of inputs than it takes")
     if len(output_specs) != len(outputs):
@@ -391,6 +392,38 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
     return EngineProgram(
         num_inputs, input_specs, weights, tuple(steps), outputs, output_specs, input_symbols, scalar_exprs, input_terms
     )
+
+
+def _check_reads(steps: Sequence[_Step], first: int, outputs: Sequence[int]) -> None:
+    """Each step whose target has outputs that hold no values (:func:`allowed_ops.check_reads`) is read only at
+    the others: by ``getitem`` steps of a literal index. ``first``: the value index of step 0's result."""
+    reads: dict[int, list[int | None]] = {}
+    for step in steps:
+        if step.target is operator.getitem and len(step.args) == 2 and isinstance(step.args[0], _Ref):
+            if type(step.args[1]) is int and not step.kwargs:
+                reads.setdefault(step.args[0].index, []).append(step.args[1])
+                continue
+        for ref in _refs((step.args, step.kwargs)):
+            reads.setdefault(ref.index, []).append(None)
+    for index in outputs:
+        reads.setdefault(index, []).append(None)
+    for position, step in enumerate(steps):
+        try:
+            allowed_ops.check_reads(step.target, reads.get(first + position, []))
+        except RefusedOperatorError as exc:
+            raise RefusedOperatorError(f"step {position} {exc}") from None
+
+
+def _refs(value: Any) -> Iterator[_Ref]:
+    """Every value reference in a step's (nested) arguments."""
+    if isinstance(value, _Ref):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _refs(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _refs(item)
 
 
 def _decode_terms(raw: Any) -> tuple[tuple[str, int, int] | None, ...]:

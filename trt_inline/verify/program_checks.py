@@ -34,6 +34,7 @@ import dataclasses
 import enum
 import json
 import math
+import operator
 import re
 import types
 import typing
@@ -430,6 +431,14 @@ def _target_problem(target: str) -> str | None:
     return None
 
 
+def _index_read(node: torch.fx.Node, user: torch.fx.Node) -> int | None:
+    """The output index ``user`` takes of ``node``'s result (``getitem(node, i)``); None for any other use."""
+    is_getitem = user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2
+    if is_getitem and user.args[0] is node and type(user.args[1]) is int and not user.kwargs:
+        return int(user.args[1])
+    return None
+
+
 def check_runnable(module: torch.nn.Module, file: Path | str) -> None:
     """Every node of every graph in the module ``program.module()`` returned calls an allowed target.
 
@@ -456,6 +465,7 @@ def check_runnable(module: torch.nn.Module, file: Path | str) -> None:
                 continue
             try:
                 allowed_ops.check_call(node.target, node.args, node.kwargs)
+                allowed_ops.check_reads(node.target, [_index_read(node, user) for user in node.users])
                 if engines.is_engine_call(node):
                     engines.engine_signature(node)  # decodes a reference program: refuses its steps' targets
             except RefusedOperatorError as exc:
