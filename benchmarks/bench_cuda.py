@@ -45,8 +45,9 @@ started = time.perf_counter()
 program = torch.export.load(sys.argv[1])
 reference = load_exported_program(sys.argv[1]).reference   # the embedded inputs and outputs
 module = program.module()
+args = [a.to(reference.device) for a in reference.args]   # kept on the CPU in the file
 with torch.no_grad():
-    outputs = module(*reference.args)
+    outputs = module(*args)
 outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
 diff = max(float((a.double() - b.to(a.device).double()).abs().max()) for a, b in zip(outputs, reference.outputs))
 cuda = torch.cuda.is_initialized()

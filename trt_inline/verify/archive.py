@@ -214,7 +214,10 @@ def load(
         if manifest is not None and distributed.in_rank_set():
             distributed.rebind_groups(program.graph_module, manifest)
         if target is not None:
-            program = compat.move_program_to(program, target)
+            try:
+                program = compat.move_program_to(program, target)
+            except (AssertionError, RuntimeError) as exc:  # torch's words for a device this process cannot use
+                raise VerifyInputError(f"{contents.path}: device {device!r} is not available here ({exc})") from None
         return program
 
 
