@@ -64,6 +64,8 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     sandbox.enter = recorded("enter", sandbox.enter)
     work = Path(tempfile.mkdtemp(prefix="trt-inline-probe-"))
     (work / "tmp").mkdir()
+    os.environ.update(isolation._child_environment(work))  # as a child gets them: TMPDIR its own folder, ...
+    tempfile.tempdir = None
     request = {
         "job": ["trt_inline.verify.verifier", "inspect_job"],
         "arguments": {"path": file, "allow_pickle": False, "allow_native_code": allow_native_code, "allow_ops": []},

@@ -645,19 +645,27 @@ def aoti_compile_and_package(program: torch.export.ExportedProgram, package_path
     return str(torch._inductor.aoti_compile_and_package(program, package_path=package_path))
 
 
-def prepare_package_loading() -> None:
+def prepare_package_loading(cuda: bool) -> None:
     """Do now what loading an AOTInductor package does first: compare this machine's CPU ISA with the package's.
 
     torch finds the ISA by compiling probes with the C++ compiler (new processes);
     a sandboxed child does it before the sandbox closes, and the answer is cached
-    in the process. Nothing here is read from a file.
+    in the process. Nothing here is read from a file. ``cuda``: whether CUDA devices
+    are there, the answer ``torch.cuda.is_available()`` gets meanwhile: the probe
+    imports ``torch.utils.cpp_extension``, which asks it (for a warning), and asking
+    torch starts CUDA, which a process about to fork must not (seen on torch 2.14).
     """
     if getattr(torch._inductor, "aoti_load_package", None) is None:
         return
-    with contextlib.suppress(Exception):  # no compiler: torch's loader says so itself, later
-        from torch._inductor import cpu_vec_isa
+    asked = torch.cuda.is_available
+    torch.cuda.is_available = lambda: cuda  # type: ignore[assignment]
+    try:
+        with contextlib.suppress(Exception):  # no compiler: torch's loader says so itself, later
+            from torch._inductor import cpu_vec_isa
 
-        cpu_vec_isa.pick_vec_isa()
+            cpu_vec_isa.pick_vec_isa()
+    finally:
+        torch.cuda.is_available = asked  # type: ignore[method-assign]
 
 
 def aoti_loader_folders() -> tuple[str, ...]:

@@ -931,8 +931,11 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     applied = None
     # What loading a program imports, imported now: nothing is imported in the sandbox that could be before.
     compat.import_loaders()
+    # Whether CUDA may be used, asked without initialising it: torch refuses CUDA in a process forked after
+    # CUDA was initialised, and entering the sandbox forks (its PID namespace).
+    cuda = compat.cuda_built() and sandbox_walls.cuda_devices_visible()
     if request["arguments"].get("allow_native_code"):
-        compat.prepare_package_loading()
+        compat.prepare_package_loading(cuda)
     feed = request.get("read_ahead")
     if feed is not None:  # the parent reads this file ahead: the child says how far
         from trt_inline.verify import read_ahead
@@ -940,9 +943,6 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
             device, inode = (int(number) for number in feed["identity"])
             read_ahead.feed_parent(int(os.environ["TRT_INLINE_FEED_FD"]), (device, inode), int(feed["window"]))
-    # Whether CUDA may be used, asked without initialising it: torch refuses CUDA in a process forked after
-    # CUDA was initialised, and entering the sandbox forks (its PID namespace).
-    cuda = compat.cuda_built() and sandbox_walls.cuda_devices_visible()
     if request.get("sandbox", True):
         readable = tuple(request.get("files", ()))
         if request.get("imports"):
