@@ -218,7 +218,8 @@ def compare_output(
     index: int, actual: Any, expected: torch.Tensor, atol: float | None, rtol: float | None, stat: str = "elemwise"
 ) -> OutputComparison:
     """One output against its reference: max abs / rel diff, and whether it is within tolerance (``stat``:
-    :data:`ERROR_STATS`). Every comparison of values (outputs, engine boundaries, random runs, ``diff``) is this one.
+    :data:`ERROR_STATS`). Every comparison of values (outputs, engine boundaries, random runs, ``diff``, the
+    drill-down) is this one.
 
     Nothing is converted into a value that compares equal when the original does not (:func:`_widened`):
     floating values are compared in float64, into which every floating dtype widens exactly; complex values
@@ -235,8 +236,8 @@ def compare_output(
         return OutputComparison(index, shape, dtype, float("inf"), float("inf"), atol, rtol, False, problem)
 
     if isinstance(actual, (bool, int, float)):
-        # A scalar output, against its 0-d reference: only a scalar of the same kind, converted exactly
-        # (0.7 is no int64 0, 7 no True, 2049 no float16 2048).
+        # A scalar output, against its 0-d reference: only a scalar of the reference's kind (0.7 is no int64 0,
+        # 7 no True), compared with the reference widened, never rounded (2049.0 is no float16 2048).
         pair = _scalar_pair(actual, expected)
         if pair is None:
             return mismatch(
