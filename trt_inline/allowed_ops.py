@@ -316,19 +316,24 @@ def check_reads(target: Any, reads: Iterable[int | None]) -> None:
         return
     name = compat.op_schema_name(target) or ""
     readable = READABLE_OUTPUTS.get(name)
-    if readable is None or _EVERY_OPERATOR in _extra_allowed.get() or name in _extra_allowed.get():
+    if readable is None or allows(name):
         return
     for index in reads:
         if index not in readable:
             what = "its whole result" if index is None else f"its output {index}"
-            message = (
+            _refuse(
                 f"reads {what} of {qualified_name(target)}, which is uninitialized memory where it draws nothing "
                 f"(only outputs {sorted(readable)} hold values; --allow-op {name} allows it for a trusted file)"
             )
-            shown = _shown.get()
-            if shown is None:
-                raise RefusedOperatorError(message)
-            shown.append(message)
+
+
+def _refuse(message: str, *, shown_only: bool = True) -> None:
+    """Raise :class:`RefusedOperatorError` with ``message``; within :func:`showing_refusals` (where
+    ``shown_only``) add it to the block's list instead."""
+    shown = _shown.get()
+    if shown is None or not shown_only:
+        raise RefusedOperatorError(message)
+    shown.append(message)
 
 
 def check_call(target: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> None:
@@ -352,12 +357,10 @@ def _check_op(op: compat.OpOverload, call: Call | None = None) -> None:
         return
     reason = _aten_refusal(op, name, call)
     if reason:
-        message = f"calls {full}, {reason} (--allow-op {name} allows it for a trusted file)"
-        shown = _shown.get()
-        if shown is not None and reason not in (_NOT_ATEN, _READS_FILES):
-            shown.append(message)
-            return
-        raise RefusedOperatorError(message)
+        _refuse(
+            f"calls {full}, {reason} (--allow-op {name} allows it for a trusted file)",
+            shown_only=reason not in (_NOT_ATEN, _READS_FILES),
+        )
 
 
 def _native_refusal(full: str) -> str:

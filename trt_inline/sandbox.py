@@ -38,7 +38,8 @@ devices, the kernel module and the machine's memory, and writing the files of
 this process's own threads (the driver names its threads through
 ``/proc/self/task/<tid>/comm`` and fails with error 304 where it cannot); and
 there is no PID namespace, whose thread ids would not match the system's
-``/proc``. seccomp is the same. SECURITY.md lists each grant and why it opens no
+``/proc``; seccomp refuses acting on other processes by pid (their limits, priorities, scheduling) here
+as everywhere. SECURITY.md lists each grant and why it opens no
 way out. Nothing may start CUDA before :func:`enter`: entering forks, and torch
 refuses CUDA in a process forked after it started (:func:`cuda_devices_visible`
 asks without starting it).

@@ -329,16 +329,16 @@ def _widened(actual: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor
         # The same bits, or both NaN: -0.0 is not 0.0 (1 / x tells them apart).
         same = _same_bits(actual, expected) | (a.isnan() & e.isnan())
         return a, e, same
-    width = expected.element_size()
-    bits = _SIGNED_OF_WIDTH[width]
-    same = actual.contiguous().view(bits) == expected.contiguous().view(bits)
+    same = _same_bits(actual, expected)
     if expected.dtype == torch.uint64:  # past int64: its values, as float64, only size the difference
-        return (
-            actual.view(torch.int64).double() + (actual.view(torch.int64) < 0) * 2.0**64,
-            (expected.view(torch.int64).double() + (expected.view(torch.int64) < 0) * 2.0**64),
-            same,
-        )
+        return _uint64_sized(actual), _uint64_sized(expected), same
     return actual.to(torch.int64), expected.to(torch.int64), same
+
+
+def _uint64_sized(value: torch.Tensor) -> torch.Tensor:
+    """uint64 values as float64 (read through int64 bits: torch has few uint64 kernels), to size a difference."""
+    signed = value.view(torch.int64)
+    return signed.double() + (signed < 0) * 2.0**64
 
 
 def _same_scalar(value: Any, again: Any) -> bool:
