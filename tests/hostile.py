@@ -558,7 +558,7 @@ CASES: tuple[Case, ...] = (
         "crashes",
         _sparse_crash,
         "died on SIGSEGV",
-        ("--allow-op", "aten::_sparse_coo_tensor_unsafe"),
+        ("--allow-op", "aten::_sparse_coo_tensor_unsafe", "--allow-op", "aten::to_dense"),
     ),
     Case("4 GiB allocation", "exhaustion", _huge_allocation, "memory limit", ("--memory-limit", "1GiB")),
     Case("endless matrix products", "exhaustion", _endless_compute, "time limit", ("--timeout", "4")),

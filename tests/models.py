@@ -375,3 +375,114 @@ class TransformerBlock(nn.Module):
         attended = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         x = x + self.drop(self.project(attended.transpose(1, 2).reshape(batch, tokens, width)))
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class Calls(nn.Module):
+    """A model whose forward is ``fn`` (a lambda over its inputs): one layer or one group of functions."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.fn(*inputs)
+
+
+def operator_survey() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...]]]:
+    """Layers and functions eval-mode models are built from, with their inputs: what the allow-list walk exports.
+
+    Every common layer of ``torch.nn`` (convolutions, normalizations, pooling, resampling, recurrent, attention,
+    embeddings) and the tensor functions models call (activations, reductions, shapes, indexing, creation,
+    matrix products, losses). Not circular padding: it lowers to ``empty`` filled region by region, which verify
+    refuses (uninitialized memory; SECURITY.md).
+    """
+    import torch.nn.functional as F
+    from releases import minor
+
+    x4, x3, x2 = torch.randn(2, 3, 16, 16), torch.randn(2, 5, 32), torch.randn(4, 32)
+    ids = torch.tensor([[1, 2], [3, 4]])
+    zeros = torch.zeros(2, 5, 1, dtype=torch.long)
+    return [
+        ("linear", nn.Linear(32, 8), (x2,)),
+        ("conv1d", nn.Conv1d(5, 4, 3), (torch.randn(2, 5, 9),)),
+        ("conv3d", nn.Conv3d(3, 4, 3), (torch.randn(1, 3, 6, 6, 6),)),
+        ("conv_transpose", nn.ConvTranspose2d(3, 4, 3, stride=2), (x4,)),
+        ("group_norm", nn.GroupNorm(1, 3), (x4,)),
+        ("instance_norm", nn.InstanceNorm2d(3, affine=True), (x4,)),
+        ("layer_norm", nn.LayerNorm(32), (x3,)),
+        ("batch_norm_1d", nn.BatchNorm1d(5), (x3,)),
+        ("batch_norm_3d", nn.BatchNorm3d(3), (torch.randn(1, 3, 4, 4, 4),)),
+        ("embedding", nn.Embedding(10, 4), (ids,)),
+        ("embedding_bag", nn.EmbeddingBag(10, 4), (ids,)),
+        ("prelu", nn.PReLU(), (x3,)),
+        ("glu", nn.GLU(), (x3,)),
+        ("gru", nn.GRU(32, 8, batch_first=True), (x3,)),
+        ("rnn", nn.RNN(32, 8, batch_first=True), (x3,)),
+        ("lstm", nn.LSTM(32, 8, num_layers=2, batch_first=True, bidirectional=True), (x3,)),
+        ("dropouts", nn.Sequential(nn.Dropout(0.1), nn.Dropout2d(0.1), nn.AlphaDropout(0.1)), (x4,)),
+        ("activations", Calls(lambda x: (
+            F.gelu(x) + F.silu(x) + F.hardswish(x) + F.hardsigmoid(x) + F.mish(x) + F.relu6(x) + F.softplus(x)
+            + F.elu(x) + F.selu(x) + F.celu(x) + F.leaky_relu(x) + F.logsigmoid(x) + torch.tanh(x) + torch.sigmoid(x)
+            + F.gelu(x, approximate="tanh") + F.hardtanh(x) + F.softsign(x) + F.tanhshrink(x) + F.hardshrink(x)
+            + F.softshrink(x) + F.softmax(x, -1) + F.log_softmax(x, -1) + torch.logsumexp(x, -1, keepdim=True)
+        )), (x3,)),
+        ("pooling", Calls(lambda x: (
+            F.max_pool2d(x, 2), F.avg_pool2d(x, 2), F.adaptive_avg_pool2d(x, 3), F.adaptive_max_pool2d(x, 3),
+            F.lp_pool2d(x, 2, 2), F.max_pool1d(x[:, 0], 2), F.avg_pool1d(x[:, 0], 2), F.adaptive_avg_pool1d(x[:, 0], 3)
+        )), (x4,)),
+        ("resampling", Calls(lambda x: (
+            F.interpolate(x, scale_factor=2, mode="nearest"), F.interpolate(x, scale_factor=2, mode="bilinear"),
+            F.interpolate(x, size=(5, 7), mode="bicubic"), F.pixel_shuffle(x.repeat(1, 4, 1, 1), 2),
+            F.pixel_unshuffle(x, 2), F.pad(x, (1, 1, 1, 1)), F.pad(x, (1, 1, 1, 1), mode="reflect"),
+            F.pad(x, (1, 1, 1, 1), mode="replicate"),
+            F.grid_sample(x, torch.zeros(2, 4, 4, 2), align_corners=False)
+        )), (x4,)),
+        ("shapes", Calls(lambda x: torch.cat([
+            x.flatten(1), x.reshape(2, -1), x.view(2, -1).contiguous(), x.transpose(1, 2).reshape(2, -1),
+            x.permute(0, 2, 1).reshape(2, -1), torch.stack(x.chunk(2, -1), 0).reshape(2, -1),
+            x.split(16, -1)[0].repeat(1, 1, 2).reshape(2, -1), x.roll(1, 1).reshape(2, -1), x.flip(1).reshape(2, -1),
+            x.unbind(1)[0].repeat(1, 5), x.narrow(2, 0, 32).reshape(2, -1), x.expand(2, 5, 32).reshape(2, -1),
+            torch.tile(x, (1, 1, 1)).reshape(2, -1), x.repeat_interleave(1, 0).reshape(2, -1),
+            x.unflatten(2, (4, 8)).reshape(2, -1), x.mT.reshape(2, -1), x.movedim(1, 2).reshape(2, -1),
+        ], 1)), (x3,)),
+        ("pointwise", Calls(lambda x: (
+            x.abs() + x.exp() + x.clamp(-1, 1) + x.clamp_min(0) + x.clamp_max(1) + torch.where(x > 0, x, 0.0)
+            + x.masked_fill(x > 1, 0.0) + x.sqrt().nan_to_num() + x.pow(2) + x.square() + (1 - x) + x // 2 + x % 3
+            + x.sign() + x.round() + x.floor() + x.ceil() + x.trunc() + x.frac() + torch.erf(x) + torch.lerp(x, x, 0.5)
+            + torch.addcmul(x, x, x) + torch.addcdiv(x, x, x.abs() + 1) + torch.atan2(x, x) + torch.hypot(x, x)
+            + torch.logaddexp(x, x) + x.log1p().nan_to_num() + x.type_as(x) + x.to(torch.float64).float() + x.sin()
+        )), (x3,)),
+        ("reductions", Calls(lambda x: (
+            x.sum(), x.mean(-1), x.std(-1), x.var(-1), torch.var_mean(x, -1)[0], x.amax(-1), x.amin(-1),
+            x.max(-1).values, x.min(-1)[1], x.argmax(-1), x.argmin(-1), x.norm(dim=-1), x.prod(-1), x.any(-1),
+            x.topk(3).values, x.sort(-1).values, x.argsort(-1), x.median(-1).values, x.count_nonzero(-1),
+            x.cumsum(-1), x.cumprod(-1), F.normalize(x, dim=-1), F.cosine_similarity(x, x, dim=-1), torch.cdist(x, x)
+        )), (x3,)),
+        ("products", Calls(lambda x: (
+            x @ x.mT, torch.bmm(x, x.mT), torch.baddbmm(x @ x.mT, x, x.mT), torch.einsum("bij,bkj->bik", x, x),
+            torch.outer(x[0, 0], x[0, 0]), torch.addmm(x[0, 0:1, 0:5], x[0], x[0].T)
+        )), (x3,)),
+        ("indexing", Calls(lambda x: (
+            x[:, [0, 2]], x[:, 1:3, ::2], x.gather(-1, zeros), x.index_select(1, torch.tensor([0, 1])),
+            torch.zeros_like(x).scatter(-1, zeros, 1.0), torch.zeros_like(x).scatter_add(-1, zeros, x[..., :1]),
+            x.index_put((torch.tensor([0]),), torch.tensor(1.0)), x.masked_select(x > 0).sum(),
+            torch.bucketize(x, torch.tensor([0.0, 1.0])), torch.tril(x), torch.triu(x), x.unfold(2, 4, 4),
+            F.one_hot(torch.tensor([1, 2]), 4), x.int() & 3, x.int() | 1, ~(x > 0), torch.logical_and(x > 0, x < 1)
+        )), (x3,)),
+        ("creation", Calls(lambda x: (
+            torch.ones(3), torch.zeros(2, 3), torch.full((2,), 3.0), torch.arange(5), torch.ones_like(x),
+            x.new_zeros(3), x.new_ones(3), x.new_full((3,), 2.0), torch.eye(3), torch.linspace(0, 1, 5)
+        )), (x3,)),
+        ("losses", Calls(lambda x: (
+            F.cross_entropy(x[:, 0], torch.tensor([1, 2])), F.mse_loss(x, x), F.l1_loss(x, x),
+            F.smooth_l1_loss(x, x), F.binary_cross_entropy_with_logits(x, x.sigmoid()),
+            F.kl_div(x.log_softmax(-1), x.softmax(-1), reduction="batchmean")
+        )), (x3,)),
+        ("complex_and_fft", Calls(lambda x: (
+            torch.view_as_real(torch.view_as_complex(x.reshape(2, 5, 16, 2)) * 2), torch.fft.rfft(x).abs()
+        )), (x3,)),
+        # torch 2.5's export cannot decompose nn.MultiheadAttention's batch-first path (TransformerBlock calls
+        # scaled_dot_product_attention itself, and is exported on every torch).
+        *([("encoder_layer", nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), (x3,))]
+          if minor(torch.__version__) >= (2, 6) else []),
+    ]  # fmt: skip

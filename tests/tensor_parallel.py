@@ -4,7 +4,8 @@
 
 * ``save``: every model of the rank set saved as ``FOLDER/<model>_rank{rank}_of_{world_size}.pt2``, with
   each rank's compiled outputs in ``FOLDER/<model>_expected_rank{rank}.pt``; a rank set whose rank 1
-  file has one weight moved (``perturbed``); a save called on rank 0 only (its error and seconds in
+  file has one weight moved (``perturbed``); rank sets whose rank 1 file sends a larger tensor
+  (``oversized``, ``declared``, ``symbolic``); a save called on rank 0 only (its error and seconds in
   ``FOLDER/lonely_rank0.json``).
 * ``load``: each rank loads its files in this fresh job (with other process groups made first, so that group
   names differ from the saving job's) and writes the max abs difference to the expected outputs, and what
@@ -99,10 +100,35 @@ def _save_perturbed(folder: Path, x: torch.Tensor) -> None:
         extra = reference_extra_files(compiled, [x], None, target, 1 << 30, boundaries=True)
         if rank == 1:
             good.up.add_(0.05)
-            compiled = reference.compile(good, (x,))
+        moved = reference.compile(good, (x,))  # on every rank: its sample run's collectives pair up
+        compiled = moved if rank == 1 else compiled
         program = to_exported_program(compiled, arg_inputs=(x,))
         extra[MANIFEST_FILE] = manifest_for(program.graph_module, save_id).encode()
         write_program(program, target, extra)
+
+
+def _save_oversized(folder: Path, x: torch.Tensor) -> None:
+    """Rank sets whose rank 1 program all_reduces twice the rows of rank 0's, as a hostile rank file would:
+    ``oversized`` keeps the manifest of the honest program (the same collectives, of rank 0's size), ``declared``
+    declares its own size, ``symbolic`` declares the rows of every rank's all_reduce as a symbol."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = RowColumnMLP(rank, world).eval()
+    with torch.no_grad():
+        save_id = arrive("oversized")
+        built = {}
+        # Every rank compiles and runs both programs (their collectives pair up); rank 1 keeps the larger.
+        for rows in (x, torch.cat([x, x])):
+            compiled = reference.compile(model, (rows,))
+            program = to_exported_program(compiled, arg_inputs=(rows,))
+            extra = reference_extra_files(compiled, [rows], None, folder / "oversized.pt2", 1 << 30)
+            built[len(rows)] = (program, extra, manifest_for(program.graph_module, save_id).encode())
+    honest = built[len(x)][2]
+    program, extra, own = built[2 * len(x)] if rank == 1 else built[len(x)]
+    document = json.loads(own)
+    for collective in document["collectives"]:
+        collective["shape"] = ["rows", *collective["shape"][1:]]
+    for variant, manifest in (("oversized", honest), ("declared", own), ("symbolic", json.dumps(document))):
+        write_program(program, folder / f"{variant}_rank{rank}_of_{world}.pt2", {**extra, MANIFEST_FILE: manifest})
 
 
 def _stand_in_save(
@@ -145,11 +171,15 @@ def save_step(folder: Path) -> None:
         _save(folder, "subgroup", RowColumnMLP(rank, world, _subgroup()).eval(), x, embed_reference="boundaries")
     if world == 2:
         _save_perturbed(folder, x)
+        _save_oversized(folder, x)
         os.environ["TRT_INLINE_ARRIVAL_TIMEOUT"] = "3"
+        with torch.no_grad():  # compiled on every rank (its sample run's collectives pair up), saved on rank 0
+            lonely = reference.compile(RowColumnMLP(rank, world).eval(), (x,))
         if rank == 0:
             start = time.monotonic()
             try:
-                _save(folder, "lonely", RowColumnMLP(rank, world).eval(), x)
+                with torch.no_grad():
+                    trt_inline.save(lonely, folder / "lonely_rank{rank}_of_{world_size}.pt2", arg_inputs=(x,))
                 message = "saved"
             except trt_inline.TrtInlineError as exc:
                 message = f"{type(exc).__name__}: {exc}"

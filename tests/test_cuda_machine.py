@@ -152,7 +152,7 @@ def test_payload_copies_on_another_device_are_kept_by_identity() -> None:
 
 def _gated(name: str) -> tuple[Any, str, object]:
     """The OpOverload ``name`` names, and the argument (with its quiet value) that says whether a call draws."""
-    argument, quiet = allowed_ops.DRAWS_ONLY_WHEN[name]
+    ((argument, quiet),) = allowed_ops.DRAWS_ONLY_WHEN[name]
     namespace, _, rest = name.partition("::")
     if not hasattr(getattr(torch.ops, namespace), rest):
         pytest.skip(f"torch {torch.__version__} has no {name}")
@@ -180,7 +180,7 @@ def test_random_operators_pass_only_when_the_call_cannot_draw(name: str) -> None
 def test_attention_lowerings_in_engine_programs() -> None:
     """Each attention kernel scaled_dot_product_attention lowers to (CPU, CUDA efficient/flash/cuDNN) in a
     reference program: allowed with dropout_p 0.0, refused with 0.1, naming the step and the argument."""
-    lowerings = [name for name, gate in allowed_ops.DRAWS_ONLY_WHEN.items() if gate[0] == "dropout_p"]
+    lowerings = [name for name, gate in allowed_ops.DRAWS_ONLY_WHEN.items() if gate[0][0] == "dropout_p"]
     assert "aten::_scaled_dot_product_efficient_attention" in lowerings
     for name in lowerings:
         op = getattr(torch.ops.aten, name.partition("::")[2]).default

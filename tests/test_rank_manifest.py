@@ -34,7 +34,7 @@ def test_a_manifest_is_read_field_by_field() -> None:
     manifest = decode_manifest(_manifest(), "m.pt2")
     assert (manifest.rank, manifest.world_size, manifest.group_ranks()) == (1, 2, {"0": (0, 1)})
     assert manifest.collectives[0].shape == ("s0", 8) and manifest.collectives[0].signature() == (
-        "_c10d_functional::all_reduce.default", "0", "sum", "float32"
+        "_c10d_functional::all_reduce.default", "0", "sum", "float32", ["s0", 8]
     )  # fmt: skip
 
 
@@ -195,3 +195,66 @@ def test_collectives_are_refused_in_a_verification_unless_it_is_a_rank_sets() ->
         allowed_ops.check_target(op)  # an inner block keeps what the rank set's block allowed
     with allowed_ops.allowing(()), pytest.raises(RefusedOperatorError, match="fused NCCL"):
         allowed_ops.resolve("tensorrt::fused_nccl_all_reduce.default")
+
+
+# ---------------------------------------------------------------------------
+# What the parents of a group compare before each relayed collective
+# ---------------------------------------------------------------------------
+
+
+def _asked(call: str, shape: list[int], **fields: Any) -> Any:
+    from trt_inline.distributed import relay
+
+    header = {"call": call, "dtype": fields.pop("dtype", "float32"), "shape": shape, **fields}
+    size = fields.pop("size", 2)
+    return relay._decoded(relay._descriptor(header, size).tolist(), size)
+
+
+def test_the_descriptor_round_trips() -> None:
+    asked = _asked("all_to_all", [5, 3], in_splits=[2, 3], out_splits=[4, 1])
+    assert (asked.call, asked.dtype, asked.shape, asked.in_splits, asked.out_splits) == (
+        "all_to_all", "float32", (5, 3), (2, 3), (4, 1)
+    )  # fmt: skip
+    assert _asked("broadcast", [2], root=1).root == 1 and _asked("all_reduce", [2], reduce="max").reduce == "max"
+
+
+@pytest.mark.parametrize(
+    ("rows", "fragment"),
+    [
+        ([("all_reduce", [4, 8], {}), ("all_reduce", [8, 8], {})], "rank 1 sends all_reduce (sum) of float32[8, 8]"),
+        ([("all_reduce", [4], {}), ("all_reduce", [4], {"dtype": "float64"})], "of float64[4] where"),
+        ([("all_reduce", [4], {}), ("all_reduce", [4], {"reduce": "max"})], "all_reduce (max)"),
+        ([("all_reduce", [4], {}), ("broadcast", [4], {"root": 0})], "sends broadcast from group rank 0"),
+        ([("broadcast", [4], {"root": 0}), ("broadcast", [4], {"root": 1})], "broadcast from group rank 1"),
+        ([("all_gather", [2, 3], {}), ("all_gather", [2, 4], {})], "all_gather of float32[2, 4]"),
+        ([("reduce_scatter", [4], {}), ("reduce_scatter", [6], {})], "reduce_scatter (sum) of float32[6]"),
+        ([("all_to_all", [4, 3], {}), ("all_to_all", [4, 2], {})], "all_to_all of float32[4, 2]"),
+        ([("all_to_all", [3, 2], {}), ("all_to_all", [4, 2], {})], "sends 3 rows to all_to_all without splits"),
+        (
+            [
+                ("all_to_all", [3, 2], {"in_splits": [1, 2], "out_splits": [1, 1]}),
+                ("all_to_all", [2, 2], {"in_splits": [1, 1], "out_splits": [1, 1]}),
+            ],
+            "rank 1 expects 1 rows from rank 0 in all_to_all, which sends it 2",
+        ),
+    ],
+)
+def test_calls_that_would_not_pair_up_are_named(rows: list[Any], fragment: str) -> None:
+    from trt_inline.distributed import relay
+
+    asked = [_asked(call, shape, **fields) for call, shape, fields in rows]
+    problem = relay._disagreement(asked, [0, 1])
+    assert problem is not None and fragment in problem, problem
+
+
+def test_calls_that_pair_up_pass() -> None:
+    from trt_inline.distributed import relay
+
+    same = [_asked("all_reduce", [4, 8]), _asked("all_reduce", [4, 8])]
+    assert relay._disagreement(same, [0, 1]) is None
+    uneven = [_asked("all_to_all", [3, 2], in_splits=[1, 2], out_splits=[1, 1]),
+              _asked("all_to_all", [2, 2], in_splits=[1, 1], out_splits=[2, 1])]  # fmt: skip
+    assert relay._disagreement(uneven, [0, 1]) is None
+    even = [_asked("all_to_all", [4, 2]), _asked("all_to_all", [6, 2])]  # equal splits: 2 and 3 rows each way
+    assert relay._disagreement(even, [0, 1]) is not None
+    assert relay._disagreement([_asked("all_to_all", [4, 2]), _asked("all_to_all", [4, 2])], [0, 1]) is None

@@ -10,13 +10,15 @@ included. So a file from a stranger may call only what this module allows:
 ==============================  ==========================================================
 kind                            allowed
 ==============================  ==========================================================
-ATen operators                  ``aten::*`` with a functional schema (no ``Tensor(a!)``,
-                                no ``out=``), public, or private and tagged ``core``, or
-                                one of :data:`PRIVATE_ATEN`; never :data:`REFUSED_ATEN`
-                                nor a name containing ``sparse``, ``nested`` or ``_unsafe``
-                                (but ``_unsafe_view``); its results tensors, or it is one
-                                of :data:`SCALAR_RESULTS`; tagged random only in a call
-                                :data:`DRAWS_ONLY_WHEN` says cannot draw
+ATen operators                  a name of :data:`ALLOWED_ATEN` (``allowed_aten.txt``: each
+                                reviewed as computing on values only), in an overload with
+                                a functional schema (no ``Tensor(a!)``, no ``out=``) whose
+                                results are tensors, or one of :data:`SCALAR_RESULTS`; never
+                                :data:`REFUSED_ATEN`, :data:`UNINITIALIZED_ATEN`, nor a name
+                                containing ``sparse``, ``nested`` or ``_unsafe`` (but
+                                ``_unsafe_view``); tagged random only in a call
+                                :data:`DRAWS_ONLY_WHEN` says cannot draw; the operators of
+                                :data:`CHECKED_ONLY_WHEN` only with the literal it names
 collectives                     :data:`~trt_inline.distributed.manifest.COLLECTIVE_OPS`
                                 outside :func:`allowing` blocks (a process running what
                                 it compiled), inside one only with ``collectives=True``
@@ -39,10 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib.resources
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -52,10 +55,11 @@ from trt_inline.distributed.manifest import COLLECTIVE_OPS
 from trt_inline.errors import RefusedOperatorError, printable
 
 __all__ = [
-    "PRIVATE_ATEN",
+    "ALLOWED_ATEN",
     "PYTHON_FUNCTIONS",
     "READABLE_OUTPUTS",
     "REFUSED_ATEN",
+    "RESTRIDE_ONLY",
     "SCALAR_RESULTS",
     "UNINITIALIZED_ATEN",
     "CHECKED_ONLY_WHEN",
@@ -64,6 +68,7 @@ __all__ = [
     "allows",
     "allowing",
     "check_reads",
+    "check_restride_run",
     "check_target",
     "is_native_engine_op",
     "qualified_name",
@@ -108,25 +113,6 @@ PYTHON_FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 _FUNCTION_NAMES = {fn: name for name, fn in PYTHON_FUNCTIONS.items()}
 
-# Private ATen operators exported graphs need that are not tagged core (each checks its inputs).
-PRIVATE_ATEN = frozenset(
-    {
-        "aten::_assert_scalar",
-        "aten::_assert_tensor_metadata",
-        "aten::_unsafe_view",
-        "aten::_local_scalar_dense",
-        "aten::_to_copy",
-        "aten::_softmax",
-        "aten::_log_softmax",
-        "aten::_native_batch_norm_legit_no_training",
-        "aten::_native_batch_norm_legit_functional",
-        # The attention kernels scaled_dot_product_attention lowers to on the CPU and on CUDA.
-        "aten::_scaled_dot_product_flash_attention_for_cpu",
-        "aten::_scaled_dot_product_efficient_attention",
-        "aten::_scaled_dot_product_flash_attention",
-        "aten::_scaled_dot_product_cudnn_attention",
-    }
-)
 # Functional ATen operators refused all the same: they touch files or build tensors unchecked.
 REFUSED_ATEN = frozenset({"aten::from_file", "aten::_unsafe_index", "aten::_unsafe_masked_index"})
 # Operators whose result is whatever memory held before: a program could read back how the process
@@ -136,19 +122,34 @@ UNINITIALIZED_ATEN = frozenset(
     {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
      "aten::empty_permuted", "aten::resize", "aten::resize_as"}
 )  # fmt: skip
-# Operators with an argument that turns off the checks of their inputs (and lets them read past them): allowed
-# only in a call that passes the literal keeping the checks.
-CHECKED_ONLY_WHEN: dict[str, tuple[str, object]] = {
-    "aten::segment_reduce": ("unsafe", False),
-    "aten::isin": ("assume_unique", False),
+# A gate: the literal (argument, value) pairs a call must pass, any one of them enough.
+Gate = tuple[tuple[str, object], ...]
+# Operators allowed only in a call that passes a literal keeping them to their values: with another they skip the
+# checks of their inputs (and read past them), or update statistics they are given in place although their schema
+# says they write nothing (a program could count its calls, and compute otherwise on the thousandth).
+CHECKED_ONLY_WHEN: dict[str, Gate] = {
+    "aten::segment_reduce": (("unsafe", False),),
+    "aten::isin": (("assume_unique", False),),
+    "aten::batch_norm": (("training", False),),
+    "aten::native_batch_norm": (("training", False),),
+    "aten::instance_norm": (("use_input_stats", False), ("running_mean", None)),
 }
+_CHECK_SKIPPED = {"aten::segment_reduce", "aten::isin"}
+# as_strided reads its source's storage, not its values: where the storage holds more than the source (an input
+# that is a view of the caller's larger buffer) or holds it in another order (an input laid out channels-last), it
+# reads whatever the process holds there. Lowering to core ATen calls it to restride the size-1 dimensions of a
+# fresh result (``mean(keepdim=True)`` then a flatten): the same shape, one dimension longer than 1 read with
+# stride 1, the source's own offset, which reads the source's elements in order. Only such a call is allowed: in a
+# graph, of a fresh result (no view, no input) whose recorded shape is that shape; in a reference engine's program,
+# checked again on the tensor itself each time it runs (check_restride_run).
+RESTRIDE_ONLY = "aten::as_strided"
 # Operators tagged random that draw only when an argument says so: an exported model in eval mode passes
 # ``dropout_p=0.0`` to attention and ``train=False`` to dropout, and the call draws nothing. A call is
 # allowed when each argument named here holds the literal value given (a value the graph computes never
 # counts: it could be anything at run time) and it passes no generator.
-_ATTENTION = ("dropout_p", 0.0)
-_NOT_TRAINING = ("train", False)
-DRAWS_ONLY_WHEN: dict[str, tuple[str, object]] = {
+_ATTENTION: Gate = (("dropout_p", 0.0),)
+_NOT_TRAINING: Gate = (("train", False),)
+DRAWS_ONLY_WHEN: dict[str, Gate] = {
     "aten::scaled_dot_product_attention": _ATTENTION,
     "aten::_scaled_dot_product_flash_attention_for_cpu": _ATTENTION,
     "aten::_scaled_dot_product_efficient_attention": _ATTENTION,
@@ -165,8 +166,8 @@ DRAWS_ONLY_WHEN: dict[str, tuple[str, object]] = {
     "aten::rnn_relu": _NOT_TRAINING,
     "aten::quantized_lstm": _NOT_TRAINING,  # (not tagged random, but draws the same way)
     "aten::quantized_gru": _NOT_TRAINING,
-    "aten::rrelu": ("training", False),
-    "aten::rrelu_with_noise_functional": ("training", False),
+    "aten::rrelu": (("training", False),),
+    "aten::rrelu_with_noise_functional": (("training", False),),
 }
 # Operators whose result is not a tensor (a bool, an int, a number...) may report how the program runs rather
 # than compute on values: whether a value is a leaf of an autograd graph or an inference tensor, its output
@@ -190,8 +191,39 @@ READABLE_OUTPUTS: dict[str, frozenset[int]] = {
     "aten::_scaled_dot_product_efficient_attention": frozenset({0, 1}),  # output, log-sum-exp
     "aten::_scaled_dot_product_flash_attention": frozenset({0, 1, 4, 5}),  # ... and the longest sequences
     "aten::_scaled_dot_product_cudnn_attention": frozenset({0, 1, 4, 5}),
+    # Its offsets and bag sizes are scratch where the mode does not need them.
+    "aten::_embedding_bag": frozenset({0}),
+    "aten::embedding_bag": frozenset({0}),
 }
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LIST_LINE = re.compile(r"^aten::[A-Za-z_][A-Za-z0-9_]*$")
+_SECTION = re.compile(r"^\[[a-z ,()]+\]$")
+
+
+def read_allow_list(text: str, source: str = "allowed_aten.txt") -> frozenset[str]:
+    """The operator names of an allow-list file: ``[section]`` lines, one ``aten::name`` a line, ``#`` notes.
+
+    Strict: a line of another form, a name before any section or a name listed twice raises ``ValueError``
+    naming the line, so that a typo cannot leave an operator silently off (or on) the list.
+    """
+    names: set[str] = set()
+    section = None
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.partition("#")[0].strip()
+        if not line:
+            continue
+        if _SECTION.match(line):
+            section = line
+        elif not _LIST_LINE.match(line) or section is None or line in names:
+            what = "listed twice" if line in names else "before any [section]" if section is None else "not aten::name"
+            raise ValueError(f"{source} line {number}: {raw.strip()!r} is {what}")
+        else:
+            names.add(line)
+    return frozenset(names)
+
+
+# The reviewed list, read once at import (before any sandbox, which need not grant the package folder).
+ALLOWED_ATEN = read_allow_list(importlib.resources.files("trt_inline").joinpath("allowed_aten.txt").read_text())
 
 _extra_allowed: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "trt_inline_allowed_ops", default=frozenset()
@@ -378,24 +410,74 @@ def _collective_refusal(full: str) -> str:
     )
 
 
-def _gate(op: compat.OpOverload, call: Call | None, gate: tuple[str, object]) -> str | None:
-    """Why a call of ``op`` does not pass the literal ``gate`` (argument, value) asks for; None where it does.
+def _gate(op: compat.OpOverload, call: Call | None, gate: Gate) -> str | None:
+    """Why a call of ``op`` passes none of the literals ``gate`` (argument, value) asks for; None where it does.
 
-    Only a literal of that value counts: ``0.0`` for a rate, ``False`` for a flag (never a bool for a rate, NaN,
-    or a value the graph computes). Without a call there is nothing to look at; ``PER_CALL``: checked later.
+    Only a literal of that value counts: ``0.0`` for a rate, ``False`` for a flag, ``None`` for an absent tensor
+    (never a bool for a rate, NaN, or a value the graph computes). Without a call there is nothing to look at;
+    ``PER_CALL``: checked later.
     """
     if call is None:
         return "whatever it is given"
     if call is PER_CALL:
         return None
     args, kwargs = call
-    argument, value = gate
+    whys = []
+    for argument, value in gate:
+        try:
+            given = compat.op_argument_value(op, args, kwargs, argument)
+        except KeyError:
+            whys.append(f"its {argument} not given")
+            continue
+        if value is None or isinstance(value, bool):
+            literal = given is value
+        else:
+            literal = type(given) in (int, float) and given == value
+        if literal:
+            return None
+        whys.append(f"{argument}={printable(repr(given))[:60]}")
+    return ", ".join(whys)
+
+
+def _restride_refusal(op: compat.OpOverload, call: Call | None) -> str | None:
+    """Why a call of ``as_strided`` may read other than its source's own elements in order (RESTRIDE_ONLY); None
+    where it cannot. A source that is a graph node must be a fresh result of the shape asked for; any other source
+    (a reference program's value) is checked when the call runs (:func:`check_restride_run`)."""
+    if call is None:
+        return "whatever it is given"
+    if call is PER_CALL:
+        return None
+    args, kwargs = call
     try:
-        given = compat.op_argument_value(op, args, kwargs, argument)
-    except KeyError:
-        return f"its {argument} not given"
-    literal = given is value if isinstance(value, bool) else type(given) in (int, float) and given == value
-    return None if literal else f"{argument}={printable(repr(given))[:60]}"
+        source, size, stride = (compat.op_argument_value(op, args, kwargs, name) for name in ("self", "size", "stride"))
+        offset = compat.op_argument_value(op, args, kwargs, "storage_offset")
+    except KeyError as exc:
+        return f"its {exc.args[0]} not given"
+    literal = all(type(v) is int for v in (*size, *stride)) if isinstance(size, list | tuple) else False
+    if not literal or not isinstance(stride, list | tuple) or len(size) != len(stride) or offset is not None:
+        return f"size={printable(repr(size))[:40]}, stride={printable(repr(stride))[:40]}, storage_offset={offset!r}"
+    if any(n > 1 and s != 1 for n, s in zip(size, stride, strict=True)) or sum(n > 1 for n in size) > 1:
+        return f"size {list(size)} with stride {list(stride)} reorders or skips elements"
+    if isinstance(source, torch.fx.Node):
+        value = source.meta.get("val")
+        producer = source.target
+        fresh = source.op == "call_function" and isinstance(producer, compat.OpOverload)
+        if not fresh or compat.op_returns_alias(producer):  # type: ignore[arg-type]
+            return f"its source {source.name} is an input or a view, whose storage may hold more than it"
+        if not isinstance(value, torch.Tensor) or list(value.shape) != list(size):
+            return f"its source {source.name} is not of shape {list(size)}"
+    return None
+
+
+def check_restride_run(size: Sequence[int], source: torch.Tensor) -> None:
+    """Raise :class:`RefusedOperatorError` unless ``as_strided(source, size, ...)`` (a call :func:`_restride_refusal`
+    allowed) reads exactly ``source``'s elements in order: the same shape, its one dimension longer than 1 dense."""
+    long = [d for d, n in enumerate(size) if n > 1]
+    if list(source.shape) != list(size) or any(source.stride(d) != 1 for d in long):
+        raise RefusedOperatorError(
+            f"calls {RESTRIDE_ONLY}.default on a tensor of shape {list(source.shape)} and strides "
+            f"{list(source.stride())} for size {list(size)}: it would read the storage rather than the values"
+        )
 
 
 def _draws(op: compat.OpOverload, name: str, call: Call | None) -> str | None:
@@ -414,7 +496,7 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
     namespace, _, opname = name.partition("::")
     if namespace != "aten":
         return _NOT_ATEN
-    if name in REFUSED_ATEN or (name not in PRIVATE_ATEN and any(word in opname for word in _REFUSED_WORDS)):
+    if name in REFUSED_ATEN or (name != "aten::_unsafe_view" and any(word in opname for word in _REFUSED_WORDS)):
         return _READS_FILES
     if compat.op_is_mutable(op):
         return "which writes to its arguments"
@@ -423,7 +505,13 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
     gate = CHECKED_ONLY_WHEN.get(name)
     why = None if gate is None else _gate(op, call, gate)
     if why is not None:
-        return f"which can skip the checks of its inputs and read past them ({why})"
+        if name in _CHECK_SKIPPED:
+            return f"which can skip the checks of its inputs and read past them ({why})"
+        return f"which updates the statistics it is given in place unless told not to ({why})"
+    if name == RESTRIDE_ONLY:
+        why = _restride_refusal(op, call)
+        if why is not None:
+            return f"which reads its source's storage rather than its values ({why})"
     if compat.op_is_random(op) or name in DRAWS_ONLY_WHEN:
         why = _draws(op, name, call)
         if why is not None:
@@ -431,10 +519,10 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
                 f"whose result depends on the global random state ({why}; it could tell a verification "
                 "from a normal run)"
             )
-    if opname.startswith("_") and name not in PRIVATE_ATEN and not compat.is_core_aten(op):
-        return "a private operator that is not on the allow-list"
     if name not in SCALAR_RESULTS and not set(compat.op_return_types(op)) <= _TENSOR_RESULTS:
         return "whose result is not a tensor (it could report how the program is run rather than compute on values)"
+    if name not in ALLOWED_ATEN:
+        return "which is not on the list of operators that compute on values only (allowed_aten.txt)"
     return None
 
 

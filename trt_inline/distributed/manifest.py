@@ -33,6 +33,9 @@ __all__ = [
     "FORMAT",
     "MANIFEST_FILE",
     "Collective",
+    "agreed_shape",
+    "describe_shape",
+    "shape_fits",
     "Group",
     "RankManifest",
     "collectives_of",
@@ -107,8 +110,29 @@ class Collective:
     where: str  # the node (or engine and step) that calls it
 
     def signature(self) -> tuple[Any, ...]:
-        """What every rank of a set must agree on (the node names may differ)."""
-        return self.op, self.group, self.reduce_op, self.dtype
+        """What every rank of a set must agree on (the node names may differ): operator, group, reduction, dtype
+        and the shape of the tensor it sends (:func:`agreed_shape`: the part every rank sends alike)."""
+        return self.op, self.group, self.reduce_op, self.dtype, list(self.shape)
+
+
+def agreed_shape(op: str, shape: Sequence[int | str]) -> tuple[int | str, ...]:
+    """The part of a collective's input shape every rank of its group sends alike: all of it, but the rows of an
+    ``all_to_all_single`` (each rank may send its own number, as its splits say)."""
+    if op.partition(".")[0] == "_c10d_functional::all_to_all_single" and shape:
+        return ("*", *shape[1:])
+    return tuple(shape)
+
+
+def shape_fits(declared: Sequence[int | str], shape: Sequence[int]) -> bool:
+    """Whether a tensor of ``shape`` is one a manifest's ``declared`` shape describes: the same rank, each static
+    dimension equal (a symbol, or ``*``, stands for any size)."""
+    return len(declared) == len(shape) and all(
+        isinstance(d, str) or (type(d) is int and d == n) for d, n in zip(declared, shape, strict=True)
+    )
+
+
+def describe_shape(shape: Sequence[int | str]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 @dataclass

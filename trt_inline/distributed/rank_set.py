@@ -38,10 +38,12 @@ from trt_inline.distributed.manifest import (
     COLLECTIVE_OPS,
     REDUCING_OPS,
     RankManifest,
+    agreed_shape,
     decode_manifest,
+    describe_shape,
     first_difference,
 )
-from trt_inline.distributed.relay import CALL_OF_OP, RelayServer
+from trt_inline.distributed.relay import CALL_OF_OP, Allowed, RelayServer
 from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
 
 __all__ = ["RESULT_FILE_ENV", "RankSetReport", "launch", "under_launcher", "verify_rank_set"]
@@ -160,7 +162,8 @@ class _Agreement:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.done = False
         self.groups: dict[str, Any] = {}  # recorded group name -> this job's relay group with those members
-        self.allowed: set[tuple[str, str, str | None]] = set()
+        # (call, group, reduction) -> the (dtype, shape) each of the file's collectives of that kind sends
+        self.allowed: Allowed = {}
         self.relay_world: Any = None  # the relay's group of every rank (``any``)
         self.notes: list[str] = []
         self.run_id = uuid.uuid4().hex  # (rank 0's, once agreed: where ranks say that their run has ended)
@@ -228,12 +231,12 @@ class _Agreement:
         relay = {members: dist.new_group(list(members), timeout=timeout) for members in member_sets}
         assert manifest is not None  # (no refusal: every rank, this one included, has a manifest)
         self.groups = {g.name: relay[g.ranks] for g in manifest.groups}
-        bases = [(c, c.op.partition(".")[0]) for c in manifest.collectives]
-        self.allowed = {
-            (CALL_OF_OP[base], c.group, c.reduce_op if base in REDUCING_OPS else None)
-            for c, base in bases
-            if c.group is not None and base in CALL_OF_OP
-        }
+        self.allowed = {}
+        for c in manifest.collectives:
+            base = c.op.partition(".")[0]
+            if c.group is not None and base in CALL_OF_OP:
+                key = (CALL_OF_OP[base], c.group, c.reduce_op if base in REDUCING_OPS else None)
+                self.allowed.setdefault(key, set()).add((c.dtype, agreed_shape(c.op, c.shape)))
         if len({status.get("save_id") for status in everyone}) > 1:
             self.notes = ["the files come from different saves (their save ids differ)"]
         return {name: (dist.get_rank(group), dist.get_world_size(group)) for name, group in self.groups.items()}
@@ -265,11 +268,12 @@ def _same_collectives(everyone: list[dict[str, Any]]) -> None:
     for rank, status in enumerate(everyone):
         groups = {name: tuple(ranks) for name, ranks in status["groups"].items()}
         for signature, where in zip(status["collectives"] or [], status["where"] or [], strict=False):
-            op, group, reduce_op, dtype = signature
+            op, group, reduce_op, dtype, shape = signature
             if group is None:
                 continue  # wait_tensor: it waits, and talks to nobody
             members = groups[group]  # (a manifest declares every group its collectives name)
-            per_group.setdefault(members, {}).setdefault(rank, []).append(((op, reduce_op, dtype), where))
+            agreed = (op, reduce_op, dtype, agreed_shape(op, shape))
+            per_group.setdefault(members, {}).setdefault(rank, []).append((agreed, where))
     for members, by_rank in sorted(per_group.items()):
         sequences = {rank: by_rank.get(rank, []) for rank in members}
         first_rank = members[0] if members else 0
@@ -282,8 +286,9 @@ def _same_collectives(everyone: list[dict[str, Any]]) -> None:
             def describe(sequence: list[tuple[Any, str]], i: int) -> str:
                 if i >= len(sequence):
                     return "nothing"
-                (op, reduce_op, _), where = sequence[i]
-                return f"{op}" + (f" ({reduce_op})" if reduce_op else "") + f" at {where}"
+                (op, reduce_op, dtype, shape), where = sequence[i]
+                reduction = f" ({reduce_op})" if reduce_op else ""
+                return f"{op}{reduction} of {dtype}{describe_shape(shape)} at {where}"
 
             raise RankSetError(
                 f"the rank files call different collectives on the group of ranks {list(members)}: collective "

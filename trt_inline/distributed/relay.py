@@ -19,7 +19,13 @@ must take the same branches that run collectives), and the collectives
 
 The parent runs a child's collectives on process groups made for the relay
 alone (never the group the parents coordinate on, whose collectives the child
-could otherwise pair its own with), and only those its agreed manifest lists.
+could otherwise pair its own with), and only those its agreed manifest lists,
+of the dtype and shape it lists. Before each, the parents of the group exchange
+what their children asked for (a fixed-size descriptor: the call, dtype,
+reduction, root, shape and splits) on that group, and run the collective only
+where every member asks for the same one: a library given tensors of different
+sizes on different ranks may abort the process that runs it (gloo does), and
+these are the trusted parents.
 """
 
 from __future__ import annotations
@@ -31,18 +37,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from trt_inline import compat
-from trt_inline.distributed.manifest import is_count
+from trt_inline.distributed.manifest import describe_shape, is_count, shape_fits
 from trt_inline.errors import RankSetError, first_line, printable
 
 __all__ = [
-    "CALL_FD_ENV", "CALL_OF_OP", "REPLY_FD_ENV", "RelayClient", "RelayGroup", "RelayServer", "client", "decode_call",
-    "encode_message",
+    "CALL_FD_ENV", "CALL_OF_OP", "REPLY_FD_ENV", "Allowed", "RelayClient", "RelayGroup", "RelayServer", "client",
+    "decode_call", "encode_message",
 ]  # fmt: skip
 
 CALL_FD_ENV = "TRT_INLINE_CALL_FD"
@@ -68,6 +75,9 @@ CALL_OF_OP = {
 }
 COLLECTIVE_CALLS = tuple(CALL_OF_OP.values())
 REDUCE_OPS = ("sum", "avg", "product", "min", "max")
+# What an agreed manifest lets a rank's child send: (call, group, reduction) -> {(dtype, shape)}; a shape's
+# symbols (and the rows of an all_to_all, "*") stand for any size.
+Allowed = dict[tuple[str, str, str | None], set[tuple[str, tuple[int | str, ...]]]]
 
 
 def encode_message(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -306,7 +316,7 @@ class RelayServer:
     ``agree(ready_call, manifest_bytes)`` is called once, for the child's ``ready``: it returns
     the groups as {name: (group rank, size)} (or raises :class:`RankSetError`),
     and ``groups()`` then gives the parent's group per name, ``allowed()`` the
-    (call, group, reduction) triples the agreed manifest lets this rank make,
+    calls the agreed manifest lets this rank make (:data:`Allowed`),
     ``world()`` the group ``any`` runs on. ``limit`` bounds every payload and result.
     ``ended()``: the ranks whose run has ended (a collective waiting on one of them is given up).
     """
@@ -315,7 +325,7 @@ class RelayServer:
         self,
         groups: Callable[[], dict[str, Any]],
         agree: Callable[[dict[str, Any], bytes], dict[str, Any]],
-        allowed: Callable[[], set[tuple[str, str, str | None]]],
+        allowed: Callable[[], Allowed],
         world: Callable[[], Any],
         limit: int,
         ended: Callable[[], set[int]] = set,
@@ -330,6 +340,7 @@ class RelayServer:
         self._payload: bytearray | None = None
         self._filled = 0
         self._reply: list[memoryview] = []
+        self._calls: dict[str, int] = {}  # collectives run per group name (to name the one ranks disagree on)
 
     def wants_input(self) -> bool:
         return not self.stopped and not self._reply
@@ -439,11 +450,28 @@ class RelayServer:
         group = self._groups().get(name)
         if group is None:
             raise RankSetError(f"the child named process group {printable(name)[:40]!r}, not one of the file's")
-        if (kind, name, reduce if kind in ("all_reduce", "reduce_scatter") else None) not in self._allowed():
+        what = f"{kind}" + (f" ({reduce})" if kind in ("all_reduce", "reduce_scatter") else "")
+        listed = self._allowed().get((kind, name, reduce if kind in ("all_reduce", "reduce_scatter") else None))
+        if listed is None:
             raise RankSetError(
                 f"the child called {kind} ({reduce}) on group {printable(name)[:40]!r}, which its file's manifest does "
                 "not list"
             )
+        sent = f"{call['dtype']}{describe_shape(call['shape'])}"
+        # (A reference engine's collectives are listed as "unknown": its steps record no shapes. The parents'
+        # exchange below still holds them to what the other ranks send.)
+        fits = (
+            dtype == "unknown" or (dtype == call["dtype"] and shape_fits(shape, call["shape"]))
+            for dtype, shape in listed
+        )
+        if not any(fits):
+            declared = " or ".join(sorted(f"{dtype}{describe_shape(shape)}" for dtype, shape in listed))
+            raise RankSetError(
+                f"its program called {what} on group {printable(name)[:40]!r} with {sent}, where its file's manifest "
+                f"declares {printable(declared)[:200]}"
+            )
+        index = self._calls[name] = self._calls.get(name, -1) + 1
+        self._same_on_every_rank(call, group, f"collective {index} on group {printable(name)[:40]!r}")
         dtype = DTYPES[call["dtype"]]
         tensor = (
             torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(call["shape"])
@@ -482,6 +510,22 @@ class RelayServer:
             result = result / size if result.is_floating_point() else result // size
         return result
 
+    def _same_on_every_rank(self, call: dict[str, Any], group: Any, which: str) -> None:
+        """Exchange this call's descriptor with the group's other parents; raise :class:`RankSetError` naming the
+        rank and what it sends unless every member asks for the same collective, of tensors that fit together.
+
+        The descriptors are of one fixed size on every rank, so the exchange itself cannot mismatch.
+        """
+        size = dist.get_world_size(group)
+        mine = _descriptor(call, size)
+        everyone = torch.zeros(size * mine.numel(), dtype=torch.int64)
+        self._finish(dist.all_gather_into_tensor(everyone, mine, group=group, async_op=True), group)
+        rows = [_decoded(row, size) for row in everyone.view(size, -1).tolist()]
+        ranks = dist.get_process_group_ranks(group)
+        problem = _disagreement(rows, ranks)
+        if problem is not None:
+            raise RankSetError(f"the ranks disagree on {which}: {problem}; nothing was sent")
+
     def _finish(self, work: Any, group: Any) -> None:
         """Wait for a collective, unless a rank it needs has ended its run (then it never will: stop at once).
 
@@ -516,3 +560,86 @@ class RelayServer:
         work = dist.all_to_all_single(result, tensor, out_splits or None, in_splits or None, group=group, async_op=True)
         self._finish(work, group)
         return result
+
+
+# ---------------------------------------------------------------------------
+# What the parents of a group exchange before each collective
+# ---------------------------------------------------------------------------
+
+_DTYPE_NAMES = tuple(DTYPES)
+
+
+def _descriptor(call: dict[str, Any], size: int) -> torch.Tensor:
+    """A checked call as int64s of one length for a group of ``size``: call, dtype, reduction, root, rank,
+    16 dimensions, then the input and output splits (``size`` each; -1 where not given)."""
+    shape = list(call["shape"])
+    root = call.get("root") if call["call"] == "broadcast" else -1
+    values = [
+        COLLECTIVE_CALLS.index(call["call"]), _DTYPE_NAMES.index(call["dtype"]),
+        REDUCE_OPS.index(call.get("reduce", "sum")), root if isinstance(root, int) else -2, len(shape),
+        *shape, *[-1] * (_MAX_DIMS - len(shape)),
+    ]  # fmt: skip
+    for key in ("in_splits", "out_splits"):
+        splits = call.get(key) if call["call"] == "all_to_all" else None
+        values += list(splits) if splits and len(splits) == size else [-1] * size
+    return torch.tensor(values, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    call: str
+    dtype: str
+    reduce: str
+    root: int
+    shape: tuple[int, ...]
+    in_splits: tuple[int, ...] | None
+    out_splits: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        reduce = f" ({self.reduce})" if self.call in ("all_reduce", "reduce_scatter") else ""
+        root = f" from group rank {self.root}" if self.call == "broadcast" else ""
+        return f"{self.call}{reduce}{root} of {self.dtype}{describe_shape(self.shape)}"
+
+
+def _decoded(row: list[int], size: int) -> _Asked:
+    """A descriptor back (from a trusted parent: every value is in range)."""
+    ndim = row[4]
+    splits = row[5 + _MAX_DIMS :]
+    ins, outs = splits[:size], splits[size:]
+    return _Asked(
+        COLLECTIVE_CALLS[row[0]], _DTYPE_NAMES[row[1]], REDUCE_OPS[row[2]], row[3], tuple(row[5 : 5 + ndim]),
+        None if ins[0] < 0 else tuple(ins), None if outs[0] < 0 else tuple(outs),
+    )  # fmt: skip
+
+
+def _disagreement(rows: list[_Asked], ranks: list[int]) -> str | None:
+    """Why the members' calls (``rows``, in group order; ``ranks``: their global ranks) would not pair up in one
+    collective; None where they do."""
+    first = rows[0]
+    for rank, asked in zip(ranks, rows, strict=True):
+        kind = (asked.call, asked.dtype, asked.reduce, asked.root)
+        same = kind == (first.call, first.dtype, first.reduce, first.root)
+        if first.call == "all_to_all":
+            same = same and asked.shape[1:] == first.shape[1:] and len(asked.shape) == len(first.shape) > 0
+        else:
+            same = same and asked.shape == first.shape
+        if not same:
+            return f"rank {rank} sends {asked.describe()} where rank {ranks[0]} sends {first.describe()}"
+    if first.call != "all_to_all":
+        return None
+    size = len(rows)
+    sends, receives = [], []
+    for rank, asked in zip(ranks, rows, strict=True):
+        rows_sent = asked.shape[0]
+        if (asked.in_splits is None or asked.out_splits is None) and rows_sent % size:
+            return f"rank {rank} sends {rows_sent} rows to all_to_all without splits, which {size} ranks cannot share"
+        sends.append(asked.in_splits or (rows_sent // size,) * size)
+        receives.append(asked.out_splits or (rows_sent // size,) * size)
+    for i, rank in enumerate(ranks):
+        for j, other in enumerate(ranks):
+            if receives[i][j] != sends[j][i]:
+                return (
+                    f"rank {rank} expects {receives[i][j]} rows from rank {other} in all_to_all, which sends it "
+                    f"{sends[j][i]}"
+                )
+    return None

@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 
 from trt_inline import compat
 from trt_inline.engines import engine_submodule_key
-from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.errors import RankSetError, VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.report import OutputComparison, describe_value
 
@@ -170,6 +170,8 @@ def run_on(
         try:
             with isolated_run(), mode(), buffers_restored(module) as restored:  # from the state it was given
                 outputs = restored.apart(module(*args, **kwargs))
+        except RankSetError:
+            raise  # (the rank set stopped this run: its own message names the rank and the collective)
         except Exception as exc:
             raise VerifyInputError(
                 f"the program does not accept the reference inputs ({type(exc).__name__}: {first_line(exc)})"

@@ -102,6 +102,7 @@ _POLL_SECONDS = 0.02
 # What the parent reads back of the child's report: a report is a few lines per output and problem,
 # plus the outputs themselves where the caller asked to save them.
 _MAX_RESULT_BYTES = 256 << 20
+_MAX_REPORT_BYTES = 128 << 20  # of which the JSON report (the rest: tensors handed back, read by the strict reader)
 _RESULT_FD = 3
 _PROGRESS_FD = 4
 _MAX_PROGRESS_LINE = 8192
@@ -819,11 +820,19 @@ def _outcome(ended: _Ended, limits: Limits, where: str) -> ChildResult:
     if ended.overflow:
         raise IsolationError(f"{where}: the child process's report is larger than {format_size(_MAX_RESULT_BYTES)}")
     header, _, tensors = ended.result.partition(b"\n")
+    # What this process parses holds about ten times the bytes it parses: a report larger than an eighth of the
+    # child's own memory limit is refused unread, so that the parent stays within the limit the child ran under.
+    header_limit = min(_MAX_REPORT_BYTES, max(16 << 20, limits.memory // 8))
+    if len(header) > header_limit:
+        raise IsolationError(
+            f"{where}: the child process's report is {format_size(len(header))}, more than {format_size(header_limit)} "
+            "(an eighth of its memory limit; --memory-limit raises it)"
+        )
     try:
         result = json.loads(header)
         if not isinstance(result, dict):
             raise ValueError("not an object")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         code = os.waitstatus_to_exitcode(status)
         if ended.limited:
             # Native code that cannot allocate under the limit (a thread's stack, a buffer) often exits so,

@@ -431,6 +431,12 @@ def _target_problem(target: str) -> str | None:
     return None
 
 
+def output_reads(node: torch.fx.Node) -> list[int | None]:
+    """The output index each use of ``node``'s result takes (None: the whole result); a ``getitem`` nothing uses
+    reads nothing (unpacking every output of a call leaves one for each, used or not)."""
+    return [_index_read(node, user) for user in node.users if user.users or _index_read(node, user) is None]
+
+
 def _index_read(node: torch.fx.Node, user: torch.fx.Node) -> int | None:
     """The output index ``user`` takes of ``node``'s result (``getitem(node, i)``); None for any other use."""
     is_getitem = user.op == "call_function" and user.target is operator.getitem and len(user.args) == 2
@@ -465,7 +471,7 @@ def check_runnable(module: torch.nn.Module, file: Path | str) -> None:
                 continue
             try:
                 allowed_ops.check_call(node.target, node.args, node.kwargs)
-                allowed_ops.check_reads(node.target, [_index_read(node, user) for user in node.users])
+                allowed_ops.check_reads(node.target, output_reads(node))
                 if engines.is_engine_call(node):
                     engines.engine_signature(node)  # decodes a reference program: refuses its steps' targets
             except RefusedOperatorError as exc:

@@ -1,14 +1,27 @@
-"""What verification found: per-output comparisons and the report, as text or JSON."""
+"""What verification found: per-output comparisons and the report, as text or JSON.
+
+A report crosses from a sandboxed child to its parent as JSON: :meth:`VerifyReport.from_dict` reads it
+strictly (every field of its type, every string escaped and cut, at most :data:`MAX_COMPARISONS` comparisons),
+so that what the parent then formats, plots or writes is bounded whatever the child sent.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-__all__ = ["BoundaryRow", "Divergence", "OutputComparison", "VerifyReport", "describe_value"]
+from trt_inline.errors import decoded_text
+
+__all__ = ["MAX_COMPARISONS", "BoundaryRow", "Divergence", "OutputComparison", "VerifyReport", "describe_value"]
+
+# The comparisons (outputs, boundary values, engines run alone) one report may hold: a model's outputs and engine
+# boundaries by the hundred thousand, and a bound on what a parent parses, formats and writes for one child.
+MAX_COMPARISONS = 250_000
+_MAX_ITEMS = MAX_COMPARISONS  # any other list of a report (problems, notes, random runs, a region's nodes)
+_MAX_DIMS = 64
 
 
 def describe_value(val: Any) -> str:
@@ -89,14 +102,7 @@ class BoundaryRow:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BoundaryRow:
-        own = data.get("own")
-        return cls(
-            str(data["boundary"]),
-            data.get("engine"),
-            [OutputComparison(**v) for v in data["values"]],
-            None if own is None else [OutputComparison(**v) for v in own],
-            data.get("own_problem"),
-        )
+        return _Reader().boundary(data, "boundary")
 
 
 @dataclass
@@ -189,33 +195,38 @@ class VerifyReport:
         return "PASS" if self.ok else ("FAIL" if self.problems else "UNVERIFIED")
 
     def to_dict(self) -> dict[str, Any]:
-        result = asdict(self)
+        # By hand rather than dataclasses.asdict, which deep-copies every value: a report of a hundred thousand
+        # comparisons is encoded in a fraction of the time.
+        result = {f.name: getattr(self, f.name) for f in fields(self)}
+        result["problems"], result["notes"] = list(self.problems), list(self.notes)
+        result["outputs"] = [dict(vars(output)) for output in self.outputs]
+        result["boundaries"] = [
+            {
+                "boundary": row.boundary, "engine": row.engine, "values": [dict(vars(v)) for v in row.values],
+                "own": None if row.own is None else [dict(vars(v)) for v in row.own], "own_problem": row.own_problem,
+                "ok": row.ok, "own_ok": row.own_ok,
+            }
+            for row in self.boundaries
+        ]  # fmt: skip
+        result["divergence"] = None if self.divergence is None else {
+            f.name: getattr(self.divergence, f.name) for f in fields(self.divergence)
+        }  # fmt: skip
+        result["random_runs"] = [dict(run) for run in self.random_runs]
         result.update(ok=self.ok, compared=self.compared)
-        for row, data in zip(self.boundaries, result["boundaries"], strict=True):
-            data.update(ok=row.ok, own_ok=row.own_ok)
         return result
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> VerifyReport:
-        """The report :meth:`to_dict` gave (how a child process hands its report back)."""
-        return cls(
-            source=str(data["source"]),
-            problems=[str(p) for p in data["problems"]],
-            notes=[str(n) for n in data["notes"]],
-            outputs=[OutputComparison(**output) for output in data["outputs"]],
-            expected_source=str(data["expected_source"]),
-            allow_pickle=bool(data["allow_pickle"]),
-            child_peak_extra_bytes=data.get("child_peak_extra_bytes"),
-            child_peak_anonymous_bytes=data.get("child_peak_anonymous_bytes"),
-            child_peak_file_bytes=data.get("child_peak_file_bytes"),
-            boundaries=[BoundaryRow.from_dict(row) for row in data.get("boundaries", [])],
-            boundaries_on=str(data.get("boundaries_on", "")),
-            divergence=None if data.get("divergence") is None else Divergence(**data["divergence"]),
-            random_runs=list(data.get("random_runs", [])),
-        )
+    def from_dict(cls, data: Any) -> VerifyReport:
+        """The report :meth:`to_dict` gave (how a child process hands its report back), read strictly: raises
+        ``ValueError`` naming the field for anything else (a field of another type, an unknown key, more than
+        :data:`MAX_COMPARISONS` comparisons); every string is escaped and cut."""
+        return _Reader().report(data)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        """The report as JSON: indented, but on one line past 10,000 comparisons (the indenting encoder is
+        written in Python, ten times slower than the compact one)."""
+        count = len(self.outputs) + sum(len(row.values) + len(row.own or ()) for row in self.boundaries)
+        return json.dumps(self.to_dict(), indent=2 if count <= 10_000 else None, sort_keys=True)
 
     def to_text(self) -> str:
         lines = [f"{self.status} {self.source} (expected outputs: {self.expected_source})"]
@@ -245,3 +256,160 @@ class VerifyReport:
         lines += [f"  problem: {problem}" for problem in self.problems]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Reading a report a child sent
+# ---------------------------------------------------------------------------
+
+_COMPARISON_FIELDS = {f.name for f in fields(OutputComparison)}
+_BOUNDARY_FIELDS = {f.name for f in fields(BoundaryRow)} | {"ok", "own_ok"}
+_DIVERGENCE_FIELDS = {f.name for f in fields(Divergence)}
+_REPORT_FIELDS = {f.name for f in fields(VerifyReport)} | {"ok", "compared"}
+_RUN_FIELDS = {"iteration", "sizes", "symbols", "ok", "problem"}
+
+
+class _Reader:
+    """One report's strict reading: types checked field by field, strings escaped and cut, comparisons counted."""
+
+    def __init__(self) -> None:
+        self.comparisons = 0
+
+    @staticmethod
+    def _fields(data: Any, known: set[str], required: set[str], what: str) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise ValueError(f"{what} is not an object")
+        unknown = [key for key in data if key not in known]
+        if unknown:
+            raise ValueError(f"{what} has a field {decoded_text(str(unknown[0]), 60)!r}")
+        missing = sorted(required - set(data))
+        if missing:
+            raise ValueError(f"{what} has no {missing[0]}")
+        return data
+
+    @staticmethod
+    def _text(value: Any, what: str, *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str):
+            raise ValueError(f"{what} is not text")
+        return decoded_text(value)
+
+    @staticmethod
+    def _integer(value: Any, what: str, *, optional: bool = False) -> Any:
+        if value is None and optional:
+            return None
+        if type(value) is not int or abs(value) >= 1 << 63:
+            raise ValueError(f"{what} is not an integer")
+        return value
+
+    @staticmethod
+    def _number(value: Any, what: str) -> float:
+        if type(value) not in (int, float) or (type(value) is int and abs(value) >= 1 << 63):
+            raise ValueError(f"{what} is not a number")
+        return float(value)
+
+    @staticmethod
+    def _flag(value: Any, what: str) -> bool:
+        if type(value) is not bool:
+            raise ValueError(f"{what} is not true or false")
+        return value
+
+    @staticmethod
+    def _items(value: Any, what: str, limit: int = _MAX_ITEMS) -> list[Any]:
+        if not isinstance(value, list):
+            raise ValueError(f"{what} is not a list")
+        if len(value) > limit:
+            raise ValueError(f"{what} holds {len(value)} items, more than {limit}")
+        return value
+
+    def comparison(self, data: Any, what: str) -> OutputComparison:
+        self.comparisons += 1
+        if self.comparisons > MAX_COMPARISONS:
+            raise ValueError(f"the report holds more than {MAX_COMPARISONS} comparisons")
+        data = self._fields(data, _COMPARISON_FIELDS, {"index", "shape", "dtype", "ok"}, what)
+        get = data.get
+        return OutputComparison(
+            index=self._integer(data["index"], f"{what} index"),
+            shape=[self._integer(d, f"{what} shape") for d in self._items(data["shape"], f"{what} shape", _MAX_DIMS)],
+            dtype=self._text(data["dtype"], f"{what} dtype"),
+            max_abs_diff=self._number(get("max_abs_diff", 0.0), f"{what} max_abs_diff"),
+            max_rel_diff=self._number(get("max_rel_diff", 0.0), f"{what} max_rel_diff"),
+            atol=self._number(get("atol", 0.0), f"{what} atol"),
+            rtol=self._number(get("rtol", 0.0), f"{what} rtol"),
+            ok=self._flag(data["ok"], f"{what} ok"),
+            problem=self._text(get("problem"), f"{what} problem", optional=True),
+            mean_abs_diff=self._number(get("mean_abs_diff", 0.0), f"{what} mean_abs_diff"),
+            median_abs_diff=self._number(get("median_abs_diff", 0.0), f"{what} median_abs_diff"),
+            p99_abs_diff=self._number(get("p99_abs_diff", 0.0), f"{what} p99_abs_diff"),
+            cosine_similarity=self._number(get("cosine_similarity", 1.0), f"{what} cosine_similarity"),
+            nan_count=self._integer(get("nan_count", 0), f"{what} nan_count"),
+            inf_count=self._integer(get("inf_count", 0), f"{what} inf_count"),
+            finite_count=self._integer(get("finite_count"), f"{what} finite_count", optional=True),
+        )
+
+    def boundary(self, data: Any, what: str) -> BoundaryRow:
+        data = self._fields(data, _BOUNDARY_FIELDS, {"boundary", "values"}, what)
+        own = data.get("own")
+        return BoundaryRow(
+            self._text(data["boundary"], f"{what} name"),
+            self._integer(data.get("engine"), f"{what} engine", optional=True),
+            [self.comparison(v, f"{what} value") for v in self._items(data["values"], f"{what} values")],
+            None if own is None else [self.comparison(v, f"{what} own") for v in self._items(own, f"{what} own")],
+            self._text(data.get("own_problem"), f"{what} own_problem", optional=True),
+        )
+
+    def _texts(self, value: Any, what: str) -> list[str]:
+        return [self._text(item, what) for item in self._items(value, what)]
+
+    def divergence(self, data: Any) -> Divergence:
+        data = self._fields(data, _DIVERGENCE_FIELDS, {"kind", "where", "detail"}, "divergence")
+        return Divergence(
+            self._text(data["kind"], "divergence kind"),
+            self._text(data["where"], "divergence where"),
+            self._text(data["detail"], "divergence detail"),
+            *(self._texts(data.get(name, []), f"divergence {name}") for name in ("producers", "consumers", "nodes")),
+        )
+
+    def random_run(self, data: Any) -> dict[str, Any]:
+        data = self._fields(data, _RUN_FIELDS, {"iteration", "sizes", "ok"}, "random run")
+        sizes = [
+            [self._integer(d, "random run size") for d in self._items(shape, "random run sizes", _MAX_DIMS)]
+            if isinstance(shape, list) else self._text(shape, "random run sizes")
+            for shape in self._items(data["sizes"], "random run sizes")
+        ]  # fmt: skip
+        symbols = data.get("symbols", {})
+        if not isinstance(symbols, dict) or len(symbols) > _MAX_ITEMS:
+            raise ValueError("random run symbols is not an object")
+        return {
+            "iteration": self._integer(data["iteration"], "random run iteration"),
+            "sizes": sizes,
+            "symbols": {
+                self._text(k, "random run symbol"): self._integer(v, "random run symbol") for k, v in symbols.items()
+            },
+            "ok": self._flag(data["ok"], "random run ok"),
+            "problem": self._text(data.get("problem"), "random run problem", optional=True),
+        }
+
+    def report(self, data: Any) -> VerifyReport:
+        data = self._fields(
+            data, _REPORT_FIELDS, {"source", "problems", "notes", "outputs", "expected_source"}, "report"
+        )
+        divergence = data.get("divergence")
+        return VerifyReport(
+            source=self._text(data["source"], "report source"),
+            problems=self._texts(data["problems"], "report problems"),
+            notes=self._texts(data["notes"], "report notes"),
+            outputs=[self.comparison(o, "output") for o in self._items(data["outputs"], "report outputs")],
+            expected_source=self._text(data["expected_source"], "report expected_source"),
+            allow_pickle=self._flag(data.get("allow_pickle", False), "report allow_pickle"),
+            child_peak_extra_bytes=self._integer(data.get("child_peak_extra_bytes"), "report peak", optional=True),
+            child_peak_anonymous_bytes=self._integer(
+                data.get("child_peak_anonymous_bytes"), "report peak", optional=True
+            ),
+            child_peak_file_bytes=self._integer(data.get("child_peak_file_bytes"), "report peak", optional=True),
+            boundaries=[self.boundary(b, "boundary") for b in self._items(data.get("boundaries", []), "boundaries")],
+            boundaries_on=self._text(data.get("boundaries_on", ""), "report boundaries_on"),
+            divergence=None if divergence is None else self.divergence(divergence),
+            random_runs=[self.random_run(r) for r in self._items(data.get("random_runs", []), "random runs")],
+        )

@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 from trt_inline import allowed_ops, distributed, progress
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.distributed.manifest import decode_manifest, program_mismatch
-from trt_inline.errors import IsolationError, VerifyInputError, bounded_strings, first_line, printable
+from trt_inline.errors import IsolationError, VerifyInputError, first_line, printable
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.module_state import buffers_restored
 from trt_inline.package import load_package
@@ -309,8 +309,8 @@ def report_of_child(
 
     ``read_ahead``: the file whose weights the job reads, read ahead by this process (:func:`run_isolated`).
 
-    The child's report is untrusted: its strings are escaped and cut again here
-    (:func:`~trt_inline.errors.bounded_strings`), and the outputs it hands back
+    The child's report is untrusted: it is read strictly here (:meth:`VerifyReport.from_dict`: each field of its
+    type, strings escaped and cut, at most ``MAX_COMPARISONS`` comparisons), and the outputs it hands back
     for ``save_outputs`` are read by the strict reader, plain tensors only.
     """
     result = run_isolated(
@@ -319,7 +319,7 @@ def report_of_child(
         relay=relay, read_ahead=read_ahead,
     )  # fmt: skip
     try:
-        report = VerifyReport.from_dict(bounded_strings(result.value))
+        report = VerifyReport.from_dict(result.value)  # read strictly: types, escaped strings, bounded counts
     except (KeyError, TypeError, ValueError) as exc:
         raise IsolationError(f"{where}: the child process gave a malformed report ({first_line(exc)})") from None
     handed = _handed_back(result.tensors, where)  # read once, whatever is taken from it

@@ -93,17 +93,17 @@ def check_layout(view: Readable, where: str) -> list[ZipEntry]:
     entries = reader.central_directory(cd_offset, cd_size, count)
     if cd_offset + cd_size != cd_end:
         reader.refuse("its central directory does not end where the end record starts (bytes between them)")
-    names: dict[str, str] = {}
+    by_folded: dict[str, str] = {}  # each name without case -> the name (a dict: an archive of many entries)
     for entry in entries:
-        if entry.name in names:
+        other = by_folded.get(folded(entry.name))
+        if other == entry.name:
             reader.refuse(f"two entries are named {printable(entry.name)!r}")
-        if folded(entry.name) in names.values():
-            other = next(name for name, key in names.items() if key == folded(entry.name))
+        if other is not None:
             reader.refuse(
                 f"entries {printable(other)!r} and {printable(entry.name)!r} differ only in case, and torch's "
                 "reader matches names without case"
             )
-        names[entry.name] = folded(entry.name)
+        by_folded[folded(entry.name)] = entry.name
     position = 0
     for entry in sorted(entries, key=lambda e: e.offset):
         if entry.offset != position:

@@ -1,0 +1,104 @@
+"""What a parent does with a child's report is bounded: read strictly, at most MAX_COMPARISONS comparisons, a
+report no larger than an eighth of the child's memory limit, nothing the child sends raising anything but one
+line naming the file.
+
+The child here is :mod:`report_probe`, registered as a job for the length of a test: it sends what code that ran in
+the child could (reports at the cap and past it, nested, mistyped). The two at the cap take most of a minute: they
+run with ``--memory`` (.ci/run). ``benchmarks/bench_child_report.py`` times the parent's side at the cap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from report_probe import comparison, report_of
+
+from trt_inline.errors import IsolationError
+from trt_inline.verify import isolation
+from trt_inline.verify.report import MAX_COMPARISONS, VerifyReport
+from trt_inline.verify.verifier import report_of_child
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(isolation.JOBS, "report", ("report_probe", "report"))
+
+
+def _from_child(arguments: dict[str, Any], *, memory: str = "2GiB", save_outputs: Path | None = None) -> VerifyReport:
+    limits = isolation.Limits.for_file(__file__, 120, memory)
+    return report_of_child(
+        "report", arguments, None, limits, where="at_cap.pt2", files=(), sandbox=True, debug=False,
+        save_outputs=save_outputs,
+    )  # fmt: skip
+
+
+@pytest.mark.memory
+def test_a_report_at_the_cap_is_read_formatted_and_written(probe: None, tmp_path: Path) -> None:
+    """A child's report of MAX_COMPARISONS comparisons (a third outputs, the rest boundaries): every one read back,
+    the text and JSON made, every output it hands back written for --save-outputs."""
+    saved = tmp_path / "outputs.pt"
+    report = _from_child({"kind": "report", "comparisons": MAX_COMPARISONS}, save_outputs=saved)
+    counted = len(report.outputs) + sum(len(row.values) + len(row.own or ()) for row in report.boundaries)
+    assert counted == MAX_COMPARISONS and report.ok
+    assert report.to_text().count("\n") > 2 * len(report.outputs) + len(report.boundaries)
+    assert len(json.loads(report.to_json())["outputs"]) == len(report.outputs)
+    assert len(torch.load(saved, weights_only=True)) == len(report.outputs)
+
+
+@pytest.mark.memory
+def test_a_report_past_the_cap_is_one_line(probe: None) -> None:
+    with pytest.raises(IsolationError, match=f"malformed report .*more than {MAX_COMPARISONS} comparisons"):
+        _from_child({"kind": "report", "comparisons": MAX_COMPARISONS + 1})
+
+
+def test_a_report_past_an_eighth_of_the_memory_limit_is_refused_unread(probe: None) -> None:
+    """At 256 MiB of memory the report may be 32 MiB: one of a hundred thousand comparisons (about 40 MiB) is
+    refused before it is parsed, naming the limit that raises it."""
+    with pytest.raises(IsolationError, match=r"report is 3\d\.\d+ MiB, more than 32 MiB .*--memory-limit raises it"):
+        _from_child({"kind": "report", "comparisons": 100_000}, memory="256MiB")
+
+
+@pytest.mark.parametrize(
+    ("kind", "fragment"),
+    [("nested", "exited with status 0 and no result"), ("mistyped", "output max_abs_diff is not a number")],
+)
+def test_a_malformed_report_is_one_line(probe: None, kind: str, fragment: str) -> None:
+    with pytest.raises(IsolationError) as info:
+        _from_child({"kind": kind})
+    message = str(info.value)
+    assert message.startswith("at_cap.pt2: ") and fragment in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda d: d["outputs"][0].update(ok="yes"), "output ok is not true or false"),
+        (lambda d: d["outputs"][0].update(index=True), "output index is not an integer"),
+        (lambda d: d["outputs"][0].update(shape=[1] * 65), "output shape holds 65 items, more than 64"),
+        (lambda d: d["outputs"][0].update(extra=1), "output has a field 'extra'"),
+        (lambda d: d.update(problems=[["nested"]]), "report problems is not text"),
+        (lambda d: d["boundaries"][0].update(engine=2**70), "boundary engine is not an integer"),
+        (lambda d: d.update(divergence={"kind": "engine", "where": 1, "detail": ""}), "divergence where is not text"),
+        (lambda d: d.update(random_runs=[{"iteration": 0, "sizes": [[1]], "ok": 1}]), "random run ok is not true"),
+    ],
+)
+def test_each_field_is_read_as_its_type(change: Any, fragment: str) -> None:
+    document = report_of(9)
+    change(document)
+    with pytest.raises(ValueError, match=fragment):
+        VerifyReport.from_dict(document)
+
+
+def test_strings_are_escaped_and_cut() -> None:
+    document = report_of(3)
+    document["problems"] = ["\x1b[2Jcleared " + "x" * 5000]
+    document["outputs"][0]["problem"] = "\r\nforged line"
+    report = VerifyReport.from_dict(document)
+    assert "\x1b" not in report.problems[0] and len(report.problems[0]) < 2100
+    assert "\n" not in (report.outputs[0].problem or "")
+    assert json.loads(report.to_json())["problems"] == report.problems  # what it writes is what it read
+    assert comparison(0)["finite_count"] == report.outputs[0].finite_count
