@@ -22,7 +22,7 @@ import trt_inline
 from trt_inline import allowed_ops
 from trt_inline.errors import RefusedOperatorError
 from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
-from trt_inline.verify.compare import RUN_MODES, compare_output, modes_disagree, run_on
+from trt_inline.verify.compare import LAYOUT_RUN, RUN_MODES, compare_output, laid_out_otherwise, modes_disagree, run_on
 from trt_inline.verify.program_checks import output_reads
 from trt_inline.verify.reference_io import encode_reference_io
 
@@ -316,3 +316,67 @@ def test_a_program_that_does_not_repeat_itself_is_held_to_its_tolerance() -> Non
 
     run = run_on(drifts, [torch.ones(3)], {}, None)
     assert run.problems and run.problems[0].startswith("output 0 differs between a run as a normal call"), run
+
+
+class _LayoutSwitch(torch.nn.Module):
+    """``relu(x)``, unless ``sum(x)`` and ``sum(x.clone())`` round differently: then ``-x``. On a contiguous input
+    (as verify passed its inputs) they never do; on a strided view into a caller's buffer they do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        contiguous = torch.ops.aten.clone.default(x, memory_format=torch.contiguous_format)
+        rounding = torch.ops.aten.sum.dim_IntList(x, [1]) - torch.ops.aten.sum.dim_IntList(contiguous, [1])
+        switch = torch.clamp(rounding.abs().sum() * 1e30, 0, 1)
+        return x.relu() * (1 - switch) + (-x) * switch
+
+
+@pytest.fixture(scope="module")
+def layout_switch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("layout_switch")
+    torch.manual_seed(0)
+    x = torch.randn(64, 1024)
+    path = root / "switch.pt2"
+    trt_inline.save(torch.export.export(_LayoutSwitch(), (x,)), path, arg_inputs=(x,))
+    torch.save([x], root / "inputs.pt")
+    torch.save([x.relu()], root / "expected.pt")
+    honest = root / "honest.pt2"
+    trt_inline.save(torch.export.export(torch.nn.ReLU(), (x,)), honest, arg_inputs=(x,))
+    return {"switch": path, "honest": honest, "root": root}
+
+
+def test_the_layout_switch_computes_otherwise_on_a_view(layout_switch: dict[str, Path]) -> None:
+    module = torch.export.load(layout_switch["switch"]).module()
+    x = torch.load(layout_switch["root"] / "inputs.pt")[0]
+    assert torch.equal(module(x), x.relu())
+    view = laid_out_otherwise(x)
+    assert torch.equal(view, x) and not torch.equal(module(view), x.relu())
+
+
+@pytest.mark.parametrize("door", ["embedded", "inputs", "expected_from"])
+def test_verify_runs_inputs_laid_out_as_a_caller_may(layout_switch: dict[str, Path], door: str) -> None:
+    """PASS before (every run on contiguous inputs); now the run on strided views differs past tolerance: exit 1."""
+    root, path = layout_switch["root"], str(layout_switch["switch"])
+    given = {
+        "embedded": (),
+        "inputs": ("--inputs", str(root / "inputs.pt"), "--expected", str(root / "expected.pt")),
+        "expected_from": ("--expected-from", str(layout_switch["honest"])),
+    }[door]
+    proc = cli("verify", path, *given)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"output 0 differs between a run as a normal call (grad mode on) and a run {LAYOUT_RUN}" in proc.stdout
+    assert cli("verify", str(layout_switch["honest"])).returncode == 0
+
+
+def test_a_program_that_refuses_strided_inputs_gets_a_note() -> None:
+    """A program that raises on a strided input (a kernel that wants contiguous memory) cannot compute otherwise
+    on such inputs: the layout run is a note, not a problem. (Exported views of them work: every dimension of the
+    view is strided alike, so its dimensions merge.)"""
+
+    def needs_contiguous(x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous():
+            raise RuntimeError("expects a contiguous input")
+        return torch.ops.aten.view.default(x, [-1]) * 2
+
+    assert torch.ops.aten.view.default(laid_out_otherwise(torch.randn(4, 8)), [-1]).shape == (32,)
+    run = run_on(needs_contiguous, [torch.randn(4, 8)], {}, None, layouts=True)
+    assert run.problems == [] and any("does not accept inputs that are strided views" in n for n in run.notes)
+    assert run_on(lambda x: x * 2, [torch.randn(4, 8)], {}, None, layouts=True).notes == []

@@ -59,6 +59,7 @@ __all__ = [
     "PYTHON_FUNCTIONS",
     "READABLE_OUTPUTS",
     "REFUSED_ATEN",
+    "FRESH_RESULTS",
     "RESTRIDE_ONLY",
     "SCALAR_RESULTS",
     "UNINITIALIZED_ATEN",
@@ -133,8 +134,18 @@ CHECKED_ONLY_WHEN: dict[str, Gate] = {
     "aten::batch_norm": (("training", False),),
     "aten::native_batch_norm": (("training", False),),
     "aten::instance_norm": (("use_input_stats", False), ("running_mean", None)),
+    "aten::_assert_tensor_metadata": (("stride", None),),
 }
-_CHECK_SKIPPED = {"aten::segment_reduce", "aten::isin"}
+# What a call outside its gate does, per operator of CHECKED_ONLY_WHEN.
+_SKIPS_CHECKS = "which can skip the checks of its inputs and read past them"
+_UPDATES_STATISTICS = "which updates the statistics it is given in place unless told not to"
+_GATE_REASONS = {
+    "aten::segment_reduce": _SKIPS_CHECKS,
+    "aten::isin": _SKIPS_CHECKS,
+    "aten::_assert_tensor_metadata": (
+        "which checks its input's strides (a program could refuse a layout verify does not pass)"
+    ),
+}
 # as_strided reads its source's storage, not its values: where the storage holds more than the source (an input
 # that is a view of the caller's larger buffer) or holds it in another order (an input laid out channels-last), it
 # reads whatever the process holds there. Lowering to core ATen calls it to restride the size-1 dimensions of a
@@ -143,6 +154,10 @@ _CHECK_SKIPPED = {"aten::segment_reduce", "aten::isin"}
 # graph, of a fresh result (no view, no input) whose recorded shape is that shape; in a reference engine's program,
 # checked again on the tensor itself each time it runs (check_restride_run).
 RESTRIDE_ONLY = "aten::as_strided"
+# The producers whose result is always fresh memory of its own (a schema without ``Tensor(a)`` is no proof:
+# ``_unsafe_view``, ``type_as``, ``einsum``, an eval-mode ``dropout`` return their input or a view of it): the
+# reductions whose keepdim result lowering restrides.
+FRESH_RESULTS = frozenset({"aten::mean", "aten::sum", "aten::amax", "aten::amin", "aten::prod"})
 # Operators tagged random that draw only when an argument says so: an exported model in eval mode passes
 # ``dropout_p=0.0`` to attention and ``train=False`` to dropout, and the call draws nothing. A call is
 # allowed when each argument named here holds the literal value given (a value the graph computes never
@@ -461,9 +476,12 @@ def _restride_refusal(op: compat.OpOverload, call: Call | None) -> str | None:
     if isinstance(source, torch.fx.Node):
         value = source.meta.get("val")
         producer = source.target
-        fresh = source.op == "call_function" and isinstance(producer, compat.OpOverload)
-        if not fresh or compat.op_returns_alias(producer):  # type: ignore[arg-type]
-            return f"its source {source.name} is an input or a view, whose storage may hold more than it"
+        fresh = isinstance(producer, compat.OpOverload) and compat.op_schema_name(producer) in FRESH_RESULTS
+        if source.op != "call_function" or not fresh:
+            return (
+                f"its source {source.name} is not the result of a reduction (an input or a view, whose storage "
+                "may hold more than it)"
+            )
         if not isinstance(value, torch.Tensor) or list(value.shape) != list(size):
             return f"its source {source.name} is not of shape {list(size)}"
     return None
@@ -505,9 +523,7 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
     gate = CHECKED_ONLY_WHEN.get(name)
     why = None if gate is None else _gate(op, call, gate)
     if why is not None:
-        if name in _CHECK_SKIPPED:
-            return f"which can skip the checks of its inputs and read past them ({why})"
-        return f"which updates the statistics it is given in place unless told not to ({why})"
+        return f"{_GATE_REASONS.get(name, _UPDATES_STATISTICS)} ({why})"
     if name == RESTRIDE_ONLY:
         why = _restride_refusal(op, call)
         if why is not None:

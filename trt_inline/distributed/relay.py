@@ -470,6 +470,8 @@ class RelayServer:
                 f"its program called {what} on group {printable(name)[:40]!r} with {sent}, where its file's manifest "
                 f"declares {printable(declared)[:200]}"
             )
+        size = dist.get_world_size(group)
+        _check_arguments(call, size, self.limit)  # (before the exchange: every rank that agrees runs it)
         index = self._calls[name] = self._calls.get(name, -1) + 1
         self._same_on_every_rank(call, group, f"collective {index} on group {printable(name)[:40]!r}")
         dtype = DTYPES[call["dtype"]]
@@ -478,32 +480,24 @@ class RelayServer:
             if payload
             else torch.zeros(call["shape"], dtype=dtype)
         )
-        size = dist.get_world_size(group)
         op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
               "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[reduce]  # fmt: skip
         if kind == "all_reduce":
             self._finish(dist.all_reduce(tensor, op=op, group=group, async_op=True), group)
             result = tensor
         elif kind == "all_gather":
-            if len(payload) * size > self.limit:
-                raise RankSetError("the child asked to gather more than its memory limit")
             result = torch.zeros(
                 (tensor.shape[0] * size, *tensor.shape[1:]) if tensor.dim() else (size,), dtype=tensor.dtype
             )
             self._finish(dist.all_gather_into_tensor(result, tensor, group=group, async_op=True), group)
         elif kind == "reduce_scatter":
-            if tensor.dim() == 0 or tensor.shape[0] % size:
-                raise RankSetError("the child asked to reduce-scatter a tensor its group cannot split")
             # As an all_reduce and this rank's chunk: gloo's reduce_scatter never says it completed until waited on.
             self._finish(dist.all_reduce(tensor, op=op, group=group, async_op=True), group)
             result = tensor.chunk(size)[dist.get_rank(group)].clone()
         elif kind == "all_to_all":
             result = self._all_to_all(call, tensor, size, group)
-        else:  # broadcast
-            root = call.get("root")
-            if not isinstance(root, int) or not is_count(root, size - 1):
-                raise RankSetError("the child asked to broadcast from a rank outside its group")
-            source = dist.get_global_rank(group, root)
+        else:  # broadcast (its root checked before the exchange)
+            source = dist.get_global_rank(group, call["root"])
             self._finish(dist.broadcast(tensor, src=source, group=group, async_op=True), group)
             result = tensor
         if reduce == "avg":
@@ -543,19 +537,9 @@ class RelayServer:
         work.wait()
 
     def _all_to_all(self, call: dict[str, Any], tensor: torch.Tensor, size: int, group: Any) -> torch.Tensor:
-        out_splits, in_splits = call.get("out_splits"), call.get("in_splits")
+        out_splits, in_splits = call.get("out_splits"), call.get("in_splits")  # (checked before the exchange)
         rows = tensor.shape[0] if tensor.dim() else 0
-        for splits in (out_splits, in_splits):
-            if not (isinstance(splits, list) and all(is_count(n, 1 << 40) for n in splits)):
-                raise RankSetError("the child sent malformed splits")
-            if splits and len(splits) != size:
-                raise RankSetError("the child sent splits for another group size")
-        if in_splits and sum(in_splits) != rows:
-            raise RankSetError("the child sent input splits that do not cover its tensor")
         out_rows = sum(out_splits) if out_splits else rows
-        row_bytes = tensor[0].numel() * tensor.element_size() if rows else 0
-        if out_rows * row_bytes > self.limit:
-            raise RankSetError("the child asked to receive more than its memory limit")
         result = torch.zeros((out_rows, *tensor.shape[1:]), dtype=tensor.dtype)
         work = dist.all_to_all_single(result, tensor, out_splits or None, in_splits or None, group=group, async_op=True)
         self._finish(work, group)
@@ -565,6 +549,35 @@ class RelayServer:
 # ---------------------------------------------------------------------------
 # What the parents of a group exchange before each collective
 # ---------------------------------------------------------------------------
+
+
+def _check_arguments(call: dict[str, Any], size: int, limit: int) -> None:
+    """A call's arguments for a group of ``size``: raise :class:`RankSetError` unless the exchange can carry them and
+    the collective can run them within ``limit`` bytes (a root and splits that are ints in range, not bools or
+    floats; a tensor its group can split; a result within the limit)."""
+    kind, shape = call["call"], call["shape"]
+    if kind == "all_gather" and call["nbytes"] * size > limit:
+        raise RankSetError("the child asked to gather more than its memory limit")
+    if kind == "reduce_scatter" and (not shape or shape[0] % size):
+        raise RankSetError("the child asked to reduce-scatter a tensor its group cannot split")
+    if call["call"] == "broadcast":
+        root = call.get("root")
+        if type(root) is not int or not is_count(root, size - 1):
+            raise RankSetError("the child asked to broadcast from a rank outside its group")
+    if call["call"] == "all_to_all":
+        rows = call["shape"][0] if call["shape"] else 0
+        splits = [call.get("out_splits"), call.get("in_splits")]
+        for given in splits:
+            if not (isinstance(given, list) and all(type(n) is int and is_count(n, 1 << 40) for n in given)):
+                raise RankSetError("the child sent malformed splits")
+            if given and len(given) != size:
+                raise RankSetError("the child sent splits for another group size")
+        if splits[1] and sum(splits[1]) != rows:
+            raise RankSetError("the child sent input splits that do not cover its tensor")
+        row_bytes = call["nbytes"] // rows if rows else 0
+        if (sum(splits[0]) if splits[0] else rows) * row_bytes > limit:
+            raise RankSetError("the child asked to receive more than its memory limit")
+
 
 _DTYPE_NAMES = tuple(DTYPES)
 

@@ -24,6 +24,7 @@ __all__ = [
     "default_tolerance",
     "exactly_as",
     "identical",
+    "LAYOUT_RUN",
     "RUN_MODES",
     "Run",
     "isolated_run",
@@ -147,11 +148,31 @@ class Run:
     notes: list[str] = field(default_factory=list)
 
 
+# The run :func:`run_on` adds where asked: the inputs as a caller may pass them (views into larger buffers, every
+# other element of their storage) with fewer intra-op threads. Reductions then add in another order, so a program
+# that amplifies rounding into a switch ("does sum(x) equal sum(x.clone())?") is caught computing otherwise.
+LAYOUT_RUN = "on inputs that are strided views into larger buffers, with half the intra-op threads"
+
+
+def laid_out_otherwise(value: Any) -> Any:
+    """``value``'s values in another layout: a view of every other element of a buffer twice its size, at offset 1
+    (a dense tensor; anything else as it is)."""
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.is_quantized:
+        return value
+    buffer = torch.zeros((*value.shape, 2), dtype=value.dtype, device=value.device)
+    view = buffer[..., 1]
+    with torch.no_grad():
+        view.copy_(value)
+    return view
+
+
 def run_on(
     module: Callable[..., Any],
     args: Sequence[torch.Tensor],
     kwargs: dict[str, torch.Tensor],
     device: str | None,
+    *,
+    layouts: bool = False,
 ) -> Run:
     """Run ``module`` on the inputs (moved to ``device`` if given) in :func:`isolated_run`, once in each of
     :data:`RUN_MODES`, and require the same bits from each.
@@ -159,6 +180,10 @@ def run_on(
     Where a mode changes an output, the normal call runs again: a program that does not repeat itself bit for
     bit within one mode (CUDA kernels built on atomics, such as ``index_add`` or ``scatter_add``) has its modes
     held to its dtype's tolerance instead, and a note says so; one that does repeat itself is named.
+
+    ``layouts``: also run as :data:`LAYOUT_RUN` says, and require its outputs within each dtype's tolerance of
+    the normal call's (a program that refuses such inputs, as an exported ``view`` of a non-contiguous tensor
+    does, gets a note: it cannot compute otherwise on them). Not in a rank set, whose ranks must run alike.
     """
     if device is not None:
         if isinstance(module, torch.nn.Module):
@@ -166,7 +191,11 @@ def run_on(
         args = [a.to(device) for a in args]
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
 
-    def once(mode: Callable[[], contextlib.AbstractContextManager[Any]]) -> list[Any]:
+    def once(
+        mode: Callable[[], contextlib.AbstractContextManager[Any]],
+        args: Sequence[Any] = args,
+        kwargs: dict[str, Any] = kwargs,
+    ) -> list[Any]:
         try:
             with isolated_run(), mode(), buffers_restored(module) as restored:  # from the state it was given
                 outputs = restored.apart(module(*args, **kwargs))
@@ -190,7 +219,26 @@ def run_on(
             )
             disagree = modes_disagree(run.outputs, once(mode), normal_name, name, exact=False)
         run.problems += disagree
+    if layouts:
+        run.problems += _layout_run(once, run, normal, [laid_out_otherwise(a) for a in args],
+                                    {k: laid_out_otherwise(v) for k, v in kwargs.items()})  # fmt: skip
     return run
+
+
+def _layout_run(
+    once: Callable[..., list[Any]], run: Run, normal: Any, args: list[Any], kwargs: dict[str, Any]
+) -> list[str]:
+    """The problems of a run :data:`LAYOUT_RUN` against the normal call's outputs, within each dtype's tolerance."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(1, threads // 2))  # (fewer: no thread the limits did not see start)
+        laid = once(normal, args, kwargs)
+    except VerifyInputError as exc:
+        run.notes.append(f"the program does not accept inputs that are strided views ({first_line(exc)[:200]})")
+        return []
+    finally:
+        torch.set_num_threads(threads)
+    return modes_disagree(run.outputs, laid, RUN_MODES[0][0], LAYOUT_RUN, exact=False)
 
 
 def modes_disagree(

@@ -588,7 +588,9 @@ def _verify_here(
         progress.report("running the program on the reference inputs")
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
-                run = run_on(runnable, args, kwargs, device)
+                # (Not in a rank set: its ranks must make the same runs, and one may refuse a layout.)
+                layouts = loaded is None or loaded.manifest_text is None
+                run = run_on(runnable, args, kwargs, device, layouts=layouts)
         except VerifyInputError as exc:
             # Inputs the file itself carries (or a run of the compiled module recorded) are not unusable input:
             # a program that raises on them is wrong, and where it raises is found boundary by boundary.
@@ -848,7 +850,7 @@ def _random_runs(
         progress.report("running on random inputs", (iteration + 1, count))
         problem = None
         try:
-            ran = run_on(runnable, draw.inputs, {}, device)
+            ran = run_on(runnable, draw.inputs, {}, device, layouts=True)
             outputs, mode_problems = ran.outputs, ran.problems
         except VerifyInputError as exc:
             problem = f"rejected inputs within its declared ranges: {exc}"
