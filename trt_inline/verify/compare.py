@@ -256,7 +256,8 @@ def modes_disagree(
                 continue
             tolerance = 0.0 if exact else None
             found = compare_output(index, again, value, tolerance, tolerance)
-            why = found.problem or (None if not exact else "the same values in other bits (a NaN's)")
+            why = found.problem.removeprefix(f"output {index} differs: ") if found.problem else None
+            why = why or (None if not exact else "the same values in other bits (a NaN's)")
         else:
             why = None if _same_scalar(value, again) else f"{again!r} vs {value!r}"
         if why is not None:
