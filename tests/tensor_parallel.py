@@ -5,7 +5,7 @@
 * ``save``: every model of the rank set saved as ``FOLDER/<model>_rank{rank}_of_{world_size}.pt2``, with
   each rank's compiled outputs in ``FOLDER/<model>_expected_rank{rank}.pt``; a rank set whose rank 1
   file has one weight moved (``perturbed``); rank sets whose rank 1 file sends a larger tensor
-  (``oversized``, ``declared``, ``symbolic``); a save called on rank 0 only (its error and seconds in
+  (``oversized``, ``declared``); a save called on rank 0 only (its error and seconds in
   ``FOLDER/lonely_rank0.json``).
 * ``load``: each rank loads its files in this fresh job (with other process groups made first, so that group
   names differ from the saving job's) and writes the max abs difference to the expected outputs, and what
@@ -110,7 +110,7 @@ def _save_perturbed(folder: Path, x: torch.Tensor) -> None:
 def _save_oversized(folder: Path, x: torch.Tensor) -> None:
     """Rank sets whose rank 1 program all_reduces twice the rows of rank 0's, as a hostile rank file would:
     ``oversized`` keeps the manifest of the honest program (the same collectives, of rank 0's size), ``declared``
-    declares its own size, ``symbolic`` declares the rows of every rank's all_reduce as a symbol."""
+    declares its own size."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model = RowColumnMLP(rank, world).eval()
     with torch.no_grad():
@@ -122,12 +122,8 @@ def _save_oversized(folder: Path, x: torch.Tensor) -> None:
             program = to_exported_program(compiled, arg_inputs=(rows,))
             extra = reference_extra_files(compiled, [rows], None, folder / "oversized.pt2", 1 << 30)
             built[len(rows)] = (program, extra, manifest_for(program.graph_module, save_id).encode())
-    honest = built[len(x)][2]
     program, extra, own = built[2 * len(x)] if rank == 1 else built[len(x)]
-    document = json.loads(own)
-    for collective in document["collectives"]:
-        collective["shape"] = ["rows", *collective["shape"][1:]]
-    for variant, manifest in (("oversized", honest), ("declared", own), ("symbolic", json.dumps(document))):
+    for variant, manifest in (("oversized", built[len(x)][2]), ("declared", own)):
         write_program(program, folder / f"{variant}_rank{rank}_of_{world}.pt2", {**extra, MANIFEST_FILE: manifest})
 
 

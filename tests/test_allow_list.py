@@ -157,6 +157,20 @@ def _as_strided_sources() -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]:
     return mean, given, view
 
 
+def _unbacked_mean() -> torch.fx.Node:
+    """A reduction's result whose recorded shape holds an unbacked symbol: comparing it with an int would raise."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    mean = graph.call_function(torch.ops.aten.mean.dim, (x, [-1, -2], True))
+    with FakeTensorMode(shape_env=env):
+        mean.meta["val"] = torch.empty(1, env.create_unbacked_symint(), 1, 1)
+    return mean
+
+
 def _pass_through(op: Any, *args: Any) -> torch.fx.Node:
     """A call of ``op`` on an input, in a graph: an operator whose schema does not say it returns a view, and whose
     kernel returns its input (or a view of it) all the same."""
@@ -184,7 +198,8 @@ def test_as_strided_is_allowed_only_as_a_restride_of_a_fresh_result() -> None:
         "an offset": ((mean, [1, 8, 1, 1], [8, 1, 8, 8], 0), "storage_offset=0"),
         "a reorder": ((mean, [1, 8, 1, 1], [8, 2, 8, 8]), "reorders or skips elements"),
         "two long dimensions": ((mean, [2, 4, 1, 1], [4, 1, 1, 1]), "reorders or skips elements"),
-        "another shape": ((mean, [1, 4, 1, 1], [4, 1, 1, 1]), "is not of shape [1, 4, 1, 1]"),
+        "another shape": ((mean, [1, 4, 1, 1], [4, 1, 1, 1]), "is not of the static shape [1, 4, 1, 1]"),
+        "a symbolic shape": ((_unbacked_mean(), [1, 8, 1, 1], [8, 1, 8, 8]), "is not of the static shape"),
         "a computed size": ((mean, [given, 8, 1, 1], [8, 1, 8, 8]), "size=["),
     }
     for what, (args, fragment) in refusals.items():

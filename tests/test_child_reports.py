@@ -1,5 +1,5 @@
 """What a parent does with a child's report is bounded: read strictly, at most MAX_COMPARISONS comparisons, a
-report no larger than an eighth of the child's memory limit, nothing the child sends raising anything but one
+report no larger than a sixteenth of the child's memory limit, nothing the child sends raising anything but one
 line naming the file.
 
 The child here is :mod:`report_probe`, registered as a job for the length of a test: it sends what code that ran in
@@ -55,11 +55,11 @@ def test_a_report_past_the_cap_is_one_line(probe: None) -> None:
         _from_child({"kind": "report", "comparisons": MAX_COMPARISONS + 1})
 
 
-def test_a_report_past_an_eighth_of_the_memory_limit_is_refused_unread(probe: None) -> None:
-    """At 256 MiB of memory the report may be 32 MiB: one of a hundred thousand comparisons (about 40 MiB) is
+def test_a_report_past_a_sixteenth_of_the_memory_limit_is_refused_unread(probe: None) -> None:
+    """At 512 MiB of memory the report may be 32 MiB: one of a hundred thousand comparisons (about 34 MiB) is
     refused before it is parsed, naming the limit that raises it."""
     with pytest.raises(IsolationError, match=r"report is 3\d\.\d+ MiB, more than 32 MiB .*--memory-limit raises it"):
-        _from_child({"kind": "report", "comparisons": 100_000}, memory="256MiB")
+        _from_child({"kind": "report", "comparisons": 100_000}, memory="512MiB")
 
 
 @pytest.mark.parametrize(
@@ -84,6 +84,11 @@ def test_a_malformed_report_is_one_line(probe: None, kind: str, fragment: str) -
         (lambda d: d["boundaries"][0].update(engine=2**70), "boundary engine is not an integer"),
         (lambda d: d.update(divergence={"kind": "engine", "where": 1, "detail": ""}), "divergence where is not text"),
         (lambda d: d.update(random_runs=[{"iteration": 0, "sizes": [[1]], "ok": 1}]), "random run ok is not true"),
+        (lambda d: d.update(random_runs=[{"iteration": 0, "sizes": [[]] * 257, "ok": True}]), "more than 256"),
+        (
+            lambda d: d.update(notes=[""] * 10_001, random_runs=[{"iteration": 0, "sizes": [], "ok": True}] * 10_001),
+            "random runs holds 10001 items, more than 10000",
+        ),
     ],
 )
 def test_each_field_is_read_as_its_type(change: Any, fragment: str) -> None:

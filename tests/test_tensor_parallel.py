@@ -193,27 +193,23 @@ def test_single_file_commands_on_a_rank_file(two: Path) -> None:
 @pytest.mark.parametrize(
     ("variant", "rank0", "rank1"),
     [
-        # The manifest of the honest program: rank 1's parent refuses the call, rank 0's gives up waiting for it.
+        # The manifest of the honest program: rank 1's child finds it does not describe its program, nothing runs.
         (
             "oversized",
-            "rank(s) 1 ended their run before this collective",
-            "its program called all_reduce (sum) on group '0' with float32[8, 8], where its file's manifest declares "
-            "float32[4, 8]",
+            "rank 1 refused its file, so no rank ran",
+            "its rank manifest does not describe its program: collective 0 is _c10d_functional::all_reduce.default "
+            "on group '0' of float32[8, 8] in the program and _c10d_functional::all_reduce.default on group '0' of "
+            "float32[4, 8] in the manifest",
         ),
         # Its own size declared: the manifests disagree, nothing runs.
         ("declared", "collective 0 is _c10d_functional::all_reduce.default (sum) of float32[4, 8]", "float32[8, 8]"),
-        # Rows declared as a symbol: the parents compare what their children send before the collective.
-        (
-            "symbolic",
-            "the ranks disagree on collective 0 on group '0': rank 1 sends all_reduce (sum) of float32[8, 8] where "
-            "rank 0 sends all_reduce (sum) of float32[4, 8]; nothing was sent",
-            "the ranks disagree on collective 0 on group '0'",
-        ),
     ],
 )
 def test_a_rank_file_sending_another_size_is_one_ranks_error(two: Path, variant: str, rank0: str, rank1: str) -> None:
     """A rank file whose all_reduce sends twice the rows of the other rank's made gloo abort rank 0's trusted
-    parent (SIGABRT, no report). Now it is an error line on each rank, naming the rank and the collective."""
+    parent (SIGABRT, no report). Now it is an error line on each rank, naming the rank and the collective, before
+    anything runs. (Where shapes are dynamic, the parents compare what their children send before each collective:
+    tests/test_rank_manifest.py's descriptor tests.)"""
     code, report, seconds = _verify(2, two / f"{variant}_rank{{rank}}_of_{{world_size}}.pt2")
     first, second = report["ranks"]
     assert first["status"] == second["status"] == "ERROR", report
@@ -224,10 +220,10 @@ def test_a_rank_file_sending_another_size_is_one_ranks_error(two: Path, variant:
 
 def test_the_torchrun_form_survives_a_rank_file_of_another_size(two: Path) -> None:
     """Under torchrun the parent of rank 0 is the user's own process: it prints the set's report and exits 2."""
-    done = _torchrun(2, "-m", "trt_inline", "verify", str(two / "symbolic_rank{rank}_of_{world_size}.pt2"), "--json")
+    done = _torchrun(2, "-m", "trt_inline", "verify", str(two / "declared_rank{rank}_of_{world_size}.pt2"), "--json")
     report = json.loads(done.stdout)
     assert [row["status"] for row in report["ranks"]] == ["ERROR", "ERROR"]
-    assert "rank 1 sends all_reduce (sum) of float32[8, 8]" in report["ranks"][0]["error"]
+    assert "of float32[8, 8] at all_reduce on rank 1; nothing ran" in report["ranks"][0]["error"]
     # Each rank's process exits 2 (torchrun's own status is 1 when any does); none died on a signal.
     assert done.returncode == 1 and "exitcode  : 2" in done.stderr, done.stderr[-3000:]
     assert "Signal" not in done.stderr and "SIGABRT" not in done.stderr and "EnforceNotMet" not in done.stderr

@@ -366,10 +366,10 @@ def test_verify_runs_inputs_laid_out_as_a_caller_may(layout_switch: dict[str, Pa
     assert cli("verify", str(layout_switch["honest"])).returncode == 0
 
 
-def test_a_program_that_refuses_strided_inputs_gets_a_note() -> None:
-    """A program that raises on a strided input (a kernel that wants contiguous memory) cannot compute otherwise
-    on such inputs: the layout run is a note, not a problem. (Exported views of them work: every dimension of the
-    view is strided alike, so its dimensions merge.)"""
+def test_a_program_that_raises_only_on_strided_inputs_has_a_problem() -> None:
+    """A program that runs on contiguous inputs and raises on strided views of the same values would pass verify
+    and refuse what a caller passes (a switch may raise on purpose): a problem. Exported views of such inputs work:
+    every dimension is strided alike, so their dimensions merge."""
 
     def needs_contiguous(x: torch.Tensor) -> torch.Tensor:
         if not x.is_contiguous():
@@ -378,5 +378,6 @@ def test_a_program_that_refuses_strided_inputs_gets_a_note() -> None:
 
     assert torch.ops.aten.view.default(laid_out_otherwise(torch.randn(4, 8)), [-1]).shape == (32,)
     run = run_on(needs_contiguous, [torch.randn(4, 8)], {}, None, layouts=True)
-    assert run.problems == [] and any("does not accept inputs that are strided views" in n for n in run.notes)
-    assert run_on(lambda x: x * 2, [torch.randn(4, 8)], {}, None, layouts=True).notes == []
+    assert len(run.problems) == 1 and "raises on its inputs as strided views" in run.problems[0], run.problems
+    assert "expects a contiguous input" in run.problems[0]
+    assert run_on(lambda x: x * 2, [torch.randn(4, 8)], {}, None, layouts=True).problems == []

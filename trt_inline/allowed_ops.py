@@ -18,7 +18,10 @@ ATen operators                  a name of :data:`ALLOWED_ATEN` (``allowed_aten.t
                                 containing ``sparse``, ``nested`` or ``_unsafe`` (but
                                 ``_unsafe_view``); tagged random only in a call
                                 :data:`DRAWS_ONLY_WHEN` says cannot draw; the operators of
-                                :data:`CHECKED_ONLY_WHEN` only with the literal it names
+                                :data:`CHECKED_ONLY_WHEN` only with the literal it names;
+                                ``as_strided`` only as a restride (:data:`RESTRIDE_ONLY`);
+                                outputs of :data:`READABLE_OUTPUTS` kernels only where they
+                                hold values
 collectives                     :data:`~trt_inline.distributed.manifest.COLLECTIVE_OPS`
                                 outside :func:`allowing` blocks (a process running what
                                 it compiled), inside one only with ``collectives=True``
@@ -73,6 +76,7 @@ __all__ = [
     "check_target",
     "is_native_engine_op",
     "qualified_name",
+    "read_allow_list",
     "resolve",
     "serialized_to_qualified",
     "showing_refusals",
@@ -142,6 +146,9 @@ _UPDATES_STATISTICS = "which updates the statistics it is given in place unless 
 _GATE_REASONS = {
     "aten::segment_reduce": _SKIPS_CHECKS,
     "aten::isin": _SKIPS_CHECKS,
+    "aten::batch_norm": _UPDATES_STATISTICS,
+    "aten::native_batch_norm": _UPDATES_STATISTICS,
+    "aten::instance_norm": _UPDATES_STATISTICS,
     "aten::_assert_tensor_metadata": (
         "which checks its input's strides (a program could refuse a layout verify does not pass)"
     ),
@@ -482,8 +489,10 @@ def _restride_refusal(op: compat.OpOverload, call: Call | None) -> str | None:
                 f"its source {source.name} is not the result of a reduction (an input or a view, whose storage "
                 "may hold more than it)"
             )
-        if not isinstance(value, torch.Tensor) or list(value.shape) != list(size):
-            return f"its source {source.name} is not of shape {list(size)}"
+        shape = list(value.shape) if isinstance(value, torch.Tensor) else None
+        # (A symbolic size is never compared with an int: the comparison would guard, or raise.)
+        if shape is None or not all(type(d) is int for d in shape) or shape != list(size):
+            return f"its source {source.name} is not of the static shape {list(size)}"
     return None
 
 
@@ -523,7 +532,7 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
     gate = CHECKED_ONLY_WHEN.get(name)
     why = None if gate is None else _gate(op, call, gate)
     if why is not None:
-        return f"{_GATE_REASONS.get(name, _UPDATES_STATISTICS)} ({why})"
+        return f"{_GATE_REASONS[name]} ({why})"
     if name == RESTRIDE_ONLY:
         why = _restride_refusal(op, call)
         if why is not None:

@@ -64,7 +64,6 @@ __all__ = [
     "op_argument_types",
     "op_is_mutable",
     "op_is_random",
-    "op_returns_alias",
     "op_argument_value",
     "op_return_types",
     "cuda_built",
@@ -309,11 +308,6 @@ def op_overload_name(target: OpOverload) -> str:
 def op_is_mutable(target: OpOverload) -> bool:
     """Whether an OpOverload's schema writes to any argument (``Tensor(a!)``, ``out=``)."""
     return bool(target._schema.is_mutable)
-
-
-def op_returns_alias(target: OpOverload) -> bool:
-    """Whether any result of an OpOverload may share its storage with an argument (``Tensor(a)``: a view)."""
-    return any(result.alias_info is not None for result in target._schema.returns)
 
 
 def op_is_random(target: OpOverload) -> bool:

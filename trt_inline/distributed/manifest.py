@@ -342,19 +342,33 @@ def first_difference(first: Sequence[Any], second: Sequence[Any]) -> int:
     return next((i for i, (a, b) in pairs if a != b), min(len(first), len(second)))
 
 
+def _declared(collective: Collective) -> tuple[Any, ...]:
+    """What a manifest must say of a collective the program calls: operator, group, reduction, dtype and shape
+    (a dimension as its size, or as a symbol of any name: a loaded program may name its symbols otherwise)."""
+    shape = tuple(d if type(d) is int else "symbol" for d in collective.shape)
+    return collective.op, collective.group, collective.reduce_op, collective.dtype, shape
+
+
 def program_mismatch(manifest: RankManifest, module: torch.nn.Module, where: str) -> str | None:
-    """Why ``manifest`` does not describe ``module``'s collectives (operator, group, reduction, in order), or None.
+    """Why ``manifest`` does not describe ``module``'s collectives (operator, group, reduction, dtype and shape, in
+    order: a reference engine's as "unknown", its steps record none), or None.
 
     The agreement between ranks and the relay's checks go by the manifest: a
     stale or forged one would let the ranks' runs pair different collectives.
     """
-    found = [(c.op, c.group, c.reduce_op) for c in collectives_of(module)]
-    recorded = [(c.op, c.group, c.reduce_op) for c in manifest.collectives]
+    found = [_declared(c) for c in collectives_of(module)]
+    recorded = [_declared(c) for c in manifest.collectives]
     if found == recorded:
         return None
     index = first_difference(found, recorded)
-    program_side = f"{found[index][0]} on group {found[index][1]!r}" if index < len(found) else "nothing"
-    manifest_side = f"{recorded[index][0]} on group {recorded[index][1]!r}" if index < len(recorded) else "nothing"
+
+    def side(declared: list[tuple[Any, ...]]) -> str:
+        if index >= len(declared):
+            return "nothing"
+        op, group, _, dtype, shape = declared[index]
+        return f"{op} on group {group!r} of {dtype}{describe_shape(shape)}"
+
+    program_side, manifest_side = side(found), side(recorded)
     return (
         f"{where}: its rank manifest does not describe its program: collective {index} is {printable(program_side)} in "
         f"the program and {printable(manifest_side)} in the manifest"

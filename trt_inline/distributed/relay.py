@@ -565,7 +565,9 @@ def _check_arguments(call: dict[str, Any], size: int, limit: int) -> None:
         if type(root) is not int or not is_count(root, size - 1):
             raise RankSetError("the child asked to broadcast from a rank outside its group")
     if call["call"] == "all_to_all":
-        rows = call["shape"][0] if call["shape"] else 0
+        if not shape:
+            raise RankSetError("the child asked to all_to_all a tensor without rows")
+        rows = shape[0]
         splits = [call.get("out_splits"), call.get("in_splits")]
         for given in splits:
             if not (isinstance(given, list) and all(type(n) is int and is_count(n, 1 << 40) for n in given)):
@@ -586,10 +588,11 @@ def _descriptor(call: dict[str, Any], size: int) -> torch.Tensor:
     """A checked call as int64s of one length for a group of ``size``: call, dtype, reduction, root, rank,
     16 dimensions, then the input and output splits (``size`` each; -1 where not given)."""
     shape = list(call["shape"])
-    root = call.get("root") if call["call"] == "broadcast" else -1
+    root = call["root"] if call["call"] == "broadcast" else -1  # (checked before: an int in range)
+    reduces = call["call"] in ("all_reduce", "reduce_scatter")  # (others carry no reduction to compare)
     values = [
         COLLECTIVE_CALLS.index(call["call"]), _DTYPE_NAMES.index(call["dtype"]),
-        REDUCE_OPS.index(call.get("reduce", "sum")), root if isinstance(root, int) else -2, len(shape),
+        REDUCE_OPS.index(call.get("reduce", "sum") if reduces else "sum"), root, len(shape),
         *shape, *[-1] * (_MAX_DIMS - len(shape)),
     ]  # fmt: skip
     for key in ("in_splits", "out_splits"):

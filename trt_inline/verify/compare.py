@@ -13,7 +13,7 @@ from torch.utils import _pytree as pytree
 
 from trt_inline import compat
 from trt_inline.engines import engine_submodule_key
-from trt_inline.errors import RankSetError, VerifyInputError, first_line
+from trt_inline.errors import RankSetError, RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.report import OutputComparison, describe_value
 
@@ -151,7 +151,7 @@ class Run:
 # The run :func:`run_on` adds where asked: the inputs as a caller may pass them (views into larger buffers, every
 # other element of their storage) with fewer intra-op threads. Reductions then add in another order, so a program
 # that amplifies rounding into a switch ("does sum(x) equal sum(x.clone())?") is caught computing otherwise.
-LAYOUT_RUN = "on inputs that are strided views into larger buffers, with half the intra-op threads"
+LAYOUT_RUN = "on inputs that are strided views into larger buffers, with half the intra-op threads (at least one)"
 
 
 def laid_out_otherwise(value: Any) -> Any:
@@ -182,8 +182,9 @@ def run_on(
     held to its dtype's tolerance instead, and a note says so; one that does repeat itself is named.
 
     ``layouts``: also run as :data:`LAYOUT_RUN` says, and require its outputs within each dtype's tolerance of
-    the normal call's (a program that refuses such inputs, as an exported ``view`` of a non-contiguous tensor
-    does, gets a note: it cannot compute otherwise on them). Not in a rank set, whose ranks must run alike.
+    the normal call's; a program that raises there and not on contiguous inputs has a problem too (it could pass
+    verify and refuse the inputs a caller passes). Not where the program calls collectives: every rank must make
+    the same runs.
     """
     if device is not None:
         if isinstance(module, torch.nn.Module):
@@ -199,8 +200,8 @@ def run_on(
         try:
             with isolated_run(), mode(), buffers_restored(module) as restored:  # from the state it was given
                 outputs = restored.apart(module(*args, **kwargs))
-        except RankSetError:
-            raise  # (the rank set stopped this run: its own message names the rank and the collective)
+        except (RankSetError, RefusedOperatorError):
+            raise  # (a rank set stopped the run, or a check refused a call: each message names what it is)
         except Exception as exc:
             raise VerifyInputError(
                 f"the program does not accept the reference inputs ({type(exc).__name__}: {first_line(exc)})"
@@ -234,8 +235,8 @@ def _layout_run(
         torch.set_num_threads(max(1, threads // 2))  # (fewer: no thread the limits did not see start)
         laid = once(normal, args, kwargs)
     except VerifyInputError as exc:
-        run.notes.append(f"the program does not accept inputs that are strided views ({first_line(exc)[:200]})")
-        return []
+        return [f"the program raises on its inputs as strided views into larger buffers, where it runs on them "
+                f"contiguous ({first_line(exc)[:200]})"]  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     return modes_disagree(run.outputs, laid, RUN_MODES[0][0], LAYOUT_RUN, exact=False)

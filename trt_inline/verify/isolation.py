@@ -820,13 +820,15 @@ def _outcome(ended: _Ended, limits: Limits, where: str) -> ChildResult:
     if ended.overflow:
         raise IsolationError(f"{where}: the child process's report is larger than {format_size(_MAX_RESULT_BYTES)}")
     header, _, tensors = ended.result.partition(b"\n")
-    # What this process parses holds about ten times the bytes it parses: a report larger than an eighth of the
-    # child's own memory limit is refused unread, so that the parent stays within the limit the child ran under.
-    header_limit = min(_MAX_REPORT_BYTES, max(16 << 20, limits.memory // 8))
+    # Parsing JSON holds 10 (a report) to 21 (nested empty lists) times the bytes parsed: a report larger than a
+    # sixteenth of the child's own memory limit (16 MiB at least, 128 MiB at most) is refused unread, so that the
+    # parent parsing it stays near the limit the child ran under.
+    header_limit = min(_MAX_REPORT_BYTES, max(16 << 20, limits.memory // 16))
     if len(header) > header_limit:
+        raises = "; --memory-limit raises it" if header_limit < _MAX_REPORT_BYTES else ""
         raise IsolationError(
             f"{where}: the child process's report is {format_size(len(header))}, more than {format_size(header_limit)} "
-            "(an eighth of its memory limit; --memory-limit raises it)"
+            f"(a sixteenth of its memory limit, at least 16 MiB and at most 128 MiB{raises})"
         )
     try:
         result = json.loads(header)

@@ -20,7 +20,11 @@ __all__ = ["MAX_COMPARISONS", "BoundaryRow", "Divergence", "OutputComparison", "
 # The comparisons (outputs, boundary values, engines run alone) one report may hold: a model's outputs and engine
 # boundaries by the hundred thousand, and a bound on what a parent parses, formats and writes for one child.
 MAX_COMPARISONS = 250_000
-_MAX_ITEMS = MAX_COMPARISONS  # any other list of a report (problems, notes, random runs, a region's nodes)
+# Every item of every list and object of a report together (a comparison counts its fields): what the parent builds
+# from a report is bounded whatever its shape, not only in comparisons.
+_MAX_ITEMS = 32 * MAX_COMPARISONS
+_MAX_RUNS = 10_000  # random runs (--random-inputs)
+_MAX_INPUTS = 256  # sizes per random run
 _MAX_DIMS = 64
 
 
@@ -274,11 +278,17 @@ class _Reader:
 
     def __init__(self) -> None:
         self.comparisons = 0
+        self.items = 0
 
-    @staticmethod
-    def _fields(data: Any, known: set[str], required: set[str], what: str) -> dict[str, Any]:
+    def _count(self, items: int) -> None:
+        self.items += items
+        if self.items > _MAX_ITEMS:
+            raise ValueError(f"the report holds more than {_MAX_ITEMS} items in all")
+
+    def _fields(self, data: Any, known: set[str], required: set[str], what: str) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise ValueError(f"{what} is not an object")
+        self._count(len(data))
         unknown = [key for key in data if key not in known]
         if unknown:
             raise ValueError(f"{what} has a field {decoded_text(str(unknown[0]), 60)!r}")
@@ -315,12 +325,12 @@ class _Reader:
             raise ValueError(f"{what} is not true or false")
         return value
 
-    @staticmethod
-    def _items(value: Any, what: str, limit: int = _MAX_ITEMS) -> list[Any]:
+    def _items(self, value: Any, what: str, limit: int = MAX_COMPARISONS) -> list[Any]:
         if not isinstance(value, list):
             raise ValueError(f"{what} is not a list")
         if len(value) > limit:
             raise ValueError(f"{what} holds {len(value)} items, more than {limit}")
+        self._count(len(value))
         return value
 
     def comparison(self, data: Any, what: str) -> OutputComparison:
@@ -376,11 +386,14 @@ class _Reader:
         sizes = [
             [self._integer(d, "random run size") for d in self._items(shape, "random run sizes", _MAX_DIMS)]
             if isinstance(shape, list) else self._text(shape, "random run sizes")
-            for shape in self._items(data["sizes"], "random run sizes")
+            for shape in self._items(data["sizes"], "random run sizes", _MAX_INPUTS)
         ]  # fmt: skip
         symbols = data.get("symbols", {})
-        if not isinstance(symbols, dict) or len(symbols) > _MAX_ITEMS:
+        if not isinstance(symbols, dict):
             raise ValueError("random run symbols is not an object")
+        if len(symbols) > _MAX_INPUTS * _MAX_DIMS:
+            raise ValueError(f"random run symbols holds {len(symbols)} symbols, more than {_MAX_INPUTS * _MAX_DIMS}")
+        self._count(len(symbols))
         return {
             "iteration": self._integer(data["iteration"], "random run iteration"),
             "sizes": sizes,
@@ -411,5 +424,7 @@ class _Reader:
             boundaries=[self.boundary(b, "boundary") for b in self._items(data.get("boundaries", []), "boundaries")],
             boundaries_on=self._text(data.get("boundaries_on", ""), "report boundaries_on"),
             divergence=None if divergence is None else self.divergence(divergence),
-            random_runs=[self.random_run(r) for r in self._items(data.get("random_runs", []), "random runs")],
+            random_runs=[
+                self.random_run(run) for run in self._items(data.get("random_runs", []), "random runs", _MAX_RUNS)
+            ],
         )

@@ -13,7 +13,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, distributed, progress
 from trt_inline.distributed import relay as rank_relay
-from trt_inline.distributed.manifest import decode_manifest, program_mismatch
+from trt_inline.distributed.manifest import collectives_of, decode_manifest, program_mismatch
 from trt_inline.errors import IsolationError, VerifyInputError, first_line, printable
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.module_state import buffers_restored
@@ -588,8 +588,8 @@ def _verify_here(
         progress.report("running the program on the reference inputs")
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
-                # (Not in a rank set: its ranks must make the same runs, and one may refuse a layout.)
-                layouts = loaded is None or loaded.manifest_text is None
+                # (Not where the program calls collectives: every rank must make the same runs.)
+                layouts = module is None or not collectives_of(module)
                 run = run_on(runnable, args, kwargs, device, layouts=layouts)
         except VerifyInputError as exc:
             # Inputs the file itself carries (or a run of the compiled module recorded) are not unusable input:
@@ -850,7 +850,8 @@ def _random_runs(
         progress.report("running on random inputs", (iteration + 1, count))
         problem = None
         try:
-            ran = run_on(runnable, draw.inputs, {}, device, layouts=True)
+            collectives = isinstance(runnable, torch.nn.Module) and bool(collectives_of(runnable))
+            ran = run_on(runnable, draw.inputs, {}, device, layouts=not collectives)
             outputs, mode_problems = ran.outputs, ran.problems
         except VerifyInputError as exc:
             problem = f"rejected inputs within its declared ranges: {exc}"
