@@ -158,8 +158,8 @@ _GATE_REASONS = {
 # reads whatever the process holds there. Lowering to core ATen calls it to restride the size-1 dimensions of a
 # fresh result (``mean(keepdim=True)`` then a flatten): the same shape, one dimension longer than 1 read with
 # stride 1, the source's own offset, which reads the source's elements in order. Only such a call is allowed: in a
-# graph, of a fresh result (no view, no input) whose recorded shape is that shape; in a reference engine's program,
-# checked again on the tensor itself each time it runs (check_restride_run).
+# graph, of a reduction's result (FRESH_RESULTS) whose recorded static shape is that shape; in a reference engine's
+# program, checked again on the tensor itself each time it runs (check_restride_run).
 RESTRIDE_ONLY = "aten::as_strided"
 # The producers whose result is always fresh memory of its own (a schema without ``Tensor(a)`` is no proof:
 # ``_unsafe_view``, ``type_as``, ``einsum``, an eval-mode ``dropout`` return their input or a view of it): the
