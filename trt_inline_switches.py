@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["COMPILE", "DISABLE_ENV", "EXPORTER", "disabled_by_env", "env_flag"]
+__all__ = ["CHECK_RANKS_ENV", "COMPILE", "DISABLE_ENV", "EXPORTER", "checks_ranks", "disabled_by_env", "env_flag"]
 
 # The Torch-TensorRT modules whose import the entry point waits for.
 EXPORTER = "torch_tensorrt.dynamo._exporter"
 COMPILE = "torch_tensorrt._compile"
 # TRT_INLINE_DISABLE=1: the plugin does not activate at import torch.
 DISABLE_ENV = "TRT_INLINE_DISABLE"
+# TRT_INLINE_CHECK_RANKS=0: a rank file runs and loads on any rank (its embedded check and the patched
+# torch_tensorrt.load's check of its rank manifest both let it through).
+CHECK_RANKS_ENV = "TRT_INLINE_CHECK_RANKS"
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")
@@ -26,7 +29,8 @@ _TRUE = ("1", "true", "yes", "on")
 def env_flag(name: str, *, default: bool) -> bool:
     """A boolean environment switch: 1/true/yes/on or 0/false/no/off (any case); unset, empty or other: ``default``.
 
-    The one parser of trt-inline's switches (``TRT_INLINE_DISABLE``, ``TRT_INLINE_REFERENCE_IO``).
+    The one parser of trt-inline's switches (``TRT_INLINE_DISABLE``, ``TRT_INLINE_REFERENCE_IO``,
+    ``TRT_INLINE_CHECK_RANKS``).
     """
     value = os.environ.get(name, "").strip().lower()
     if value in _TRUE:
@@ -39,3 +43,9 @@ def env_flag(name: str, *, default: bool) -> bool:
 def disabled_by_env() -> bool:
     """Whether ``TRT_INLINE_DISABLE`` turns the automatic activation off."""
     return env_flag(DISABLE_ENV, default=False)
+
+
+def checks_ranks() -> bool:
+    """Whether rank files are held to their rank manifest where they are run or loaded (``TRT_INLINE_CHECK_RANKS``,
+    default on)."""
+    return env_flag(CHECK_RANKS_ENV, default=True)

@@ -2,8 +2,8 @@
 
 ``torch_tensorrt`` cannot be imported on a CPU machine (it needs ``libnvinfer``),
 so the plugin tests build a ``torch_tensorrt`` package in a temporary folder
-holding the release's real ``dynamo/_exporter.py`` and the real ``save`` of its
-``_compile.py`` (with the functions it calls), plus stand-ins for what those
+holding the release's real ``dynamo/_exporter.py`` and the real ``save`` and
+``load`` of its ``_compile.py`` (with the functions they call), plus stand-ins for what those
 import from the rest of Torch-TensorRT. For 2.5, whose ``transform`` calls
 ``partitioning.run_shape_analysis``, that function is taken from the same
 release. The wheel is downloaded with pip once and cached.
@@ -420,7 +420,7 @@ def package_tree(
     cross_compile: bool = False,
     kv_cache: bool = False,
 ) -> Path:
-    """A ``torch_tensorrt`` package around the release's real exporter (and its real ``save``).
+    """A ``torch_tensorrt`` package around the release's real exporter (and its real ``save`` and ``load``).
 
     ``executorch``: with stand-ins for Torch-TensorRT's ExecuTorch partitioner
     (``executorch`` itself must be importable where the shell is used).
@@ -437,7 +437,8 @@ def package_tree(
     init += _STAND_IN_NO_OP if executorch else _STAND_IN_CROSS_COMPILE_OP if cross_compile else ""
     if with_save:
         init += "from torch_tensorrt._compile import *  # noqa: F403\n"
-        compile_source = extract(release_file(version, "_compile.py"), ["save"])
+        # (the release's own `load` too: the plugin wraps it to refuse another rank's file)
+        compile_source = extract(release_file(version, "_compile.py"), ["save", "load"])
         if executorch:  # what the stand-ins stand for: the runtime and the ExecuTorch extra
             compile_source += "\nENABLED_FEATURES.torch_tensorrt_runtime = True\n"
             (package / "executorch").mkdir()
@@ -449,7 +450,7 @@ def package_tree(
             (package / "dynamo" / "runtime" / "meta_ops").mkdir()
             (package / "dynamo" / "runtime" / "meta_ops" / "__init__.py").write_text("")
             (package / "dynamo" / "runtime" / "meta_ops" / "register_meta_ops.py").write_text("")
-        (package / "_compile.py").write_text(compile_source + '\n__all__ = ["save"]\n')
+        (package / "_compile.py").write_text(compile_source + '\n__all__ = ["save", "load"]\n')
     (package / "__init__.py").write_text(init)
     (package / "_features.py").write_text(
         "from types import SimpleNamespace\n"

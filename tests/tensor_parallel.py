@@ -10,6 +10,10 @@
 * ``load``: each rank loads its files in this fresh job (with other process groups made first, so that group
   names differ from the saving job's) and writes the max abs difference to the expected outputs, and what
   loading another rank's (or another world size's) file said, in ``FOLDER/load_rank{rank}.json``.
+* ``swapped`` (2 ranks, with a release's ``torch_tensorrt`` shell importable): each rank loads the other rank's
+  files, and then its own, through ``torch_tensorrt.load`` (the release's own, wrapped by the plugin at import)
+  and through plain ``torch.export.load``, and writes what each said or how far its outputs were from this
+  rank's expected ones in ``FOLDER/swapped_rank{rank}.json``.
 """
 
 from __future__ import annotations
@@ -152,6 +156,19 @@ def _save_through_the_plugin(folder: Path, x: torch.Tensor) -> None:
         torch.save({"x": x, "out": compiled(x)}, folder / f"plugin_expected_rank{rank}.pt")
 
 
+def _save_exported(folder: Path, x: torch.Tensor, *, embed_rank_check: bool) -> None:
+    """The mlp exported as it is: no engine, so that the file loads without trt-inline (as a file of TensorRT
+    engines does) and carries the rank check only when asked (``plain_checked``; ``plain``: not)."""
+    rank = dist.get_rank()
+    model = RowColumnMLP(rank, dist.get_world_size()).eval()
+    name = "plain_checked" if embed_rank_check else "plain"
+    with torch.no_grad():
+        program = torch.export.export(model, (x,))
+        template = folder / f"{name}_rank{{rank}}_of_{{world_size}}.pt2"
+        trt_inline.save(program, template, arg_inputs=(x,), embed_rank_check=embed_rank_check)
+        torch.save({"x": x, "out": model(x)}, folder / f"{name}_expected_rank{rank}.pt")
+
+
 def save_step(folder: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     x = _inputs(rank)
@@ -168,6 +185,8 @@ def save_step(folder: Path) -> None:
     if world == 2:
         _save_perturbed(folder, x)
         _save_oversized(folder, x)
+        _save_exported(folder, x, embed_rank_check=False)
+        _save_exported(folder, x, embed_rank_check=True)
         os.environ["TRT_INLINE_ARRIVAL_TIMEOUT"] = "3"
         with torch.no_grad():  # compiled on every rank (its sample run's collectives pair up), saved on rank 0
             lonely = reference.compile(RowColumnMLP(rank, world).eval(), (x,))
@@ -214,11 +233,41 @@ def load_step(folder: Path) -> None:
     (folder / f"load_rank{rank}.json").write_text(json.dumps(found))
 
 
+def _outcome(run: Any, expected: dict[str, torch.Tensor]) -> Any:
+    """The max abs difference of ``run()``'s module on this rank's input from this rank's expected output, or the
+    error loading or running it raised (every rank makes the same calls: their collectives pair up)."""
+    try:
+        with torch.no_grad():
+            return (run().module()(expected["x"]) - expected["out"]).abs().max().item()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def swapped_step(folder: Path) -> None:
+    """Rank 0 loads rank 1's files and rank 1 rank 0's, then each its own, through the loaders users call."""
+    import torch_tensorrt  # the release's shell: its own load, wrapped by the plugin's import hook
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    other = (rank + 1) % world
+    found: dict[str, Any] = {"load wrapped": hasattr(torch_tensorrt.load, "__trt_inline_stock__")}
+    stock_load = getattr(torch_tensorrt.load, "__trt_inline_stock__", torch_tensorrt.load)
+    for model in ("mlp", "plain", "plain_checked"):
+        expected = torch.load(folder / f"{model}_expected_rank{rank}.pt")
+        for owner, label in ((other, "swapped"), (rank, "own")):
+            path = str(folder / f"{model}_rank{owner}_of_{world}.pt2")
+            found[f"{model} {label} torch_tensorrt.load"] = _outcome(lambda p=path: torch_tensorrt.load(p), expected)
+            found[f"{model} {label} torch.export.load"] = _outcome(lambda p=path: torch.export.load(p), expected)
+        if model == "plain":  # as it was: the release's own load of a file without the check runs it
+            path = str(folder / f"{model}_rank{other}_of_{world}.pt2")
+            found["plain swapped stock torch_tensorrt.load"] = _outcome(lambda p=path: stock_load(p), expected)
+    (folder / f"swapped_rank{rank}.json").write_text(json.dumps(found))
+
+
 def main() -> None:
     step, folder = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     try:
-        {"save": save_step, "load": load_step}[step](folder)
+        {"save": save_step, "load": load_step, "swapped": swapped_step}[step](folder)
         dist.barrier()
     finally:
         dist.destroy_process_group()

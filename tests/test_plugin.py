@@ -718,8 +718,58 @@ def test_doctor_reports_an_active_patch(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert RELEASE is not None
     # What the release's record lists (2.5's transform too: its shape analysis cannot type scalar engine outputs).
-    expected = f"exporter patch ({RELEASE.version})  active: {', '.join([*sorted(RELEASE.replaced), 'save'])}"
+    expected = f"exporter patch ({RELEASE.version})  active: {', '.join([*sorted(RELEASE.replaced), 'save', 'load'])}"
     assert expected in proc.stdout
+
+
+_LOAD_RANK_FILES = """
+    import json, os, sys, torch
+    import torch_tensorrt, trt_inline
+    from pathlib import Path
+    from trt_inline.distributed.manifest import RankManifest
+    from trt_inline.export import write_program
+
+    folder = Path(sys.argv[1])
+    program = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    write_program(program, folder / "single.pt2")
+    manifest = RankManifest(rank=1, world_size=2, backend="gloo", save_id="5f0c1a2b3c4d5e6f")
+    write_program(program, folder / "rank1.pt2", {"trt_inline_ranks.json": manifest.encode()})
+
+    def outcome(name):
+        try:
+            return type(torch_tensorrt.load(str(folder / name))).__name__
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    found = {"rank file": outcome("rank1.pt2"), "single file": outcome("single.pt2")}
+    os.environ["TRT_INLINE_CHECK_RANKS"] = "0"
+    found["rank file, TRT_INLINE_CHECK_RANKS=0"] = outcome("rank1.pt2")
+    del os.environ["TRT_INLINE_CHECK_RANKS"]
+    trt_inline.uninstall()
+    found["uninstalled: the release's own load"] = torch_tensorrt.load is torch_tensorrt._compile.load and not hasattr(
+        torch_tensorrt.load, "__trt_inline_stock__")
+    found["rank file, uninstalled"] = outcome("rank1.pt2")
+    trt_inline.install()
+    found["rank file, installed again"] = outcome("rank1.pt2").partition(":")[0]
+    print(json.dumps(found))
+"""
+
+
+def test_patched_torch_tensorrt_load_refuses_a_rank_file_outside_its_rank_set(tmp_path: Path) -> None:
+    """The release's own ``torch_tensorrt.load``, wrapped at import as ``save`` is: a rank file's manifest is checked
+    as ``trt_inline.load`` checks it (here: no process group at all); uninstall puts the stock function back."""
+    proc = run_python(_LOAD_RANK_FILES, release_tree(tmp_path), str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found == {
+        "rank file": f"RankSetError: {tmp_path / 'rank1.pt2'} is rank 1 of 2 of a tensor-parallel rank set: load it in "
+        "a process group of 2 ranks (torchrun --nproc-per-node 2) (TRT_INLINE_CHECK_RANKS=0 loads it anyway)",
+        "single file": "ExportedProgram",
+        "rank file, TRT_INLINE_CHECK_RANKS=0": "ExportedProgram",
+        "uninstalled: the release's own load": True,
+        "rank file, uninstalled": "ExportedProgram",
+        "rank file, installed again": "RankSetError",
+    }
 
 
 def test_2_5_adapter_takes_engine_shapes_from_the_outputs_map() -> None:

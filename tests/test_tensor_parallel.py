@@ -17,8 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from conftest import python_path
+from test_plugin import release_tree
 
-from trt_inline.distributed.manifest import MANIFEST_FILE, RankManifest, decode_manifest
+from trt_inline.distributed.manifest import (
+    MANIFEST_FILE,
+    RANK_CHECK_OP,
+    RankManifest,
+    decode_manifest,
+    rank_check_nodes,
+    rank_check_problem,
+)
 from trt_inline.verify.reader import read_file
 
 pytestmark = pytest.mark.tensor_parallel
@@ -26,8 +36,10 @@ pytestmark = pytest.mark.tensor_parallel
 WORKER = Path(__file__).with_name("tensor_parallel.py")
 
 
-def _torchrun(ranks: int, *command: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _torchrun(
+    ranks: int, *command: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *command],
         capture_output=True, text=True, timeout=timeout, env=environment, check=False,
@@ -57,6 +69,18 @@ def three(tmp_path_factory: pytest.TempPathFactory, two: Path) -> Path:
         shutil.copy(two / f"mlp_rank{rank}_of_2.pt2", folder)
     _step(3, "load", folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def swapped(tmp_path_factory: pytest.TempPathFactory, two: Path) -> Path:
+    """What a fresh 2-rank job, with the release's ``torch_tensorrt`` shell importable and the plugin on, found
+    loading the 2-rank sets on swapped ranks, then on their own."""
+    tree = release_tree(tmp_path_factory.mktemp("shell"))
+    done = _torchrun(
+        2, str(WORKER), "swapped", str(two), env={"PYTHONPATH": python_path(tree), "TRT_INLINE_DISABLE": "0"}
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return two
 
 
 def _manifest(path: Path) -> RankManifest:
@@ -227,3 +251,49 @@ def test_the_torchrun_form_survives_a_rank_file_of_another_size(two: Path) -> No
     # Each rank's process exits 2 (torchrun's own status is 1 when any does); none died on a signal.
     assert done.returncode == 1 and "exitcode  : 2" in done.stderr, done.stderr[-3000:]
     assert "Signal" not in done.stderr and "SIGABRT" not in done.stderr and "EnforceNotMet" not in done.stderr
+
+
+def test_rank_files_carry_their_own_check_where_they_need_trt_inline_anyway(two: Path) -> None:
+    """Reference engines (trt_inline.save, and torch_tensorrt.save through the plugin): always; a file that loads
+    without trt-inline (no engine here, TensorRT engines on a GPU): only with embed_rank_check=True."""
+    carried = {"mlp": True, "seq_in_engines": True, "plugin": True, "plain": False, "plain_checked": True}
+    for model, carries in carried.items():
+        for rank in range(2):
+            path = two / f"{model}_rank{rank}_of_2.pt2"
+            program = torch.export.load(path)
+            check_nodes = rank_check_nodes(program.graph_module)
+            assert len(check_nodes) == int(carries), (model, rank, program.graph)
+            if carries:
+                first = next(n for n in program.graph.nodes if n.op != "placeholder")
+                assert check_nodes[0] is first and str(check_nodes[0].target) == "trt_inline.check_ranks.default"
+                assert decode_manifest(check_nodes[0].args[0], str(path)) == _manifest(path)
+            assert rank_check_problem(program.graph_module, _manifest(path)) is None
+
+
+def test_a_rank_set_on_swapped_ranks_is_refused_by_the_loaders_users_call(swapped: Path) -> None:
+    """Issue 42: ``torch.export.load`` and ``torch_tensorrt.load`` (Torch-TensorRT's tensor-parallel examples) ran
+    rank 0's file on rank 1 without a word. With the plugin, the release's own ``torch_tensorrt.load`` refuses every
+    rank file on the wrong rank; ``torch.export.load`` of a file carrying the check loads it, and its first run
+    refuses. The files on their own ranks still compute bit for bit."""
+    for rank in range(2):
+        found = json.loads((swapped / f"swapped_rank{rank}.json").read_text())
+        other = 1 - rank
+        assert found["load wrapped"] is True
+        # As it was: a file without the check, through the release's own load or torch.export.load, runs wrong.
+        for before in ("plain swapped stock torch_tensorrt.load", "plain swapped torch.export.load"):
+            assert isinstance(found[before], float) and found[before] > 0.01, (before, found[before])
+        for model in ("mlp", "plain", "plain_checked"):  # refused at load, by the manifest every rank file carries
+            message = found[f"{model} swapped torch_tensorrt.load"]
+            path = swapped / f"{model}_rank{other}_of_2.pt2"
+            assert message.startswith(f"RankSetError: {path} is rank {other} of 2 (save "), message
+            assert f"but this process is rank {rank} of 2: load the file saved for this rank" in message
+            assert message.endswith("(TRT_INLINE_CHECK_RANKS=0 loads it anyway)")
+        for model in ("mlp", "plain_checked"):  # refused when its program starts, by the check it carries
+            message = found[f"{model} swapped torch.export.load"]
+            assert message.startswith(f"RankSetError: the rank file running here is rank {other} of 2 (save "), message
+            assert f"but this process is rank {rank} of 2: load the file saved for this rank" in message
+            assert message.endswith(
+                f"(its own check, {RANK_CHECK_OP}, refused to run it; TRT_INLINE_CHECK_RANKS=0 runs it anyway)"
+            )
+        for model in ("mlp", "plain", "plain_checked"):  # the right files, through both loaders: bit for bit
+            assert found[f"{model} own torch_tensorrt.load"] == found[f"{model} own torch.export.load"] == 0.0, found

@@ -29,6 +29,10 @@ collectives                     :data:`~trt_inline.distributed.manifest.COLLECTI
 engine operators                ``trt_inline::execute_engine``; the TensorRT ones
                                 (:data:`trt_inline.engines.ENGINE_OPS`) only where native
                                 code is allowed: a TensorRT plan is native code
+the rank check                  ``trt_inline::check_ranks`` (a rank file's first call,
+                                :mod:`trt_inline.distributed.rank_check`): without a live
+                                process group, as in verify's child, it does nothing;
+                                verify checks its manifest statically instead
 Python functions                :data:`PYTHON_FUNCTIONS`: ``getitem`` and the symbolic
                                 size arithmetic exported graphs contain
 anything else                   only when the caller names it (``allow_ops``,
@@ -54,7 +58,7 @@ from typing import Any
 import torch
 
 from trt_inline import compat, engines
-from trt_inline.distributed.manifest import COLLECTIVE_OPS
+from trt_inline.distributed.manifest import COLLECTIVE_OPS, RANK_CHECK_OP
 from trt_inline.errors import RefusedOperatorError, printable
 
 __all__ = [
@@ -407,7 +411,7 @@ def _check_op(op: compat.OpOverload, call: Call | None = None) -> None:
         return
     if is_native_engine_op(name):
         raise RefusedOperatorError(_native_refusal(full))
-    if name == engines.REFERENCE_OP.name:
+    if name in (engines.REFERENCE_OP.name, RANK_CHECK_OP):
         return
     reason = _aten_refusal(op, name, call)
     if reason:

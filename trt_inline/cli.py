@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,7 @@ from typing import Any
 from trt_inline import progress
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.logs import debug_to_stderr
+from trt_inline.verify.cases import CaseResult, expected_outputs, load_tensor_file, split_inputs
 from trt_inline.verify.compare import ERROR_STATS, tolerance_key
 
 __all__ = ["main"]
@@ -148,32 +150,6 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return 0 if all(f.ok for f in findings) else 1
 
 
-def _load_tensors(path: str, what: str) -> Any:
-    import torch
-
-    if not os.path.exists(path):
-        raise VerifyInputError(f"{what} file {path}: no such file")
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as exc:
-        raise VerifyInputError(
-            f"{what} file {path} is not a tensor file readable with weights_only=True: {first_line(exc)}"
-        ) from exc
-
-
-def _split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
-    """An inputs file holds a tensor, a list/tuple of tensors, or {"args": [...], "kwargs": {...}}."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value], {}
-    if isinstance(value, (list, tuple)):
-        return list(value), {}
-    if isinstance(value, dict) and set(value) <= {"args", "kwargs"}:
-        return list(value.get("args", [])), dict(value.get("kwargs", {}))
-    raise VerifyInputError('an inputs file holds a tensor, a list of tensors, or {"args": [...], "kwargs": {...}}')
-
-
 def _tolerance(values: list[str] | None, flag: str) -> float | dict[str, float] | None:
     """``--atol 1e-3`` (every value) and/or ``--atol out0=1e-3`` / ``engine2=`` / ``acc_5=`` (one), repeatable."""
     if not values:
@@ -199,11 +175,12 @@ def _tolerance(values: list[str] | None, flag: str) -> float | dict[str, float] 
 def _inputs_file(path: str | None) -> tuple[list[Any] | None, dict[str, Any] | None]:
     if path is None:
         return None, None
-    return _split_inputs(_load_tensors(path, "inputs"))
+    return split_inputs(load_tensor_file(path, "inputs"))
 
 
 def _finish(report: Any, args: argparse.Namespace, *, unverified: str | None) -> int:
-    """Print the report (text or JSON), draw its chart if asked; the exit status."""
+    """Print the report (text or JSON), draw its chart and write its JUnit file if asked; the exit status."""
+    _write_junit(args, [CaseResult(report.source, None, report, seconds=time.monotonic() - args.started)])
     if args.plot is not None:
         from trt_inline.verify.plot import plot_boundaries
 
@@ -233,11 +210,34 @@ def _comparison(args: argparse.Namespace) -> dict[str, Any]:
         "memory_limit": args.memory_limit,
         "sandbox": not args.no_sandbox,
         "debug": args.debug,
+        "top_k": args.top_k,
+        "min_top_k_agreement": args.min_top_k_agreement,
     }
 
 
+def _write_junit(args: argparse.Namespace, results: list[CaseResult]) -> None:
+    """With ``--junit FILE``: the verdicts written there (:mod:`trt_inline.verify.junit`), once."""
+    if getattr(args, "junit", None) is None:
+        return
+    from trt_inline.verify.junit import write_junit
+
+    write_junit(args.junit, results, f"trt-inline {args.command}")
+    args.junit_written = True
+
+
+def _junit_of_error(args: argparse.Namespace, exc: BaseException) -> None:
+    """With ``--junit FILE``: an error that stopped ``verify`` or ``diff`` written there as the file's error (a CI
+    job shows it with the rest), unless the verdicts were written already or the file cannot be."""
+    if getattr(args, "junit", None) is None or getattr(args, "junit_written", False):
+        return
+    source = args.path if args.command == "verify" else f"{args.path_a} against {args.path_b}"
+    error = first_line(exc) if isinstance(exc, TrtInlineError) else f"{type(exc).__name__}: {first_line(exc)}"
+    with contextlib.suppress(OSError, TrtInlineError):  # (the one line on stderr says what went wrong)
+        _write_junit(args, [CaseResult(source, None, None, error, time.monotonic() - args.started)])
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse an unwritable --plot or --save-outputs before the (possibly long) run, not after it."""
+    """Refuse an unwritable --plot, --save-outputs or --junit before the (possibly long) run, not after it."""
     if args.plot is not None:
         from trt_inline.verify.plot import check_plot_target
 
@@ -246,6 +246,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
         from trt_inline.verify.verifier import save_target
 
         save_target(args.save_outputs)
+    if getattr(args, "junit", None) is not None:
+        from trt_inline.verify.verifier import save_target
+
+        save_target(args.junit, "--junit")
 
 
 def _run_diff(args: argparse.Namespace) -> int:
@@ -265,10 +269,15 @@ def _run_verify(args: argparse.Namespace) -> int:
 
         if under_launcher(args.path) or os.environ.get("TRT_INLINE_RANK_SET_RESULT"):
             raise VerifyInputError("--ranks starts the ranks itself: run it outside torchrun, or drop --ranks under it")
+        if args.cases is not None or args.junit is not None:
+            raise VerifyInputError("--cases and --junit apply to single files: a rank set is verified against its "
+                                   "embedded reference I/O")  # fmt: skip
         return launch(args.ranks, _without_ranks(sys.argv[1:] if args.argv is None else args.argv), debug=args.debug)
     if rank_set_job(args.path):
         return _run_rank_set(args)
     _check_outputs(args)
+    if args.cases is not None:
+        return _run_cases(args)
     if (args.inputs is None) != (args.expected is None):
         raise VerifyInputError("--inputs and --expected go together")
     if args.inputs is not None and args.expected_from is not None:
@@ -279,9 +288,8 @@ def _run_verify(args: argparse.Namespace) -> int:
         )
     arg_inputs = kwarg_inputs = expected = None
     if args.inputs is not None:
-        arg_inputs, kwarg_inputs = _split_inputs(_load_tensors(args.inputs, "inputs"))
-        loaded = _load_tensors(args.expected, "expected")
-        expected = list(loaded) if isinstance(loaded, (list, tuple)) else [loaded]
+        arg_inputs, kwarg_inputs = split_inputs(load_tensor_file(args.inputs, "inputs"))
+        expected = expected_outputs(load_tensor_file(args.expected, "expected"))
     report = verify(
         args.path,
         arg_inputs=arg_inputs,
@@ -292,6 +300,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         save_boundaries=args.save_boundaries,
         load_boundaries=args.load_boundaries,
         extract=args.extract,
+        strict=args.strict,
         **_comparison(args),
     )
     return _finish(
@@ -300,6 +309,74 @@ def _run_verify(args: argparse.Namespace) -> int:
         unverified=f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
         "--inputs FILE --expected FILE or --expected-from NEW.pt2",
     )
+
+
+# The exit status of a set of cases is its worst case's: as that verdict exits for one file (UNVERIFIED: 2, as a
+# file with nothing to compare; ERROR: 2, unusable input).
+_CASE_EXIT = {"ERROR": 2, "FAIL": 1, "UNVERIFIED": 2, "PASS": 0}
+
+
+def _run_cases(args: argparse.Namespace) -> int:
+    """``verify PATH --cases DIR``: one verify per case, one verdict per case (the worst first), the worst's exit."""
+    from trt_inline.verify.cases import verify_cases
+
+    given = [
+        flag for flag, value in (("--inputs", args.inputs), ("--expected", args.expected),
+                                 ("--expected-from", args.expected_from), ("--load-boundaries", args.load_boundaries),
+                                 ("--save-boundaries", args.save_boundaries), ("--extract", args.extract),
+                                 ("--save-outputs", args.save_outputs), ("--plot", args.plot))
+        if value is not None
+    ]  # fmt: skip
+    if given:
+        raise VerifyInputError(f"--cases gives each case its inputs and expected outputs, and writes one report: "
+                               f"{', '.join(given)} do not apply with it")  # fmt: skip
+    options = {key: value for key, value in _comparison(args).items() if key != "save_outputs"}
+    results = verify_cases(args.path, args.cases, per_engine=args.per_engine, strict=args.strict, **options)
+    _write_junit(args, results)
+    if args.json:
+        document = [
+            {"case": r.case, "status": r.status, "error": r.error, "report": r.report and r.report.to_dict()}
+            for r in results
+        ]
+        _print_text(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        _print_text("\n".join(_cases_text(results, args.path, args.cases)))
+    for result in results:
+        if result.error is not None:
+            print(f"trt-inline verify: case {result.case}: {result.error}", file=sys.stderr)
+    return _CASE_EXIT.get(results[0].status, 2)
+
+
+def _cases_text(results: list[CaseResult], path: str, folder: str) -> list[str]:
+    """The verdicts in a table, the worst first, then each case's report."""
+    counts = ", ".join(
+        f"{sum(r.status == status for r in results)} {status}"
+        for status in _CASE_EXIT
+        if any(r.status == status for r in results)
+    )
+    width, status_width = max(len(r.case or "") for r in results), max(len(r.status) for r in results)
+    lines = [f"{len(results)} cases of {path} in {folder} ({counts}), the worst first:"]
+    for result in results:
+        lines.append(f"  {result.status:<{status_width}}  {result.case or '':<{width}}  {_case_summary(result)}")
+    for result in results:
+        lines += ["", f"case {result.case}:"]
+        lines.append(f"ERROR {result.error}" if result.report is None else result.report.to_text())
+    return lines
+
+
+def _case_summary(result: CaseResult) -> str:
+    """A case's verdict in a few words: its error, its first problem, or its worst output's error and SQNR."""
+    report = result.report
+    if report is None:
+        return result.error or ""
+    if report.problems:
+        more = len(report.problems) - 1
+        return report.problems[0][:200] + (f" (and {more} more)" if more else "")
+    if not report.outputs:
+        return "outputs not compared"
+    worst = max(report.outputs, key=lambda output: output.max_abs_diff)
+    sqnrs = [output.sqnr_db for output in report.outputs if output.sqnr_db is not None]
+    return f"{worst.error_text()}" + (f", lowest SQNR {min(sqnrs):.3g} dB" if sqnrs else "")
 
 
 def rank_set_job(path: str) -> bool:
@@ -331,7 +408,8 @@ def _run_rank_set(args: argparse.Namespace) -> int:
                                  ("--random-inputs", args.random_inputs), ("--save-outputs", args.save_outputs),
                                  ("--plot", args.plot), ("--device", args.device),
                                  ("--save-boundaries", args.save_boundaries),
-                                 ("--load-boundaries", args.load_boundaries), ("--extract", args.extract))
+                                 ("--load-boundaries", args.load_boundaries), ("--extract", args.extract),
+                                 ("--cases", args.cases), ("--junit", args.junit))
         if value
     ]  # fmt: skip
     if unsupported:
@@ -350,6 +428,9 @@ def _run_rank_set(args: argparse.Namespace) -> int:
         memory_limit=args.memory_limit,
         sandbox=not args.no_sandbox,
         debug=args.debug,
+        strict=args.strict,
+        top_k=args.top_k,
+        min_top_k_agreement=args.min_top_k_agreement,
     )
     if result.rank == 0:
         _print_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) if args.json else result.to_text())
@@ -474,6 +555,26 @@ def _add_comparison_options(parser: argparse.ArgumentParser) -> None:
         help="draw the per-boundary errors (needs matplotlib: pip install trt-inline[plot])",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        metavar="K",
+        help="for logits: of each floating output with at least K values in its last dimension, the fraction of its "
+        "rows (the other dimensions flattened) whose top-K indices are the same set as the reference's, and the "
+        "first row that does not (reported; --min-top-k-agreement makes it fail)",
+    )
+    parser.add_argument(
+        "--min-top-k-agreement",
+        type=float,
+        metavar="F",
+        help="with --top-k: an output whose rows agree in a fraction below F (0 to 1) fails",
+    )
+    parser.add_argument(
+        "--junit",
+        metavar="FILE.xml",
+        help="also write the verdict as a JUnit XML report (what CI systems display): a test case per file and case, "
+        "a failure per output or engine boundary that differs",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -504,6 +605,18 @@ def _parser() -> argparse.ArgumentParser:
         "--expected-from",
         metavar="NEW.pt2",
         help="compare PATH with the reference I/O embedded in another file (a newer save of the same module)",
+    )
+    verify_parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail on warnings too: outputs and engine outputs that look like garbage without a reference (all "
+        "zeros, NaN or Inf from finite inputs, the same in every run or in every row of a batch)",
+    )
+    verify_parser.add_argument(
+        "--cases",
+        metavar="DIR",
+        help="verify PATH on every case of DIR, each a folder DIR/CASE holding inputs.pt (as --inputs) and "
+        "expected.pt (as --expected): one verdict per case, the worst first; the exit status is the worst's",
     )
     verify_parser.add_argument(
         "--per-engine",
@@ -592,11 +705,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.argv = None if argv is None else list(argv)
+    args.started = time.monotonic()  # (a JUnit report says how long each case took)
     try:
         with _quiet(args.debug), progress.printing(_shows_progress(args)):
             code: int = args.run(args)
         return code
     except Exception as exc:
+        _junit_of_error(args, exc)
         if args.debug:
             traceback.print_exc()
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,15 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from trt_inline import compat, distributed, formats, package, progress
+from trt_inline.distributed import rank_check
 from trt_inline.embedding import DEFAULT_REFERENCE_LIMIT_BYTES, embeds_boundaries, reference_extra_files
 from trt_inline.errors import SaveError
 from trt_inline.flat_program import drop_provenance, exported_program_from_graph
+from trt_inline.module_state import buffers_restored
 from trt_inline.passes import transform
+from trt_inline.verify.checked_run import checking
+from trt_inline.verify.compare import isolated_run, normal_call
+from trt_inline.verify.declared import output_spec_problems
 
 __all__ = ["exported_program_from_graph", "save", "to_exported_program", "write_program"]
 
@@ -75,6 +81,8 @@ def save(
     embed_reference: bool | str = True,
     reference_limit_bytes: int = DEFAULT_REFERENCE_LIMIT_BYTES,
     output_format: str = formats.EXPORTED_PROGRAM,
+    declared_mismatch: str = "error",
+    embed_rank_check: bool = False,
 ) -> ExportedProgram:
     """Inline a compiled module and write it as an ExportedProgram file, or as an AOTInductor package.
 
@@ -95,15 +103,25 @@ def save(
     place, so an interrupted save never leaves a truncated file where a good one
     was. Returns the ExportedProgram that was written.
 
+    With sample inputs, the program to be written is also run on them once and every value it computes is held
+    to what its graph declares (:mod:`trt_inline.verify.declared`: each engine's outputs, their rank, sizes,
+    dtype, device, tensor or scalar), which is what a re-export, a package or a refit of the file reads:
+    a disagreement raises :class:`SaveError` naming the engine or node, the output and both accounts, before
+    anything is written; ``declared_mismatch="warn"`` writes the file anyway, with a warning saying the same.
+
     In a process group of several ranks (tensor parallel, :mod:`trt_inline.distributed`)
     every rank calls ``save`` with its own shard: ``path`` may be a template
     (``"model_rank{rank}_of_{world_size}.pt2"``), the ranks wait for each other
     (a bounded time, then :class:`RankSetError` naming the missing ranks), and
     each file records its rank, the world size, the groups and the collectives.
+    A rank file with reference engines also checks, first thing in each run, that
+    it runs as that rank (:mod:`trt_inline.distributed.rank_check`), also where
+    ``torch.export.load`` loads it; ``embed_rank_check=True`` puts the same check
+    into any rank file (TensorRT engines), which then needs trt-inline to load.
     """
     target = Path(distributed.expand_path(path))
     try:
-        boundaries = _check_save(target, output_format, embed_reference)
+        boundaries = _check_save(target, output_format, embed_reference, declared_mismatch)
         problem = None
     except SaveError as exc:
         problem = exc
@@ -118,6 +136,8 @@ def save(
     program = to_exported_program(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
     )
+    if arg_inputs is not None or kwarg_inputs:
+        _check_declared(program, arg_inputs or (), kwarg_inputs or {}, target, declared_mismatch)
     extra_files: dict[str, str] = {}
     if embed_reference and (arg_inputs is not None or kwarg_inputs):
         progress.report("running the module on the sample inputs for the reference I/O")
@@ -126,7 +146,10 @@ def save(
             runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes, boundaries=boundaries
         )
     if save_id is not None:
-        extra_files[distributed.MANIFEST_FILE] = distributed.manifest_for(program.graph_module, save_id).encode()
+        manifest = distributed.manifest_for(program.graph_module, save_id)
+        extra_files[distributed.MANIFEST_FILE] = manifest.encode()
+        if rank_check.wanted(program.graph_module, embed_rank_check):
+            rank_check.insert_rank_check(program, manifest)
     if output_format == formats.AOT_INDUCTOR:
         progress.report("compiling the program into an AOTInductor package")
         seconds = package.compile_package(program, target, extra_files)
@@ -136,8 +159,30 @@ def save(
     return program
 
 
-def _check_save(target: Path, output_format: str, embed_reference: bool | str) -> bool:
+def _check_declared(
+    program: ExportedProgram, args: Sequence[Any], kwargs: dict[str, Any], target: Path, declared_mismatch: str
+) -> None:
+    """Run the program to be written once on the sample inputs, each value held to its declaration."""
+    progress.report(f"checking what {target.name}'s graph declares against a run on the sample inputs")
+    module = program.module()
+    # (From the buffers' state as given, put back after: the program shares them with the module being saved.)
+    with isolated_run(), normal_call(), buffers_restored(module), checking(module, None, "at save") as check:
+        module(*args, **kwargs)
+    assert check is not None  # (program.module() is a GraphModule)
+    problems = check.declared.summary() + output_spec_problems(program)
+    if not problems:
+        return
+    text = f"{target}: " + "; ".join(problems)
+    if declared_mismatch == "warn":
+        warnings.warn(f"{text} (written anyway: declared_mismatch='warn')", RuntimeWarning, stacklevel=3)
+        return
+    raise SaveError(f"{text} (declared_mismatch='warn' writes it anyway)")
+
+
+def _check_save(target: Path, output_format: str, embed_reference: bool | str, declared_mismatch: str) -> bool:
     """Refuse a save that cannot be written, before any work; whether it embeds boundary data."""
+    if declared_mismatch not in ("error", "warn"):
+        raise SaveError(f"declared_mismatch is 'error' or 'warn', got {declared_mismatch!r}")
     if output_format not in formats.OUTPUT_FORMATS:
         choices = ", ".join(map(repr, formats.OUTPUT_FORMATS))
         raise SaveError(f"output_format {output_format!r} is not one of {choices}")

@@ -15,6 +15,9 @@ runs ``torch.distributed.run`` itself.
   (:mod:`trt_inline.distributed.manifest`); :func:`refuse_foreign` refuses a
   file in a process group it was not saved for, :func:`rebind_groups` points
   its collectives at this job's groups.
+* :mod:`trt_inline.distributed.rank_check`: the same refusal carried in the
+  file's own program (``trt_inline::check_ranks``, called first), for loaders
+  that know nothing of manifests (``torch.export.load``, AOTInductor).
 * :mod:`trt_inline.distributed.relay` carries a sandboxed verify child's
   collectives to its parent; :mod:`trt_inline.distributed.rank_set` verifies a
   rank set.
@@ -40,6 +43,7 @@ from trt_inline.distributed.manifest import (
     live_mismatch,
     rebind_groups,
 )
+from trt_inline.distributed.rank_check import drop_rank_checks, insert_rank_check
 from trt_inline.errors import RankSetError
 
 __all__ = [
@@ -47,8 +51,10 @@ __all__ = [
     "MANIFEST_FILE",
     "RankManifest",
     "arrive",
+    "drop_rank_checks",
     "expand_path",
     "in_rank_set",
+    "insert_rank_check",
     "manifest_for",
     "rebind_groups",
     "refuse_foreign",

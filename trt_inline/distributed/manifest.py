@@ -12,6 +12,10 @@ manifest (the extra file :data:`MANIFEST_FILE`, JSON)::
 members (global ranks); ``collectives`` the program's collective operators in
 graph order (a reference engine's own, in its program's order, where the
 engine is called). The same ``save_id`` marks every file of one collective save.
+
+A rank file may also carry the manifest in its program, as the argument of
+:data:`RANK_CHECK_OP` called first (:mod:`trt_inline.distributed.rank_check`);
+:func:`rank_check_problem` says where that call is not the one a save inserts.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ import torch.fx
 
 from trt_inline import compat, engines, formats
 from trt_inline.errors import VerifyInputError, printable
+from trt_inline_autoload import RANK_CHECK_OP
 
 __all__ = [
     "COLLECTIVE_OPS",
     "REDUCING_OPS",
     "FORMAT",
     "MANIFEST_FILE",
+    "RANK_CHECK_OP",
     "Collective",
     "agreed_shape",
     "describe_shape",
@@ -47,6 +53,8 @@ __all__ = [
     "live_group_ranks",
     "live_mismatch",
     "program_mismatch",
+    "rank_check_nodes",
+    "rank_check_problem",
     "rebind_groups",
 ]
 
@@ -355,11 +363,14 @@ def program_mismatch(manifest: RankManifest, module: torch.nn.Module, where: str
 
     The agreement between ranks and the relay's checks go by the manifest: a
     stale or forged one would let the ranks' runs pair different collectives.
+    The rank check the program carries, if any, must carry ``manifest``
+    (:func:`rank_check_problem`): verify never runs it against a live process group.
     """
     found = [_declared(c) for c in collectives_of(module)]
     recorded = [_declared(c) for c in manifest.collectives]
     if found == recorded:
-        return None
+        check = rank_check_problem(module, manifest)
+        return None if check is None else f"{where}: {check}"
     index = first_difference(found, recorded)
 
     def side(declared: list[tuple[Any, ...]]) -> str:
@@ -373,6 +384,55 @@ def program_mismatch(manifest: RankManifest, module: torch.nn.Module, where: str
         f"{where}: its rank manifest does not describe its program: collective {index} is {printable(program_side)} in "
         f"the program and {printable(manifest_side)} in the manifest"
     )
+
+
+def is_rank_check(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls :data:`RANK_CHECK_OP`."""
+    target = node.target
+    is_op = node.op == "call_function" and isinstance(target, compat.OpOverload)
+    return is_op and compat.op_schema_name(target) == RANK_CHECK_OP
+
+
+def rank_check_nodes(module: torch.nn.Module) -> list[torch.fx.Node]:
+    """The calls of :data:`RANK_CHECK_OP` in ``module``'s graph (a program's ``graph_module``), in graph order."""
+    if not isinstance(module, torch.fx.GraphModule):
+        return []
+    return [node for node in module.graph.nodes if is_rank_check(node)]
+
+
+def rank_check_problem(module: torch.nn.Module, manifest: RankManifest | None = None) -> str | None:
+    """Why the rank check in ``module``'s graph is not the one a save inserts, or None (also where there is none).
+
+    The one a save inserts is called once, as the first node after the
+    placeholders, with a manifest that decodes; with ``manifest`` (the file's
+    own), that one. A check elsewhere would run after work that another rank's
+    collectives wait on, or twice; one carrying another manifest would pass, in
+    use, a process the file's manifest does not describe.
+    """
+    checks = rank_check_nodes(module)
+    if not checks:
+        return None
+    if len(checks) > 1:
+        names = ", ".join(node.name for node in checks)
+        return f"nodes {names} each call {RANK_CHECK_OP}: a rank file calls it once, first"
+    check_node = checks[0]
+    label = f"node {check_node.name} ({RANK_CHECK_OP})"
+    assert isinstance(module, torch.fx.GraphModule)  # (rank_check_nodes found a graph)
+    first = next(node for node in module.graph.nodes if node.op != "placeholder")
+    if first is not check_node:
+        return f"{label} is not the first node after the program's inputs ({first.name} runs before it)"
+    text = check_node.args[0] if check_node.args else check_node.kwargs.get("manifest")
+    if not isinstance(text, str):
+        return f"{label} is given no rank manifest"
+    try:
+        carried = decode_manifest(text, label)
+    except VerifyInputError as exc:
+        return str(exc)
+    if manifest is not None and carried != manifest:
+        theirs, ours = (f"{m.describe()} (save {m.save_id[:12]})" for m in (carried, manifest))
+        also = ", of other groups or collectives" if theirs == ours else ""
+        return f"{label} carries a manifest other than the file's{also}: {theirs} there, {ours} in {MANIFEST_FILE}"
+    return None
 
 
 def live_mismatch(manifest: RankManifest, path: str) -> str | None:

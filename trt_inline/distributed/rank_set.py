@@ -311,15 +311,26 @@ def verify_rank_set(
     memory_limit: int | str | None = None,
     sandbox: bool = True,
     debug: bool = False,
+    strict: bool = False,
+    top_k: int | None = None,
+    min_top_k_agreement: float | None = None,
 ) -> RankSetReport:
     """Verify this rank's file of a rank set, with every other rank doing the same; every rank's report.
 
     Called on every rank of the job (``torchrun``), with the same arguments.
-    ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``).
+    ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``). ``strict``: warnings fail too.
+    ``top_k``, ``min_top_k_agreement``: the outputs' top-k agreement, as :func:`trt_inline.verify` says.
     """
     from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits
-    from trt_inline.verify.verifier import error_stat_checked, normalize_tolerance, report_of_child
+    from trt_inline.verify.verifier import (
+        error_stat_checked,
+        normalize_tolerance,
+        report_of_child,
+        strictly,
+        top_k_checked,
+    )
 
+    top_k_checked(top_k, min_top_k_agreement)
     made_here = ensure_process_group(DEFAULT_TIMEOUT if timeout is None else timeout)
     try:
         path = distributed.expand_path(template)
@@ -338,13 +349,14 @@ def verify_rank_set(
                 "rtol": normalize_tolerance(rtol), "stat": error_stat_checked(check_error_stat), "device": None,
                 "per_engine": per_engine, "random_inputs": 0, "seed": 0, "save_outputs": None,
                 "allow_pickle": allow_pickle, "allow_native_code": allow_native_code, "allow_ops": list(allow_ops),
-                "label": None,
+                "label": None, "top_k": top_k, "min_top_k_agreement": min_top_k_agreement,
             }  # fmt: skip
             tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
             report = report_of_child(
                 "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=sandbox, debug=debug,
                 relay=server,
             )  # fmt: skip
+            report = strictly(report, strict)
             if not agreement.done:
                 why = "; ".join(report.problems[:1]) or "it carries no reference I/O to run"
                 agreement.child_ended(f"{path} was not run ({why})")

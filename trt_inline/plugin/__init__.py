@@ -16,6 +16,10 @@ module; the hook patches the module as soon as it has been executed.
 :func:`uninstall` and :func:`enabled` are the explicit controls and always do
 what they say; after an ``enabled()`` block the decision is what it was before.
 
+``torch_tensorrt.load`` is wrapped the same way as ``torch_tensorrt.save``: it
+refuses a tensor-parallel rank file in a process that is not the rank it was
+saved as (:mod:`trt_inline.plugin.load`), as ``trt_inline.load`` does.
+
 Never worse than stock: before installing, each replacement runs on a small
 probe graph (:func:`~trt_inline.plugin.adapters.preflight`); one that fails
 there is not installed, one warning names it and why, and ``trt-inline doctor``
@@ -36,6 +40,7 @@ from typing import Any
 from trt_inline import releases
 from trt_inline.errors import PatchError
 from trt_inline.plugin.adapters import preflight, replacements_for, torch_tensorrt_version
+from trt_inline.plugin.load import load_checking_ranks
 from trt_inline.plugin.save import REFERENCE_IO_ENV, save_with_reference_io
 
 __all__ = [
@@ -74,6 +79,8 @@ class _PluginState:
     refused: dict[str, str] = field(default_factory=dict)
     # (stock torch_tensorrt.save, our wrapper) once wrapped.
     save: tuple[Any, Any] | None = None
+    # (stock torch_tensorrt.load, our wrapper) once wrapped.
+    load: tuple[Any, Any] | None = None
 
 
 _state = _PluginState()
@@ -148,30 +155,52 @@ def _restore() -> None:
         log.info("restored stock %s: %s", EXPORTER, ", ".join(sorted(restored)))
 
 
-def _patch_save(compile_module: ModuleType) -> None:
-    stock = getattr(compile_module, "save")  # noqa: B009 - a module attribute mypy cannot see
-    if hasattr(stock, "__trt_inline_stock__"):
-        return
-    wrapper = save_with_reference_io(stock)
+def _wrap_compile_function(compile_module: ModuleType, name: str, wrap: Any) -> tuple[Any, Any] | None:
+    """Bind ``wrap(stock)`` as ``torch_tensorrt._compile.<name>`` and ``torch_tensorrt.<name>``; (stock, wrapper),
+    or None where it is wrapped already (or absent)."""
+    stock = compile_module.__dict__.get(name)
+    if stock is None or hasattr(stock, "__trt_inline_stock__"):
+        return None
+    wrapper = wrap(stock)
     package = sys.modules.get("torch_tensorrt")
-    # torch_tensorrt/__init__ star-imports _compile: its `save` is the stock one, or not bound yet.
+    # torch_tensorrt/__init__ star-imports _compile: its binding is the stock one, or not made yet.
     for module in (compile_module, package):
-        if module is not None and getattr(module, "save", None) in (stock, None):
-            module.__dict__["save"] = wrapper
-    _state.save = (stock, wrapper)
-    log.info("patched torch_tensorrt.save: embeds reference I/O")
+        if module is not None and getattr(module, name, None) in (stock, None):
+            module.__dict__[name] = wrapper
+    return stock, wrapper
 
 
-def _restore_save() -> None:
-    if _state.save is None:
-        return
-    stock, wrapper = _state.save
-    for name in (COMPILE, "torch_tensorrt"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "save", None) is wrapper:
-            module.__dict__["save"] = stock
-    _state.save = None
-    log.info("restored stock torch_tensorrt.save")
+def _unwrap_compile_function(name: str, wrapped: tuple[Any, Any]) -> None:
+    """Put the stock function back where our wrapper is bound (a binding the user changed is theirs)."""
+    stock, wrapper = wrapped
+    for module_name in (COMPILE, "torch_tensorrt"):
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, name, None) is wrapper:
+            module.__dict__[name] = stock
+
+
+def _patch_compile(compile_module: ModuleType) -> None:
+    """Wrap ``torch_tensorrt.save`` (reference I/O, rank manifests) and ``torch_tensorrt.load`` (rank manifests)."""
+    wrapped = _wrap_compile_function(compile_module, "save", save_with_reference_io)
+    if wrapped is not None:
+        _state.save = wrapped
+        log.info("patched torch_tensorrt.save: embeds reference I/O")
+    wrapped = _wrap_compile_function(compile_module, "load", load_checking_ranks)
+    if wrapped is not None:
+        _state.load = wrapped
+        log.info("patched torch_tensorrt.load: refuses another rank's file")
+
+
+def _restore_compile() -> None:
+    """Put the stock ``torch_tensorrt.save`` and ``load`` back."""
+    if _state.save is not None:
+        _unwrap_compile_function("save", _state.save)
+        _state.save = None
+        log.info("restored stock torch_tensorrt.save")
+    if _state.load is not None:
+        _unwrap_compile_function("load", _state.load)
+        _state.load = None
+        log.info("restored stock torch_tensorrt.load")
 
 
 def _on_import(module: ModuleType) -> None:
@@ -180,7 +209,7 @@ def _on_import(module: ModuleType) -> None:
         return
     try:
         if module.__name__ == COMPILE:
-            _patch_save(module)
+            _patch_compile(module)
         elif module.__name__ == EXPORTER:
             _patch(module)
         elif is_active():  # a module binding exporter functions by name, imported after the exporter
@@ -204,7 +233,8 @@ def _register_hook() -> None:
 
 
 def install() -> None:
-    """Use trt_inline's passes in ``torch_tensorrt.save`` from now on. Idempotent.
+    """Use trt_inline's passes in ``torch_tensorrt.save``, and its rank check in ``torch_tensorrt.load``, from now
+    on. Idempotent.
 
     Raises :class:`PatchError` if the exporter is already imported and is not a
     supported version; otherwise patches it when it is imported.
@@ -215,7 +245,7 @@ def install() -> None:
         _patch(exporter)
     compile_module = sys.modules.get(COMPILE)
     if compile_module is not None:
-        _patch_save(compile_module)
+        _patch_compile(compile_module)
     _register_hook()
 
 
@@ -223,7 +253,7 @@ def uninstall() -> None:
     """Put the exact stock functions back and stop patching on import. Idempotent."""
     _state.wanted = False
     _restore()
-    _restore_save()
+    _restore_compile()
 
 
 def is_active() -> bool:
@@ -237,9 +267,9 @@ def is_active() -> bool:
 
 
 def replaced_functions() -> list[str]:
-    """Names of the functions currently replaced (``save`` is torch_tensorrt.save)."""
+    """Names of the functions currently replaced (``save`` and ``load`` are torch_tensorrt's)."""
     names = sorted(_state.replacements) if is_active() else []
-    return names + (["save"] if _state.save is not None else [])
+    return names + (["save"] if _state.save is not None else []) + (["load"] if _state.load is not None else [])
 
 
 def doors() -> dict[str, str]:
@@ -314,4 +344,4 @@ def enabled() -> Iterator[None]:
         if not was_active:
             _restore()
         if not had_save:
-            _restore_save()
+            _restore_compile()

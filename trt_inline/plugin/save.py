@@ -5,6 +5,12 @@ file (through ``extra_files`` where the release's save takes them, by rewriting
 the archive otherwise: :attr:`trt_inline.releases.Release.save_extra_files`);
 for ``"aot_inductor"`` the package is extended with it and with its output
 kinds (:mod:`trt_inline.package`).
+
+A rank file of a tensor-parallel save also gets its rank manifest, and (an
+``exported_program`` with reference engines, or any with the wrapper's own
+keyword ``embed_rank_check=True``) the rank check in its program
+(:mod:`trt_inline.distributed.rank_check`): the program the stock save wrote is
+read back and written again with it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import torch
 import torch.fx
 
 from trt_inline import compat, distributed, embedding, engines, export, formats, package, releases
+from trt_inline.distributed import rank_check
+from trt_inline.distributed.manifest import RankManifest
 from trt_inline.formats import REFERENCE_IO_ENV
 from trt_inline.plugin import ranges
 
@@ -57,16 +65,28 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
 
     @functools.wraps(stock_save)
     def save(module: Any, file_path: str = "", **kwargs: Any) -> Any:
+        # (the wrapper's own keyword: no release's save takes it)
+        embed_rank_check = bool(kwargs.pop("embed_rank_check", False))
         file_path = distributed.expand_path(file_path) if file_path else file_path
         # A rank set saves collectively: every rank must be here before the reference run's collectives.
         in_rank_set = distributed.in_rank_set()
         target = str(Path(file_path).resolve()) if file_path else None
         save_id = distributed.arrive("save", target=target) if in_rank_set else None
         extra = _reference_io_for_save(module, file_path, kwargs)
+        manifest = None
         if save_id is not None and isinstance(module, torch.nn.Module):
-            extra[distributed.MANIFEST_FILE] = distributed.manifest_for(module, save_id).encode()
+            manifest = distributed.manifest_for(module, save_id)
+            extra[distributed.MANIFEST_FILE] = manifest.encode()
         output_format = kwargs.get("output_format", formats.EXPORTED_PROGRAM)
         packaged = output_format == formats.AOT_INDUCTOR
+        # The rank check goes into an exported program (a package's compiled code takes no node after the fact).
+        checked = (
+            manifest
+            if manifest is not None
+            and output_format == formats.EXPORTED_PROGRAM
+            and rank_check.wanted(module, embed_rank_check)
+            else None
+        )
         if extra and accepts_extra_files and not packaged:
             kwargs["extra_files"] = {**(kwargs.get("extra_files") or {}), **extra}
         token = _SAMPLE_INPUTS.set(_tensor_inputs(kwargs))
@@ -81,8 +101,9 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
             _SAMPLE_INPUTS.reset(token)
         if extra and packaged:
             package.extend_package(Path(file_path), Path(file_path), program=None, extra_files=extra)
-        elif extra and not accepts_extra_files:
-            export.write_program(torch.export.load(file_path), Path(file_path), extra)
+        elif checked is not None or (extra and not accepts_extra_files):
+            given = kwargs.get("extra_files") if accepts_extra_files else None
+            _write_again(Path(file_path), extra, given, checked)
         legacy = not kwargs.get("retrace", True) or kwargs.get("use_legacy_exporter")
         if output_format == formats.EXECUTORCH and legacy:
             _warn_on_lowered_sizes(module, file_path)
@@ -93,6 +114,18 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
 
     save.__trt_inline_stock__ = stock_save  # type: ignore[attr-defined]
     return save
+
+
+def _write_again(
+    path: Path, extra: dict[str, str], given: dict[str, Any] | None, manifest: RankManifest | None
+) -> None:
+    """The program the stock save wrote, read back and written again with ``extra`` (where the release's save
+    takes no extra files) and, with ``manifest``, the rank check; the extra files it was ``given`` kept."""
+    kept = dict.fromkeys(given or {}, "")
+    program = torch.export.load(path, extra_files=kept)  # (fills in each one's text)
+    if manifest is not None:
+        rank_check.insert_rank_check(program, manifest)
+    export.write_program(program, path, {**kept, **extra})
 
 
 def _warn_on_lowered_sizes(module: Any, file_path: str) -> None:

@@ -15,6 +15,10 @@ module                      concern
                             loads and runs a file (the sandbox itself: ``trt_inline.sandbox``)
 ``structure``               structural checks on the graph, one function each
 ``compare``                 running on reference inputs and comparing values (error statistics)
+``checked_run``             a normal call that runs the graph node by node, checking each value
+``declared``                each value a run computes against the metadata its node declares
+``garbage``                 outputs that look like garbage without a reference (zeros, NaN,
+                            constant across runs, the same in every row)
 ``boundaries``              recording engine boundaries from a compiled module, tracing a
                             saved program's run at them
 ``localize``                boundary by boundary against a reference: the first divergence
@@ -23,6 +27,9 @@ module                      concern
 ``reference_io``            the reference I/O a save embeds (used by ``trt_inline.save`` too)
 ``verifier``                ``verify``: all of the above in order
 ``diff``                    ``diff``: two files on the same inputs, boundary by boundary
+``cases``                   ``verify --cases DIR``: a folder of (inputs, expected) cases, one
+                            verify each, the worst first
+``junit``                   verdicts as a JUnit XML report (``--junit FILE``)
 ==========================  =================================================================
 """
 

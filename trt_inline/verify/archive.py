@@ -191,8 +191,10 @@ def load(
 
     A rank file of a tensor-parallel save (:mod:`trt_inline.distributed`) loads
     only in a process of the rank, world size and process groups it was saved
-    for (:class:`RankSetError` otherwise; ``check_ranks=False`` loads it anyway),
-    and its collectives are pointed at this job's groups with the recorded members.
+    for (:class:`RankSetError` otherwise; ``check_ranks=False`` loads it anyway, and
+    takes out the rank check its program may carry, which would refuse it at its
+    first run: :mod:`trt_inline.distributed.rank_check`), and its collectives are
+    pointed at this job's groups with the recorded members.
 
     ``device`` (``"cuda:1"``, ``"cpu"``): the program placed there, whatever device it was saved on: its
     weights go from the file's mapping to the device one tensor at a time, and the devices its nodes name
@@ -211,6 +213,8 @@ def load(
         if manifest is not None and check_ranks:
             distributed.refuse_foreign(manifest, str(contents.path))
         program = canonical_archive(contents).load(weights=contents.kind == EXPORTED_PROGRAM)
+        if not check_ranks:
+            distributed.drop_rank_checks(program.graph_module)
         if manifest is not None and distributed.in_rank_set():
             distributed.rebind_groups(program.graph_module, manifest)
         if target is not None:

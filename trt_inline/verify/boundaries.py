@@ -34,6 +34,7 @@ from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.graph_table import Region, Vocabulary
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.compare import isolated_run, normal_call
+from trt_inline.verify.declared import DeclaredValues
 from trt_inline.verify.reference_io import EngineBoundary
 
 __all__ = [
@@ -237,6 +238,8 @@ class ProgramTrace:
     # Where the run raised (then ``outputs`` is empty and ``unreached`` holds the engines it did not get to).
     crash: Crash | None = None
     unreached: list[EngineCall] = field(default_factory=list)
+    # Where a value the run computed disagrees with what its node declares (:mod:`trt_inline.verify.declared`).
+    declared: list[str] = field(default_factory=list)
 
 
 class _Stopped(Exception):
@@ -263,18 +266,23 @@ def _fits(recorded: torch.Tensor, actual: Any) -> bool:
 class _Tracer(torch.fx.Interpreter):
     """Runs a flat program, keeping every engine call's values (and, given a recording, each engine alone)."""
 
-    def __init__(self, module: torch.fx.GraphModule, recorded: Sequence[EngineBoundary] | None) -> None:
+    def __init__(
+        self, module: torch.fx.GraphModule, recorded: Sequence[EngineBoundary] | None, device: str | None = None
+    ) -> None:
         super().__init__(module)
         self.recorded = recorded
         self.words = Vocabulary(module.graph)
         self.calls: list[EngineCall] = []
         self.crash: Crash | None = None
         self.engine_count = sum(1 for n in module.graph.nodes if is_engine_call(n))
+        self.declared = DeclaredValues(module, device)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if not is_engine_call(n):
             try:
-                return super().run_node(n)
+                result = super().run_node(n)
+                self.declared.check(n, result)
+                return result
             except Exception as exc:
                 region = self.words.region(n) if n.op == "call_function" else None
                 self.crash = Crash(n.name, None, region, f"{type(exc).__name__}: {first_line(exc)}")
@@ -302,6 +310,7 @@ class _Tracer(torch.fx.Interpreter):
             self.crash = Crash(n.name, index, None, f"{type(exc).__name__}: {first_line(exc)}")
             raise _Stopped from exc
         call.outputs = boundary_tensors(result)
+        self.declared.check(n, result)
         return result
 
     def unreached(self) -> list[EngineCall]:
@@ -361,7 +370,7 @@ def trace_program(
         module = module.to(device)
         args = [a.to(device) for a in args]
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
-    tracer = _Tracer(module, recorded)
+    tracer = _Tracer(module, recorded, device)
     flat = [*args, *kwargs.values()]
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(flat):
@@ -386,6 +395,7 @@ def trace_program(
         list(pytree.tree_leaves(result)),
         [tracer.words.producer(value) for value in returned],
         [tracer.words.region(value) for value in returned],
+        declared=tracer.declared.summary(),
     )
 
 

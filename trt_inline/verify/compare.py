@@ -15,6 +15,8 @@ from trt_inline import compat
 from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import RankSetError, RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
+from trt_inline.verify.checked_run import CheckedRun, checking
+from trt_inline.verify.garbage import Sightings
 from trt_inline.verify.report import OutputComparison, describe_value
 
 __all__ = [
@@ -30,9 +32,11 @@ __all__ = [
     "isolated_run",
     "modes_disagree",
     "normal_call",
+    "ranked",
     "run_on",
     "tolerance_for",
     "tolerance_key",
+    "top_k_agreement",
 ]
 
 # How a value passes (Polygraphy's --check-error-stat): every element within atol + rtol * |reference|
@@ -146,6 +150,8 @@ class Run:
     outputs: list[Any]
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # What the normal call's engine and program outputs looked like (a GraphModule's run only).
+    sightings: Sightings | None = None
 
 
 # The run :func:`run_on` adds where asked: the inputs as a caller may pass them (views into larger buffers, every
@@ -173,6 +179,7 @@ def run_on(
     device: str | None,
     *,
     layouts: bool = False,
+    run_name: str = "on the reference inputs",
 ) -> Run:
     """Run ``module`` on the inputs (moved to ``device`` if given) in :func:`isolated_run`, once in each of
     :data:`RUN_MODES`, and require the same bits from each.
@@ -185,6 +192,10 @@ def run_on(
     the normal call's; a program that raises there and not on contiguous inputs has a problem too (it could pass
     verify and refuse the inputs a caller passes). Not where the program calls collectives: every rank must make
     the same runs.
+
+    The normal call of a GraphModule is a :func:`~trt_inline.verify.checked_run.checking` call: every value it
+    computes is held to its node's declaration (a disagreement is a problem naming the engine or node, the output
+    and both accounts), and its engine and program outputs are sighted (``run_name``, :mod:`.garbage`).
     """
     if device is not None:
         if isinstance(module, torch.nn.Module):
@@ -192,14 +203,25 @@ def run_on(
         args = [a.to(device) for a in args]
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
 
+    checks: list[CheckedRun] = []
+
     def once(
         mode: Callable[[], contextlib.AbstractContextManager[Any]],
         args: Sequence[Any] = args,
         kwargs: dict[str, Any] = kwargs,
+        *,
+        checked: bool = False,
     ) -> list[Any]:
         try:
-            with isolated_run(), mode(), buffers_restored(module) as restored:  # from the state it was given
+            with (
+                isolated_run(),
+                mode(),
+                buffers_restored(module) as restored,  # from the state it was given
+                checking(module, device, run_name) if checked else contextlib.nullcontext() as check,
+            ):
                 outputs = restored.apart(module(*args, **kwargs))
+                if check is not None:
+                    checks.append(check)
         except (RankSetError, RefusedOperatorError):
             raise  # (a rank set stopped the run, or a check refused a call: each message names what it is)
         except Exception as exc:
@@ -210,7 +232,11 @@ def run_on(
         return [o.detach() if isinstance(o, torch.Tensor) else o for o in pytree.tree_leaves(outputs)]
 
     normal_name, normal = RUN_MODES[0]
-    run = Run(once(normal))
+    run = Run(once(normal, checked=True))
+    if checks:
+        run.problems += checks[0].declared.summary()
+        checks[0].see_program([*args, *kwargs.values()], run.outputs)
+        run.sightings = checks[0].sightings
     for name, mode in RUN_MODES[1:]:
         disagree = modes_disagree(run.outputs, once(mode), normal_name, name)
         if disagree and modes_disagree(run.outputs, once(normal), normal_name, normal_name):
@@ -267,11 +293,21 @@ def modes_disagree(
 
 
 def compare_output(
-    index: int, actual: Any, expected: torch.Tensor, atol: float | None, rtol: float | None, stat: str = "elemwise"
+    index: int,
+    actual: Any,
+    expected: torch.Tensor,
+    atol: float | None,
+    rtol: float | None,
+    stat: str = "elemwise",
+    *,
+    top_k: int | None = None,
+    min_top_k_agreement: float | None = None,
 ) -> OutputComparison:
     """One output against its reference: max abs / rel diff, and whether it is within tolerance (``stat``:
     :data:`ERROR_STATS`). Every comparison of values (outputs, engine boundaries, random runs, ``diff``, the
-    drill-down) is this one.
+    drill-down) is this one. Besides the error statistics it measures the SQNR and the cosine similarity of the
+    values finite on both sides, and with ``top_k`` how often both rank the same top classes
+    (:func:`top_k_agreement`, :func:`ranked`; below ``min_top_k_agreement`` the output fails).
 
     Nothing is converted into a value that compares equal when the original does not (:func:`_widened`):
     floating values are compared in float64, into which every floating dtype widens exactly; complex values
@@ -322,6 +358,7 @@ def compare_output(
     # Statistics over the values where both sides are finite: one NaN must not hide how close the rest is.
     both_finite = a.isfinite() & finite_reference
     worst, mean, median, p99, cosine = _statistics(diff[both_finite], _real(a[both_finite]), _real(e[both_finite]))
+    sqnr = _sqnr_db(diff[both_finite], a[both_finite], e[both_finite])
     max_abs = float("inf") if nan_count or inf_count else worst
     relative = (diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf"))
     max_rel = float(relative.max())
@@ -355,10 +392,62 @@ def compare_output(
     if problem is not None:
         problem += _first_difference(actual, expected, same)
     finite_count = int(both_finite.sum())
-    return OutputComparison(
+    comparison = OutputComparison(
         index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem, mean, median, p99, cosine, nan_count,
-        inf_count, finite_count,
+        inf_count, finite_count, sqnr,
     )  # fmt: skip
+    return comparison if top_k is None else ranked(comparison, actual, expected, top_k, min_top_k_agreement)
+
+
+def top_k_agreement(actual: Any, expected: torch.Tensor, k: int) -> tuple[int, int, int | None] | None:
+    """How often ``actual`` ranks the same top ``k`` classes as ``expected`` (logits): (rows, rows that agree, the
+    first row that does not or None).
+
+    Rows are the leading dimensions flattened (row-major), classes the last dimension. A row agrees where the
+    *sets* of the ``k`` largest indices are equal: the order within the top ``k`` is not compared (a top-5 hit does
+    not depend on it). Values are ranked in float64, which holds every floating dtype exactly; NaN ranks above
+    every number, as :func:`torch.topk` ranks it. None where it does not apply: not a floating tensor of the
+    reference's dtype and shape with a last dimension of at least ``k``, or no rows.
+    """
+    if (
+        not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor)
+        or not expected.is_floating_point() or expected.is_quantized
+        or actual.dtype != expected.dtype or actual.shape != expected.shape or expected.dim() == 0
+        or expected.shape[-1] < k or expected.numel() == 0
+    ):  # fmt: skip
+        return None
+
+    def top(value: torch.Tensor) -> torch.Tensor:
+        rows = value.detach().cpu().to(torch.float64).reshape(-1, value.shape[-1])
+        return rows.topk(k, dim=-1).indices.sort(dim=-1).values  # sorted: sets compared, not rankings
+
+    agree = (top(actual) == top(expected)).all(dim=-1)
+    rows, agreeing = agree.numel(), int(agree.sum())
+    return rows, agreeing, None if agreeing == rows else int((~agree).nonzero()[0, 0])
+
+
+def ranked(
+    comparison: OutputComparison, actual: Any, expected: torch.Tensor, k: int, minimum: float | None = None
+) -> OutputComparison:
+    """``comparison`` with its top-``k`` agreement (:func:`top_k_agreement`): it fails, with a problem saying so,
+    where fewer than ``minimum`` (a fraction) of its rows agree. Reported only without ``minimum``: a top-k that
+    differs where the values are within tolerance is a tie broken otherwise, rarely a fault of its own."""
+    found = top_k_agreement(actual, expected, k)
+    if found is None:
+        return comparison
+    rows, agreeing, first = found
+    comparison.top_k, comparison.top_k_rows = k, rows
+    comparison.top_k_agreement, comparison.top_k_first_disagreement = agreeing / rows, first
+    if minimum is not None and comparison.top_k_agreement < minimum:
+        why = (
+            f"its top-{k} indices agree in {agreeing} of {rows} rows ({agreeing / rows:.6g}), fewer than "
+            f"--min-top-k-agreement {minimum:g}; the first row that does not is {first}"
+        )
+        comparison.ok = False
+        comparison.problem = (
+            f"{comparison.problem}; {why}" if comparison.problem else f"output {comparison.index}: {why}"
+        )
+    return comparison
 
 
 # Integer dtypes by width, for comparing bit patterns: equal bits are equal values for an integer.
@@ -494,6 +583,32 @@ def _first_difference(actual: torch.Tensor, expected: torch.Tensor, same: torch.
     where = tuple(position)
     got, want = actual[where].item(), expected[where].item()
     return f"; {count} of {same.numel()} values differ, the first at {position}: {got!r} vs {want!r}"
+
+
+def _sqnr_db(diff: torch.Tensor, actual: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """``10 * log10(sum(|expected|**2) / sum(diff**2))`` in dB over the values given (those finite on both sides);
+    None where there are none.
+
+    +inf where no value differs; -inf where the reference is all zeros and the value is not (no signal, only
+    error). Each sum is of its terms divided by its largest term, the scales added back as logarithms: neither sum
+    overflows (values near float64's largest) nor underflows to 0, so a difference of one subnormal (``diff`` is
+    never 0 where the values differ) is a finite SQNR, never +inf.
+    """
+    if diff.numel() == 0:
+        return None
+    magnitude = expected.abs()
+    error_scale, signal_scale = float(diff.max()), float(magnitude.max())
+    if error_scale == 0.0:
+        return math.inf
+    if signal_scale == 0.0:
+        return -math.inf
+    if math.isinf(error_scale) or math.isinf(signal_scale):
+        # A difference (or complex magnitude) of finite values past float64's range: halved, every one is within
+        # it, and the ratio is the same.
+        return _sqnr_db((actual / 2 - expected / 2).abs(), actual / 2, expected / 2)
+    error = float((diff / error_scale).square().sum())
+    signal = float((magnitude / signal_scale).square().sum())
+    return 10 * math.log10(signal / error) + 20 * (math.log10(signal_scale) - math.log10(error_scale))
 
 
 def _statistics(

@@ -24,6 +24,7 @@ from trt_inline import allowed_ops
 from trt_inline.errors import VerifyInputError
 from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import as_boundaries, trace_program
+from trt_inline.verify.compare import ranked
 from trt_inline.verify.isolation import Limits, default_memory_limit
 from trt_inline.verify.localize import (
     Reference,
@@ -43,6 +44,7 @@ from trt_inline.verify.verifier import (
     report_of_child,
     save_target,
     save_tensors,
+    top_k_checked,
 )
 
 __all__ = ["diff", "diff_job"]
@@ -69,6 +71,8 @@ def diff(
     timeout: float | None = None,
     memory_limit: int | str | None = None,
     debug: bool = False,
+    top_k: int | None = None,
+    min_top_k_agreement: float | None = None,
 ) -> VerifyReport:
     """Run two saved programs on the same inputs and compare them at every engine boundary, ``path_b`` the reference.
 
@@ -79,7 +83,9 @@ def diff(
     boundary of every run agrees within tolerance; ``report.divergence`` names
     the first that does not. Both files are opened with the checks of
     :func:`trt_inline.verify` and run in one sandboxed child process (``isolate``, ``sandbox``).
+    ``top_k`` / ``min_top_k_agreement``: the program outputs' top-k agreement, as :func:`trt_inline.verify` says.
     """
+    top_k_checked(top_k, min_top_k_agreement)
     arguments = {
         "path_a": os.fspath(path_a),
         "path_b": os.fspath(path_b),
@@ -93,6 +99,8 @@ def diff(
         "allow_pickle": allow_pickle,
         "allow_native_code": allow_native_code,
         "allow_ops": list(allow_ops),
+        "top_k": top_k,
+        "min_top_k_agreement": min_top_k_agreement,
     }
     tensors = {"args": None if arg_inputs is None else list(arg_inputs), "kwargs": kwarg_inputs}
     if not isolate:
@@ -148,6 +156,22 @@ def _inputs(
     raise VerifyInputError(f"neither {a.path} nor {b.path} embeds reference inputs: give --inputs FILE (or arg_inputs)")
 
 
+def _rank_outputs(
+    report: VerifyReport, outputs_a: Sequence[Any], outputs_b: Sequence[torch.Tensor], k: int, minimum: float | None
+) -> None:
+    """The program outputs' top-``k`` agreement (``--top-k``), in place: the row of program outputs holds the same
+    comparisons; an output below ``minimum`` is a problem."""
+    for comparison in report.outputs:
+        if comparison.index < min(len(outputs_a), len(outputs_b)):
+            ranked(comparison, outputs_a[comparison.index], outputs_b[comparison.index], k, minimum)
+            agreement = comparison.top_k_agreement
+            if minimum is not None and agreement is not None and agreement < minimum and comparison.problem:
+                report.problems.append(comparison.problem)
+    if not any(comparison.top_k is not None for comparison in report.outputs):
+        report.notes.append(f"--top-k {k}: no output was ranked (none is floating point with at least {k} values in "
+                            "its last dimension)")  # fmt: skip
+
+
 def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     """:func:`diff` in this process (the child's job); with ``save_outputs``, the outputs of both as well."""
     path_a, path_b = arguments["path_a"], arguments["path_b"]
@@ -185,6 +209,8 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 )
             with opened[0].reading_ahead():
                 trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
+            for path, trace in ((path_a, trace_a), (path_b, trace_b)):  # (as structural problems: notes here)
+                report.notes += [n for p in trace.declared if (n := f"{Path(path).name}: {p}") not in report.notes]
             if same_partition(trace_a, trace_b) or trace_a.crash is not None:
                 reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
                 rows, divergence = localize(trace_a, reference, atol, rtol, arguments["stat"])
@@ -197,6 +223,9 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                     report.notes.append(how)
             if draw is None:
                 report.outputs = rows[-1].values if trace_a.crash is None else []
+                if arguments.get("top_k") is not None:
+                    _rank_outputs(report, trace_a.outputs, trace_b.outputs, arguments["top_k"],
+                                  arguments.get("min_top_k_agreement"))  # fmt: skip
                 report.boundaries = rows
                 outputs = {"a": trace_a.outputs, "b": trace_b.outputs}
             else:

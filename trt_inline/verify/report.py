@@ -59,6 +59,30 @@ class OutputComparison:
     inf_count: int = 0
     # How many values are finite on both sides: the statistics are over these (none: no statistics).
     finite_count: int | None = None
+    # Signal to quantization-noise ratio over those values, in dB: +inf where none differs, None where not measured.
+    sqnr_db: float | None = None
+    # With --top-k K (logits): of the rows (leading dimensions flattened), the fraction whose top-K indices are the
+    # same set as the reference's, and the first row that does not (None: every row agrees). None: not ranked.
+    top_k: int | None = None
+    top_k_rows: int | None = None
+    top_k_agreement: float | None = None
+    top_k_first_disagreement: int | None = None
+
+    def sqnr_text(self) -> str:
+        """``SQNR 42.1 dB``; ``SQNR inf dB`` where no value differs."""
+        return "SQNR -" if self.sqnr_db is None else f"SQNR {self.sqnr_db:.3g} dB"
+
+    def top_k_text(self) -> str | None:
+        """``top-5: 3 of 4 rows agree (0.75), the first that does not is row 2``; None where not ranked."""
+        if self.top_k is None or self.top_k_agreement is None:
+            return None
+        text = f"top-{self.top_k}: "
+        if self.top_k_rows is not None:  # (counts: a fraction of a million rows rounds to 1 with one row off)
+            text += f"{round(self.top_k_agreement * self.top_k_rows)} of {self.top_k_rows} rows agree "
+        text += f"({self.top_k_agreement:.6g})"
+        if self.top_k_first_disagreement is not None:
+            text += f", the first that does not is row {self.top_k_first_disagreement}"
+        return text
 
     def error_text(self) -> str:
         """``max abs diff 0.5``; NaN and Inf where the reference is finite are counted, never shown as a diff."""
@@ -72,7 +96,7 @@ class OutputComparison:
             return "no value is finite on both sides: no error statistics"
         return (
             f"mean {self.mean_abs_diff:.3g}  median {self.median_abs_diff:.3g}  p99 {self.p99_abs_diff:.3g}  "
-            f"cosine similarity {self.cosine_similarity:.6f}"
+            f"cosine similarity {self.cosine_similarity:.6f}  {self.sqnr_text()}"
             + ("" if self.finite_count is None or not (self.nan_count or self.inf_count)
                else f"  (over the {self.finite_count} finite values)")
         )  # fmt: skip
@@ -137,9 +161,13 @@ class Divergence:
 
 
 def boundary_table(rows: list[BoundaryRow]) -> list[str]:
-    """The per-boundary table: the worst error in the run, the engine's own error run alone, the verdict."""
+    """The per-boundary table: the worst error in the run (max abs diff, and the lowest SQNR and cosine similarity of
+    its values), the engine's own error run alone, the verdict."""
     width = max([44, *(len(row.boundary) for row in rows)])
-    lines = [f"  {'boundary':<{width}} {'values':>6} {'max abs diff':>13} {'own error':>13}  status"]
+    lines = [
+        f"  {'boundary':<{width}} {'values':>6} {'max abs diff':>13} {'SQNR dB':>8} {'cosine':>9} {'own error':>13}"
+        "  status"
+    ]
     for row in rows:
         own = BoundaryRow.worst(row.own)
         own_text = "-" if own is None else f"{own:.6g}"
@@ -153,7 +181,14 @@ def boundary_table(rows: list[BoundaryRow]) -> list[str]:
             worst_text = "Inf"
         else:
             worst_text = "-" if not row.values else f"{worst:.6g}"
-        lines.append(f"  {row.boundary:<{width}} {len(row.values):>6} {worst_text:>13} {own_text:>13}  {status}")
+        # (over the values measured: one of another shape or dtype, or with no finite value, has no SQNR)
+        measured = [v for v in row.values if v.sqnr_db is not None]
+        sqnr_text = f"{min(v.sqnr_db for v in measured if v.sqnr_db is not None):.3g}" if measured else "-"
+        cosine_text = f"{min(v.cosine_similarity for v in measured):.6f}" if measured else "-"
+        lines.append(
+            f"  {row.boundary:<{width}} {len(row.values):>6} {worst_text:>13} {sqnr_text:>8} {cosine_text:>9} "
+            f"{own_text:>13}  {status}"
+        )
     return lines
 
 
@@ -184,6 +219,9 @@ class VerifyReport:
     divergence: Divergence | None = None
     # Runs on random inputs (``--random-inputs``): the sizes drawn, and what each run found.
     random_runs: list[dict[str, Any]] = field(default_factory=list)
+    # What looks like garbage without a reference (all zeros, NaN, constant, the same in every row):
+    # :mod:`trt_inline.verify.garbage`. They fail only under ``strict`` (then they are problems too).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def compared(self) -> bool:
@@ -203,6 +241,7 @@ class VerifyReport:
         # comparisons is encoded in a fraction of the time.
         result = {f.name: getattr(self, f.name) for f in fields(self)}
         result["problems"], result["notes"] = list(self.problems), list(self.notes)
+        result["warnings"] = list(self.warnings)
         result["outputs"] = [dict(vars(output)) for output in self.outputs]
         result["boundaries"] = [
             {
@@ -243,6 +282,8 @@ class VerifyReport:
                 f"(atol {output.atol:g}, rtol {output.rtol:g})"
             )
             lines.append(f"       {output.statistics_text()}")
+            if (ranking := output.top_k_text()) is not None:
+                lines.append(f"       {ranking}")
         for run in self.random_runs:
             sizes = "; ".join(str(s) for s in run["sizes"])
             lines.append(
@@ -258,6 +299,7 @@ class VerifyReport:
         if self.divergence is not None:
             lines.append(self.divergence.to_text())
         lines += [f"  problem: {problem}" for problem in self.problems]
+        lines += [f"  warning: {warning}" for warning in self.warnings]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -356,7 +398,32 @@ class _Reader:
             nan_count=self._integer(get("nan_count", 0), f"{what} nan_count"),
             inf_count=self._integer(get("inf_count", 0), f"{what} inf_count"),
             finite_count=self._integer(get("finite_count"), f"{what} finite_count", optional=True),
+            sqnr_db=None if get("sqnr_db") is None else self._number(data["sqnr_db"], f"{what} sqnr_db"),
+            top_k=self._count_of(get("top_k"), f"{what} top_k", least=1),
+            top_k_rows=self._count_of(get("top_k_rows"), f"{what} top_k_rows", least=1),
+            top_k_agreement=self._fraction(get("top_k_agreement"), f"{what} top_k_agreement"),
+            top_k_first_disagreement=self._count_of(
+                get("top_k_first_disagreement"), f"{what} top_k_first_disagreement", least=0
+            ),
         )
+
+    @classmethod
+    def _count_of(cls, value: Any, what: str, *, least: int) -> int | None:
+        """An optional integer of at least ``least`` (a count, a row index)."""
+        number: int | None = cls._integer(value, what, optional=True)
+        if number is not None and number < least:
+            raise ValueError(f"{what} is less than {least}")
+        return number
+
+    @classmethod
+    def _fraction(cls, value: Any, what: str) -> float | None:
+        """An optional number from 0 to 1 (NaN is none)."""
+        if value is None:
+            return None
+        number = cls._number(value, what)
+        if not 0.0 <= number <= 1.0:
+            raise ValueError(f"{what} is not a fraction from 0 to 1")
+        return number
 
     def boundary(self, data: Any, what: str) -> BoundaryRow:
         data = self._fields(data, _BOUNDARY_FIELDS, {"boundary", "values"}, what)
@@ -427,4 +494,5 @@ class _Reader:
             random_runs=[
                 self.random_run(run) for run in self._items(data.get("random_runs", []), "random runs", _MAX_RUNS)
             ],
+            warnings=self._texts(data.get("warnings", []), "report warnings"),
         )

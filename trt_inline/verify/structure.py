@@ -20,7 +20,9 @@ from torch.export.graph_signature import InputKind
 
 from trt_inline import engines
 from trt_inline.attributes import resolve_attribute
+from trt_inline.distributed.manifest import rank_check_problem
 from trt_inline.errors import TrtInlineError, first_line
+from trt_inline.verify.declared import output_spec_problems
 from trt_inline.verify.report import describe_value
 
 __all__ = ["CHECKS", "Findings", "structural_problems"]
@@ -230,6 +232,19 @@ def _engine_constant_placeholders(program: ExportedProgram) -> dict[str, str]:
     return result
 
 
+def check_output_specs(program: ExportedProgram) -> Findings:
+    """Each user output's spec says the kind of value its graph declares (a SymInt is no tensor)."""
+    return Findings(output_spec_problems(program))
+
+
+def check_rank_check(program: ExportedProgram) -> Findings:
+    """A rank check (``trt_inline::check_ranks``) is called once, first, with a manifest: verify never runs it
+    against a live process group, so where it stands and what it carries are checked here (the manifest against
+    the file's own in every verify of a file: ``verifier._carried_rank_check``)."""
+    problem = rank_check_problem(program.graph_module)
+    return Findings([problem] if problem is not None else [])
+
+
 CHECKS: tuple[Callable[[ExportedProgram], Findings], ...] = (
     check_lint,
     check_definition_order,
@@ -239,6 +254,8 @@ CHECKS: tuple[Callable[[ExportedProgram], Findings], ...] = (
     check_engine_inputs,
     check_getitems,
     check_orphaned_engine_outputs,
+    check_output_specs,
+    check_rank_check,
 )
 
 

@@ -13,7 +13,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, distributed, progress
 from trt_inline.distributed import relay as rank_relay
-from trt_inline.distributed.manifest import collectives_of, decode_manifest, program_mismatch
+from trt_inline.distributed.manifest import collectives_of, decode_manifest, program_mismatch, rank_check_problem
 from trt_inline.errors import IsolationError, VerifyInputError, first_line, printable
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.module_state import buffers_restored
@@ -37,6 +37,7 @@ from trt_inline.verify.extract import (
     repro_folder,
     write_repro,
 )
+from trt_inline.verify.garbage import Sightings, garbage_warnings
 from trt_inline.verify.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
 from trt_inline.verify.pickles import read_torch_save
@@ -86,6 +87,19 @@ def error_stat_checked(stat: str) -> str:
     return stat
 
 
+def top_k_checked(top_k: int | None, min_top_k_agreement: float | None) -> None:
+    """Refuse a ``top_k`` below 1, or a ``min_top_k_agreement`` outside 0 to 1 or without ``top_k``."""
+    if top_k is not None and (type(top_k) is not int or top_k < 1):
+        raise VerifyInputError(f"top_k (--top-k) is a whole number of at least 1, got {top_k!r}")
+    if min_top_k_agreement is not None:
+        if top_k is None:
+            raise VerifyInputError("min_top_k_agreement (--min-top-k-agreement) needs top_k (--top-k K)")
+        if not 0.0 <= min_top_k_agreement <= 1.0:
+            raise VerifyInputError(
+                f"min_top_k_agreement (--min-top-k-agreement) is a fraction from 0 to 1, got {min_top_k_agreement!r}"
+            )
+
+
 def save_target(path: str | os.PathLike[str], flag: str = "--save-outputs") -> Path:
     """Where ``save_outputs`` (or another ``flag``'s file) goes, refused if its directory does not exist
     (checked again before the run)."""
@@ -128,6 +142,9 @@ def verify(
     timeout: float | None = None,
     memory_limit: int | str | None = None,
     debug: bool = False,
+    strict: bool = False,
+    top_k: int | None = None,
+    min_top_k_agreement: float | None = None,
 ) -> VerifyReport:
     """Check a saved program's structure and compare its outputs with the expected outputs.
 
@@ -143,7 +160,11 @@ def verify(
     passes, as Polygraphy's option of that name: ``"elemwise"`` (every element
     within ``atol + rtol * |reference|``), or ``"max"``, ``"mean"``, ``"median"``,
     ``"p99"`` (that statistic of the absolute error within ``atol``, or of the
-    relative error within ``rtol``).
+    relative error within ``rtol``). Every value compared also has its SQNR and cosine similarity reported.
+    ``top_k``: for each floating output whose last dimension has at least ``top_k`` classes (logits), the fraction
+    of its rows (the leading dimensions flattened) whose top-``top_k`` indices are the same set as the reference's,
+    and the first row that does not (:func:`~trt_inline.verify.compare.top_k_agreement`); reported, and a problem
+    only where the fraction is below ``min_top_k_agreement``.
 
     ``per_engine``: compare engine by engine against the boundary data the file
     embeds (``embed_reference="boundaries"``) or, with ``expected_module`` (a
@@ -161,6 +182,11 @@ def verify(
     another TensorRT) as the reference, compared engine by engine. ``extract``:
     a folder to write the first divergent engine or fallback region to as a program of its own
     (``repro.pt2``, with its recorded inputs and outputs, and ``repro.py``).
+
+    Every run is also held to what the graph declares (:mod:`trt_inline.verify.declared`: each engine's and
+    node's outputs, their rank, sizes, dtype, device, tensor or scalar): a disagreement is a problem. What
+    looks like garbage without a reference (:mod:`trt_inline.verify.garbage`: all zeros, NaN or Inf, the same
+    in every run or every row of a batch) is a warning (``report.warnings``); ``strict=True`` fails on those too.
 
     Files are checked before loading (:mod:`trt_inline.verify.archive`): one
     whose pickles need more than plain tensors and Torch-TensorRT engines is
@@ -189,6 +215,7 @@ def verify(
     limit the child hit: :class:`IsolationError`).
     """
     error_stat_checked(check_error_stat)
+    top_k_checked(top_k, min_top_k_agreement)
     repro: list[Any] | None = [] if extract is not None else None  # (what, archive) of the engine or region extracted
     if load_boundaries is not None:
         if expected_from is not None or expected is not None or expected_module is not None:
@@ -223,12 +250,14 @@ def verify(
                 allow_native_code=allow_native_code,
                 kept_reference=kept_reference,
                 repro=repro,
+                top_k=top_k,
+                min_top_k_agreement=min_top_k_agreement,
             )
         if save_boundaries is not None:
             _save_boundaries_or_say(report, kept_reference[0] if kept_reference else None, save_boundaries)
         if extract is not None:
             _write_extract(report, repro or [], extract, allow_native_code)
-        return report
+        return strictly(report, strict)
     path = os.fspath(path_or_program)
     label = None
     recorded = None
@@ -270,6 +299,8 @@ def verify(
         "label": label,
         "keep_reference": save_boundaries is not None,
         "extract": extract is not None,
+        "top_k": top_k,
+        "min_top_k_agreement": min_top_k_agreement,
     }
     tensors = {
         "args": None if arg_inputs is None else list(arg_inputs),
@@ -286,6 +317,14 @@ def verify(
     )  # fmt: skip
     if extract is not None:
         _write_extract(report, repro or [], extract, allow_native_code)
+    return strictly(report, strict)
+
+
+def strictly(report: VerifyReport, strict: bool) -> VerifyReport:
+    """``report``, its warnings made problems where ``strict`` (``--strict``)."""
+    if strict:
+        report.problems += [f"{warning} (--strict)" for warning in report.warnings]
+        report.warnings = []
     return report
 
 
@@ -446,6 +485,8 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             kept=kept,
             kept_reference=kept_reference,
             repro=repro,
+            top_k=arguments.get("top_k"),
+            min_top_k_agreement=arguments.get("min_top_k_agreement"),
         )
     if arguments["label"]:
         report.expected_source = arguments["label"]
@@ -502,6 +543,8 @@ def _verify_here(
     kept: list[Any] | None = None,
     kept_reference: list[ReferenceIO] | None = None,
     repro: list[Any] | None = None,
+    top_k: int | None = None,
+    min_top_k_agreement: float | None = None,
 ) -> VerifyReport:
     """:func:`verify` in this process; ``kept`` receives the outputs, ``kept_reference`` the run with its
     boundaries, ``repro`` the divergent engine or region as a program of its own (for the parent to write)."""
@@ -528,6 +571,8 @@ def _verify_here(
             report.problems, report.notes = structural_problems(program)
         else:
             report.notes.append("the package carries no ExportedProgram: its graph was not checked, only its outputs")
+        if loaded is not None and loaded.program is not None and loaded.manifest_text is not None:
+            report.problems += _carried_rank_check(loaded.program, loaded.manifest_text, str(loaded.path))
         if loaded is not None and loaded.unread:
             report.notes.append(f"extra files not read (they are never loaded as code): {', '.join(loaded.unread)}")
         if loaded is not None and loaded.passthrough:
@@ -603,6 +648,7 @@ def _verify_here(
         got = run.outputs
         report.problems.extend(run.problems)
         report.notes.extend(run.notes)
+        sightings = [run.sightings] if run.sightings is not None else []
         progress.report(f"comparing {len(got)} outputs")
         if save_outputs is not None:
             save_tensors(tensors_only(got, "outputs"), save_outputs)
@@ -614,11 +660,15 @@ def _verify_here(
             report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
         for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
             comparison = compare_output(
-                index, actual, reference_output, tolerance_for(atol, index), tolerance_for(rtol, index), stat
-            )
+                index, actual, reference_output, tolerance_for(atol, index), tolerance_for(rtol, index), stat,
+                top_k=top_k, min_top_k_agreement=min_top_k_agreement,
+            )  # fmt: skip
             report.outputs.append(comparison)
             if comparison.problem:
                 report.problems.append(comparison.problem)
+        if top_k is not None and not any(output.top_k is not None for output in report.outputs):
+            report.notes.append(f"--top-k {top_k}: no output was ranked (none is floating point with at least "
+                                f"{top_k} values in its last dimension)")  # fmt: skip
         mismatch = any(not o.ok for o in report.outputs)
         # (every rank of a rank set takes this branch or none does: its replays run collectives)
         if rank_relay.any_rank(per_engine or (mismatch and recorded is not None), in_process=in_process_rank_file):
@@ -636,8 +686,10 @@ def _verify_here(
                 report.notes.append(f"engine by engine comparison not possible: {exc}")
         if random_inputs:
             _random_runs(
-                report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol, stat
-            )
+                report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol, stat,
+                sightings,
+            )  # fmt: skip
+        report.warnings += garbage_warnings(sightings)
         return report
 
 
@@ -793,6 +845,18 @@ def _localize_crash(
     _localized(report, trace, recorded, want, atol, rtol, stat, module, [*args, *kwargs.values()], repro)
 
 
+def _carried_rank_check(program: ExportedProgram, manifest_text: str, path: str) -> list[str]:
+    """A rank file's own rank check against its manifest, checked in every verify (where the check is, and that
+    there is one, are structural checks: :func:`~trt_inline.verify.structure.check_rank_check`)."""
+    if rank_check_problem(program.graph_module) is not None:
+        return []  # (said by the structural check)
+    try:
+        problem = rank_check_problem(program.graph_module, decode_manifest(manifest_text, path))
+    except VerifyInputError as exc:
+        return [str(exc)]
+    return [] if problem is None else [f"{path}: {problem}"]
+
+
 def _rank_file_checks(loaded: LoadedFile | None, module: torch.fx.GraphModule | None) -> bool:
     """A rank file's checks before its run; whether it is run in this process, as one rank of a live rank set.
 
@@ -837,10 +901,12 @@ def _random_runs(
     atol: Tolerance,
     rtol: Tolerance,
     stat: str,
+    sightings: list[Sightings],
 ) -> None:
     """Runs on inputs drawn within the declared ranges: each must be accepted and give finite outputs.
 
-    With ``expected_module`` (in this process) each run is also compared with what it returns.
+    With ``expected_module`` (in this process) each run is also compared with what it returns. Each run's
+    sightings are appended to ``sightings`` (for :func:`~trt_inline.verify.garbage.garbage_warnings`).
     """
     if program is None:
         raise VerifyInputError(
@@ -851,8 +917,12 @@ def _random_runs(
         problem = None
         try:
             collectives = isinstance(runnable, torch.nn.Module) and bool(collectives_of(runnable))
-            ran = run_on(runnable, draw.inputs, {}, device, layouts=not collectives)
+            ran = run_on(
+                runnable, draw.inputs, {}, device, layouts=not collectives, run_name=f"on random inputs {iteration}"
+            )
             outputs, mode_problems = ran.outputs, ran.problems
+            if ran.sightings is not None:
+                sightings.append(ran.sightings)
         except VerifyInputError as exc:
             problem = f"rejected inputs within its declared ranges: {exc}"
         else:

@@ -1,0 +1,103 @@
+"""A call of a flat program that also checks each value it computes, as the call a user makes.
+
+The program is called as ``module(*args, **kwargs)`` (its forward hooks, its
+input checks, its pytree of inputs and outputs all as in any call); only its
+``forward`` runs node by node (:class:`torch.fx.Interpreter`) for the length of
+the call, which computes each node with the same operator on the same
+arguments as the generated code does::
+
+    module(*args, **kwargs) ─► hooks ─► forward ─► placeholder x ─► relu ─► engine 0 ─► … ─► outputs
+                                                   │               │       │
+                                                   declared and returned compared at every node
+                                                   (DeclaredValues); engine and program outputs sighted
+                                                   for the checks that need no reference (Sightings)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from trt_inline.verify.declared import DeclaredValues
+from trt_inline.verify.garbage import Sightings, sights
+
+__all__ = ["CheckedRun", "checking"]
+
+
+# Operators whose values depend on their tensor arguments' sizes only (``zeros_like(x)``, ``x.new_ones(3)``,
+# ``x.shape[0]``): what they compute from an input is as constant as a constant.
+_SIZES_ONLY = ("new_zeros", "new_ones", "new_full", "new_empty", "sym_size", "sym_numel", "sym_stride", "size",
+               "numel", "scalar_tensor")  # fmt: skip
+
+
+def _sizes_only(node: torch.fx.Node) -> bool:
+    name = getattr(node.target, "__name__", str(node.target)).partition(".")[0]
+    return node.op == "call_function" and (name.endswith("_like") or name in _SIZES_ONLY)
+
+
+def _depends_on_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes whose values depend on the values of a user input (a constant's value is no sign of garbage)."""
+    found: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" or (not _sizes_only(node) and any(a in found for a in node.all_input_nodes)):
+            found.add(node)
+    return found
+
+
+class CheckedRun(torch.fx.Interpreter):
+    """Runs a GraphModule's graph, checking each value against its declaration and sighting engine outputs."""
+
+    def __init__(self, module: torch.fx.GraphModule, moved_to: str | None, run: str) -> None:
+        super().__init__(module, garbage_collect_values=True)
+        self.declared = DeclaredValues(module, moved_to)
+        self.sightings = Sightings(run)
+        self.depends = _depends_on_inputs(module.graph)
+        self.engine_names = {n: name.split(" out[")[0] for n, name in self.declared.names.items()}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        site = self.engine_names.get(n) if n in self.depends else None
+        if site is not None:
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            before = sights(pytree.tree_leaves(args[0]) if args else [])  # (before the call: it may write one)
+        result = super().run_node(n)
+        self.declared.check(n, result)
+        if site is not None:
+            self.sightings.see(site, before, sights(pytree.tree_leaves(result)))
+        return result
+
+    def see_program(self, inputs: list[Any], outputs: list[Any]) -> None:
+        """The program's own outputs, against its inputs (those that depend on no input are not judged)."""
+        output_node = next(n for n in reversed(self.graph.nodes) if n.op == "output")
+        returned = pytree.tree_leaves(output_node.args[0])
+        judged = [
+            value if isinstance(node, torch.fx.Node) and node in self.depends else None
+            for node, value in zip(returned, outputs, strict=False)
+        ]
+        self.sightings.see("the program", sights(inputs), sights(judged))
+
+
+@contextlib.contextmanager
+def checking(module: Any, moved_to: str | None, run: str) -> Iterator[CheckedRun | None]:
+    """While inside, a call of ``module`` (a GraphModule) runs as a :class:`CheckedRun`; None for other modules."""
+    if not isinstance(module, torch.fx.GraphModule):
+        yield None
+        return
+    checked = CheckedRun(module, moved_to, run)
+    parameters = inspect.signature(module.forward).parameters
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        # In the generated forward's parameter order: the graph's input processing flattens them as it does.
+        bound = inspect.Signature(list(parameters.values())).bind(*args, **kwargs)
+        return checked.run(*bound.arguments.values())
+
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield checked
+    finally:
+        del module.forward

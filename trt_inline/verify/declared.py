@@ -1,0 +1,217 @@
+"""What a program's graph declares about each value against what its run returns.
+
+Every node of a saved program carries its value's declared metadata
+(``meta["val"]``: a fake tensor's rank, shape, dtype and device, or a symbolic
+scalar). Re-export, AOTInductor packaging, ExecuTorch lowering and refit read
+that account; the run computes the other. Nothing in the run compares the two,
+so an engine whose declared output is ``float64[8, 4]`` and which returns
+``float32[8, 4]`` runs and may even match its reference, and the next tool in
+the chain fails or miscompiles::
+
+    x ──► engine 0 ──► getitem ──► relu ──► OUTPUT
+          declared float64[s0, 4] on cpu     (meta["val"], what a re-export reads)
+          returned float32[8, 4] on cpu      (the run: s0 = 8 from x, the dtype differs)
+
+:class:`DeclaredValues` sees each value a run computes, node by node, and
+checks it against the node's declaration: a tensor or which kind of scalar;
+rank; each size, symbols resolved against the sizes of the run (the first
+value a symbol takes binds it, every later use must agree); dtype; device
+(where the run moves the program, the device it was moved to also agrees).
+:func:`output_spec_problems` checks the program's output specs against the
+same declarations without running anything.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind, TensorArgument
+
+from trt_inline import engines
+
+__all__ = ["DeclaredValues", "describe_declared", "output_spec_problems"]
+
+# The disagreements one run reports, then a count: a systematic fault repeats at every node it reaches.
+_MAX_REPORTED = 20
+
+_SCALARS: tuple[tuple[type, type], ...] = ((torch.SymBool, bool), (torch.SymInt, int), (torch.SymFloat, float))
+
+
+def describe_declared(value: Any, device: bool = True) -> str:
+    """``float32[s0, 4] on cpu``, ``int``, ``int 3``: a declared or returned value, as a disagreement names it."""
+    if isinstance(value, torch.Tensor):
+        dims = ", ".join(str(d) for d in value.shape)
+        where = f" on {value.device}" if device else ""
+        return f"{str(value.dtype).removeprefix('torch.')}[{dims}]{where}"
+    for symbolic, concrete in _SCALARS:
+        if isinstance(value, symbolic):
+            return concrete.__name__
+    if isinstance(value, (bool, int, float)):
+        return f"{type(value).__name__} {value!r}"
+    return type(value).__name__
+
+
+def _kind(value: Any) -> type | None:
+    """The Python scalar type a declared scalar is (``SymInt`` or ``int``: int), None for anything else."""
+    for symbolic, concrete in _SCALARS:
+        if isinstance(value, (symbolic, concrete)) and not (concrete is int and isinstance(value, bool)):
+            return concrete
+    return None
+
+
+class DeclaredValues:
+    """One run's values against their nodes' declarations; :attr:`problems` says where they disagree.
+
+    ``moved_to``: the device the run moved the program and its inputs to, if it did (a value declared on
+    another device may then be there). Engine outputs are named by engine (``engine 2 (_run_on_acc_5) out[0]``),
+    other values by node (``node relu``).
+    """
+
+    def __init__(self, module: torch.fx.GraphModule, moved_to: str | None = None) -> None:
+        self.moved_to = None if moved_to is None else torch.device(moved_to)
+        self.symbols: dict[sympy.Symbol, int] = {}
+        self.problems: list[str] = []
+        self.unreported = 0
+        self.names: dict[torch.fx.Node, str] = {}
+        engine_calls = [n for n in module.graph.nodes if engines.is_engine_call(n)]
+        for index, call_node in enumerate(engine_calls):
+            label = engines.engine_submodule_name(call_node)
+            self.names[call_node] = f"engine {index}" + (f" ({label})" if label else "")
+        # An engine's getitems are checked at the engine call, which declares every output.
+        self.skipped = {u for n in engine_calls for u in n.users if u.target is operator.getitem}
+
+    def check(self, node: torch.fx.Node, value: Any) -> None:
+        """Compare the value ``node`` computed in this run with its ``meta["val"]``."""
+        if node.op not in ("placeholder", "call_function", "call_method", "call_module") or node in self.skipped:
+            return
+        declared = node.meta.get("val")
+        if declared is None:
+            return
+        name = self.names.get(node, f"node {node.name}")
+        if isinstance(declared, (list, tuple)):
+            if not isinstance(value, (list, tuple)) or len(value) != len(declared):
+                count = len(value) if isinstance(value, (list, tuple)) else "not a list"
+                self._disagree(f"{name}: declared {len(declared)} outputs, returned {count}")
+                return
+            for index, (one_declared, one_value) in enumerate(zip(declared, value, strict=True)):
+                self._check_one(f"{name} out[{index}]", one_declared, one_value)
+            return
+        self._check_one(name if node not in self.names else f"{name} out[0]", declared, value)
+
+    def _check_one(self, name: str, declared: Any, value: Any) -> None:
+        if declared is None:
+            return
+        if isinstance(declared, torch.Tensor):
+            if not isinstance(value, torch.Tensor):
+                self._disagree(f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}")
+                return
+            why = self._tensor_differs(declared, value)
+            if why:
+                self._disagree(f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}")
+            return
+        kind = _kind(declared)
+        if kind is None:
+            return  # (a memory format, a device, a string: nothing a run computes)
+        if isinstance(value, torch.Tensor) or _kind(value) is not kind:
+            self._disagree(f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}")
+            return
+        if kind is int and not self._size_agrees(declared, value):
+            shown = self._resolved(declared)
+            self._disagree(f"{name}: declared int {shown}, returned int {value!r}")
+
+    def _tensor_differs(self, declared: torch.Tensor, value: torch.Tensor) -> bool:
+        if declared.dtype != value.dtype or declared.dim() != value.dim():
+            return True
+        if not self._same_device(declared.device, value.device):
+            return True
+        # Every size checked, binding the symbols first seen here (an unbacked size, an input's dimension).
+        agree = [self._size_agrees(d, v) for d, v in zip(declared.shape, value.shape, strict=True)]
+        return not all(agree)
+
+    def _same_device(self, declared: torch.device, actual: torch.device) -> bool:
+        if _same(declared, actual):
+            return True
+        return self.moved_to is not None and _same(self.moved_to, actual)
+
+    def _size_agrees(self, declared: Any, actual: int) -> bool:
+        """Whether a declared size (an int, or a SymInt's expression in the run's symbols) is ``actual``."""
+        if isinstance(declared, int):
+            return declared == actual
+        if not isinstance(declared, torch.SymInt):
+            return True
+        expr = declared.node.expr
+        if isinstance(expr, sympy.Symbol):
+            bound = self.symbols.setdefault(expr, int(actual))
+            return bound == actual
+        if isinstance(expr, sympy.Integer):
+            return int(expr) == actual
+        free = expr.free_symbols
+        if not free <= self.symbols.keys():
+            return True  # (not known yet: an expression in a symbol no value has bound)
+        try:
+            return int(expr.xreplace({s: sympy.Integer(self.symbols[s]) for s in free})) == actual
+        except (TypeError, ValueError):
+            return True  # (an expression that does not fold to an integer: nothing to hold it to)
+
+    def _resolved(self, declared: torch.SymInt) -> str:
+        expr = declared.node.expr
+        known = {s: sympy.Integer(v) for s, v in self.symbols.items() if s in expr.free_symbols}
+        folded = expr.xreplace(known)
+        return f"{expr} = {folded}" if known else str(expr)
+
+    def _disagree(self, line: str) -> None:
+        if len(self.problems) < _MAX_REPORTED:
+            self.problems.append(f"declared and returned values disagree at {line}")
+        else:
+            self.unreported += 1
+
+    def summary(self) -> list[str]:
+        """The problems, and how many more there were past the first :data:`_MAX_REPORTED`."""
+        more = [f"declared and returned values disagree at {self.unreported} more values"] if self.unreported else []
+        return [*self.problems, *more]
+
+
+def _same(declared: torch.device, actual: torch.device) -> bool:
+    """One device: ``cuda`` without an index is the current CUDA device."""
+    if declared.type != actual.type:
+        return False
+    if declared.index is None or actual.index is None:
+        current = torch.cuda.current_device() if declared.type == "cuda" and torch.cuda.is_initialized() else 0
+        return (declared.index if declared.index is not None else current) == (
+            actual.index if actual.index is not None else current
+        )
+    return declared.index == actual.index
+
+
+def output_spec_problems(program: ExportedProgram) -> list[str]:
+    """The program's user outputs whose output spec says another kind than the value its graph declares.
+
+    A ``SymInt`` described as a tensor (or a tensor as a ``SymInt``) loads and may
+    run; a re-export or a package compiled from it does not.
+    """
+    output_node = next(n for n in reversed(program.graph.nodes) if n.op == "output")
+    returned = output_node.args[0]
+    if not isinstance(returned, (list, tuple)):
+        return []
+    problems = []
+    user_index = 0
+    for spec, value in zip(program.graph_signature.output_specs, returned, strict=False):
+        if spec.kind is not OutputKind.USER_OUTPUT:
+            continue
+        index, user_index = user_index, user_index + 1
+        declared = value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+        if declared is None:
+            continue
+        spec_tensor = isinstance(spec.arg, TensorArgument)
+        kind = type(spec.arg).__name__.removesuffix("Argument")
+        if spec_tensor != isinstance(declared, torch.Tensor):
+            where = f" ({value.name})" if isinstance(value, torch.fx.Node) else ""
+            problems.append(
+                f"output {index}{where}: its output spec says {kind}, its graph declares {describe_declared(declared)}"
+            )
+    return problems
