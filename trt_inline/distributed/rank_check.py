@@ -163,10 +163,12 @@ def manifest_text_of(path: str | os.PathLike[str]) -> str | None:
     Read with ``zipfile``, not verify's strict reader: the caller is about to
     load the file as trusted anyway, and reads this one entry before it does.
     """
-    suffixes = tuple(f"/{folder}{MANIFEST_FILE}" for folder in (formats.EXTRA_FOLDER, "extra_files/"))
+    # The PT2 archive (torch 2.9+): <root>/extra/NAME; torch 2.5 ... 2.8 wrote extra_files/NAME, at the top.
+    current = f"/{formats.EXTRA_FOLDER}{MANIFEST_FILE}"
+    older = f"extra_files/{MANIFEST_FILE}"
     try:
         with zipfile.ZipFile(path) as archive:
-            names = [n for n in archive.namelist() if n.endswith(suffixes) and n.count("/") == 2]
+            names = [n for n in archive.namelist() if n == older or (n.endswith(current) and n.count("/") == 2)]
             if not names:
                 return None
             info = archive.getinfo(names[0])
