@@ -3,10 +3,10 @@
 It only registers post-import hooks for ``torch_tensorrt.dynamo._exporter`` (the
 inline passes) and ``torch_tensorrt._compile`` (``save``, to embed reference I/O); it
 imports neither ``torch_tensorrt`` nor ``trt_inline`` (which loads on the
-exporter's first import). An exception escaping an entry point of this group
-makes ``import torch`` fail, so nothing here raises: a failure becomes one
-warning and Torch-TensorRT's stock behaviour. ``TRT_INLINE_DISABLE=1`` turns the
-automatic activation off.
+exporter's first import, or when a rank check runs in a process group). An
+exception escaping an entry point of this group makes ``import torch`` fail, so
+nothing here raises: a failure becomes one warning and Torch-TensorRT's stock
+behaviour. ``TRT_INLINE_DISABLE=1`` turns the automatic activation off.
 
 It also defines ``trt_inline::check_ranks``, the operator a tensor-parallel rank
 file calls first (:mod:`trt_inline.distributed.rank_check`), so that
@@ -21,15 +21,21 @@ import warnings
 from types import ModuleType
 from typing import Any
 
-from trt_inline_switches import COMPILE, DISABLE_ENV, EXPORTER, checks_ranks, disabled_by_env, env_flag
+from trt_inline_switches import (
+    COMPILE,
+    DISABLE_ENV,
+    EXPORTER,
+    RANK_CHECK_OP,
+    checks_ranks,
+    disabled_by_env,
+    env_flag,
+)
 
 __all__ = [
     "COMPILE", "DISABLE_ENV", "EXPORTER", "RANK_CHECK_OP", "disabled_by_env", "env_flag", "register",
     "register_rank_check",
 ]  # fmt: skip
 
-# The operator a rank file calls at the start of its program, with the file's rank manifest (JSON) as argument.
-RANK_CHECK_OP = "trt_inline::check_ranks"
 _RANK_CHECK_SCHEMA = "check_ranks(str manifest) -> ()"
 # The library that defines it, once per process (torch refuses a second definition).
 _rank_check_library: Any = None

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CHECK_RANKS_ENV", "COMPILE", "DISABLE_ENV", "EXPORTER", "checks_ranks", "disabled_by_env", "env_flag"]
+__all__ = [
+    "CHECK_RANKS_ENV", "COMPILE", "DISABLE_ENV", "EXPORTER", "RANK_CHECK_OP", "checks_ranks", "disabled_by_env",
+    "env_flag",
+]  # fmt: skip
 
 # The Torch-TensorRT modules whose import the entry point waits for.
 EXPORTER = "torch_tensorrt.dynamo._exporter"
@@ -21,6 +24,9 @@ DISABLE_ENV = "TRT_INLINE_DISABLE"
 # TRT_INLINE_CHECK_RANKS=0: a rank file runs and loads on any rank (its embedded check and the patched
 # torch_tensorrt.load's check of its rank manifest both let it through).
 CHECK_RANKS_ENV = "TRT_INLINE_CHECK_RANKS"
+# The operator a rank file calls at the start of its program, with its rank manifest (JSON) as argument: defined
+# by the entry point (trt_inline_autoload), named by the checks in trt_inline.distributed.
+RANK_CHECK_OP = "trt_inline::check_ranks"
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")

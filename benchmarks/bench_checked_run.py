@@ -12,11 +12,8 @@ of a checked call, their ratio, and the node count.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,19 +23,10 @@ import trt_inline
 from trt_inline.verify.checked_run import checking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from bench_save_load import median_seconds
 from models import RELU, TinyResNet, TransformerBlock
 
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
-
-
-def median_seconds(function: Callable[[], object], repeats: int) -> float:
-    function()  # (warm)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 class Stack(nn.Module):
@@ -74,7 +62,9 @@ def main() -> None:
                 module(*inputs)
             assert check is not None and not check.declared.summary()
 
+        checked()  # (warm: the first call of each pays for what is built once)
         with torch.no_grad():
+            module(*inputs)
             plain = median_seconds(lambda module=module, inputs=inputs: module(*inputs), args.repeats)
             held = median_seconds(checked, args.repeats)
         nodes = len(module.graph.nodes)

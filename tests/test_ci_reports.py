@@ -377,3 +377,16 @@ def test_verify_top_k_floor_travels_to_the_child(saved_seed: SavedSeed, cases: P
     ]
     with pytest.raises(VerifyInputError, match="needs top_k"):
         verify(saved_seed.bare, min_top_k_agreement=0.5)
+
+
+def test_what_is_wrong_for_every_case_is_said_once_before_any_runs(
+    saved_seed: SavedSeed, cases: Path, tmp_path: Path
+) -> None:
+    """A missing file or an unusable option is one line and exit 2, not one ERROR per case."""
+    for arguments, said in (
+        ((str(tmp_path / "missing.pt2"), "--cases", str(cases)), "missing.pt2: no such file"),
+        ((str(saved_seed.bare), "--cases", str(cases), "--top-k", "0"), "top_k (--top-k) is a whole number"),
+    ):
+        proc = _cli("verify", *arguments)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert len(proc.stderr.strip().splitlines()) == 1 and said in proc.stderr, proc.stderr

@@ -151,10 +151,15 @@ def test_a_scalar_declared_where_a_tensor_is_returned_and_back() -> None:
     with checking(module, None, "here") as check:
         module(torch.randn(5, 2))
     assert check is not None
-    assert check.declared.summary() == [
+    # torch's own operators: warnings (an engine's disagreement is a problem: the tests of crafted files above)
+    assert check.declared.summary() == []
+    suffix = " (torch's own {}: what torch declares for it; a re-export or package of the file reads that)"
+    assert check.declared.torch_warnings() == [
         f"declared and returned values disagree at node {size_node.name}: declared float32[s0, 2] on cpu, "
-        "returned int 5".replace("s0", str(mul.meta["val"].node.expr)),
-        "declared and returned values disagree at node mul: declared int, returned float32[5, 2] on cpu",
+        "returned int 5".replace("s0", str(mul.meta["val"].node.expr))
+        + suffix.format(size_node.target),
+        "declared and returned values disagree at node mul: declared int, returned float32[5, 2] on cpu"
+        + suffix.format("aten.mul.Tensor"),
     ]
 
 
@@ -169,16 +174,16 @@ def test_symbols_are_bound_by_the_run_and_held_to_it() -> None:
     module = program.module()
     with checking(module, None, "here") as check:
         module(torch.randn(7, 2))
-    assert check is not None and check.declared.summary() == []
+    assert check is not None and check.declared.summary() == check.declared.torch_warnings() == []
     add = next(n for n in module.graph.nodes if n.target is torch.ops.aten.add.Tensor)
     placeholder = next(n for n in module.graph.nodes if n.op == "placeholder")
     add.meta["val"] = placeholder.meta["val"]  # declares [s0, 2] where the run returns [2*s0, 2]
     with checking(module, None, "here") as check:
         module(torch.randn(7, 2))
     assert check is not None
-    (problem,) = check.declared.summary()
+    (warning,) = check.declared.torch_warnings()
     rows = add.meta["val"].shape[0]
-    assert problem.endswith(f"at node {add.name}: declared float32[{rows}, 2] on cpu, returned float32[14, 2] on cpu")
+    assert f"at node {add.name}: declared float32[{rows}, 2] on cpu, returned float32[14, 2] on cpu (" in warning
 
 
 class _Garbage(nn.Module):
@@ -267,13 +272,14 @@ def _good_models() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...], list[
 
 # True disagreements of torch's own export: nn.LSTM's program declares its final hidden and cell states with an
 # extra dimension ([layers * directions, 1, batch, hidden]) that the run does not return (measured on torch 2.5.1;
-# gone on 2.13.0). Reported, as any file that declares what it does not compute.
+# gone on 2.13.0). Warned of, as torch's own operators' disagreements are.
 _LSTM_STATES = [
-    f"declared and returned values disagree at node {node}: declared float32[4, 1, 2, 8] on cpu, returned "
-    "float32[4, 2, 8] on cpu"
-    for node in ("lstm out[1]", "lstm out[2]", "getitem_1", "getitem_2")
+    f"declared and returned values disagree at node lstm out[{index}]: declared float32[4, 1, 2, 8] on cpu, "
+    "returned float32[4, 2, 8] on cpu (torch's own aten.lstm.input: what torch declares for it; a re-export or "
+    "package of the file reads that)"
+    for index in (1, 2)
 ]
-_KNOWN_DISAGREEMENTS = {"lstm": _LSTM_STATES} if minor(torch.__version__) < (2, 13) else {}
+_KNOWN_TORCH_DISAGREEMENTS = {"lstm": _LSTM_STATES}
 
 
 def test_no_false_alarm_on_the_test_models_and_real_architectures() -> None:
@@ -297,13 +303,18 @@ def test_no_false_alarm_on_the_test_models_and_real_architectures() -> None:
         generator = torch.Generator().manual_seed(1)
         draws = [inputs, *checks] if checks else [inputs, *(tuple(_another_draw(t, generator) for t in inputs)
                                                              for _ in range(3))]  # fmt: skip
-        sightings, problems = [], []
+        sightings, problems, warned = [], [], []
         for index, given in enumerate(draws):
             run = run_on(module, given, {}, None, run_name=f"draw {index}")
             problems += run.problems
+            warned += run.warnings
             assert run.sightings is not None
             sightings.append(run.sightings)
-        assert problems == _KNOWN_DISAGREEMENTS.get(name, []) * len(draws), name
+        assert problems == [], name
+        # (on a torch with the LSTM fault: its two lines at every draw; on one without, none)
+        assert warned in ([], _KNOWN_TORCH_DISAGREEMENTS.get(name, []) * len(draws)), (name, warned)
+        if minor(torch.__version__) >= (2, 13):
+            assert warned == [], name
         assert garbage_warnings(sightings) == [], name
     assert engines_seen >= 10
 

@@ -73,6 +73,8 @@ __all__ = [
     "own_buffers",
     "prepare_package_loading",
     "pytree_specs",
+    "flatten_by_spec",
+    "positional_count",
     "register_group",
     "restore_attribute_kinds",
     "scalar_argument",
@@ -423,6 +425,24 @@ def pytree_specs(graph: torch.fx.Graph) -> tuple[Any, Any] | None:
     if isinstance(codegen, _PyTreeCodeGen) and codegen.pytree_info.out_spec is not None:
         return codegen.pytree_info.in_spec, codegen.pytree_info.out_spec
     return None
+
+
+def flatten_by_spec(value: Any, spec: Any) -> list[Any]:
+    """``value``'s leaves in the order ``spec`` has them (a dict's keys as the spec lists them, not as given):
+    how a GraphModule's generated ``forward`` flattens its inputs (``fx_pytree.tree_flatten_spec``)."""
+    from torch.fx._pytree import tree_flatten_spec
+
+    return list(tree_flatten_spec(value, spec))
+
+
+def positional_count(in_spec: Any) -> int | None:
+    """How many positional inputs an exported program's input spec has (a tuple of those and a dict of the
+    others); None for a spec of another shape. ``TreeSpec.children()`` from torch 2.10 (``children_specs``,
+    deprecated there, before)."""
+    children = list(in_spec.children()) if hasattr(in_spec, "children") else getattr(in_spec, "children_specs", None)
+    if children is None or len(children) != 2 or children[0].type not in (tuple, list) or children[1].type is not dict:
+        return None
+    return int(children[0].num_children)
 
 
 def graph_codegen(graph: torch.fx.Graph) -> Any:

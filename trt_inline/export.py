@@ -30,7 +30,7 @@ from trt_inline.flat_program import drop_provenance, exported_program_from_graph
 from trt_inline.module_state import buffers_restored
 from trt_inline.passes import transform
 from trt_inline.verify.checked_run import checking
-from trt_inline.verify.compare import isolated_run, normal_call
+from trt_inline.verify.compare import isolated_run
 from trt_inline.verify.declared import output_spec_problems
 
 __all__ = ["exported_program_from_graph", "save", "to_exported_program", "write_program"]
@@ -137,7 +137,15 @@ def save(
         module, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, dynamic_shapes=dynamic_shapes, retrace=retrace
     )
     if arg_inputs is not None or kwarg_inputs:
-        _check_declared(program, arg_inputs or (), kwarg_inputs or {}, target, declared_mismatch)
+        refused = None
+        try:
+            _check_declared(program, arg_inputs or (), kwarg_inputs or {}, target, declared_mismatch)
+        except SaveError as exc:
+            refused = exc
+        if in_rank_set:  # (every rank learns of a refusal before the reference run's collectives)
+            distributed.arrive("declared", None if refused is None else str(refused))
+        if refused is not None:
+            raise refused
     extra_files: dict[str, str] = {}
     if embed_reference and (arg_inputs is not None or kwarg_inputs):
         progress.report("running the module on the sample inputs for the reference I/O")
@@ -165,10 +173,13 @@ def _check_declared(
     """Run the program to be written once on the sample inputs, each value held to its declaration."""
     progress.report(f"checking what {target.name}'s graph declares against a run on the sample inputs")
     module = program.module()
-    # (From the buffers' state as given, put back after: the program shares them with the module being saved.)
-    with isolated_run(), normal_call(), buffers_restored(module), checking(module, None, "at save") as check:
+    # From the buffers' state as given, put back after: the program shares them with the module being saved.
+    # (No autograd graph: what a node declares does not depend on the grad mode.)
+    with isolated_run(), torch.no_grad(), buffers_restored(module), checking(module, None, "at save") as check:
         module(*args, **kwargs)
     assert check is not None  # (program.module() is a GraphModule)
+    for warning in check.declared.torch_warnings():
+        warnings.warn(f"{target}: {warning}", RuntimeWarning, stacklevel=3)
     problems = check.declared.summary() + output_spec_problems(program)
     if not problems:
         return

@@ -20,6 +20,7 @@ A rank file may also carry the manifest in its program, as the argument of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,7 +31,7 @@ import torch.fx
 
 from trt_inline import compat, engines, formats
 from trt_inline.errors import VerifyInputError, printable
-from trt_inline_autoload import RANK_CHECK_OP
+from trt_inline_switches import RANK_CHECK_OP
 
 __all__ = [
     "COLLECTIVE_OPS",
@@ -428,11 +429,18 @@ def rank_check_problem(module: torch.nn.Module, manifest: RankManifest | None = 
         carried = decode_manifest(text, label)
     except VerifyInputError as exc:
         return str(exc)
-    if manifest is not None and carried != manifest:
-        theirs, ours = (f"{m.describe()} (save {m.save_id[:12]})" for m in (carried, manifest))
+    # (A save carries no save id in the check: a graph the same for every save of one model. The file's
+    # manifest entry says which save it was.)
+    if manifest is not None and dataclasses.replace(carried, save_id="") != dataclasses.replace(manifest, save_id=""):
+        theirs, ours = (_named(m) for m in (carried, manifest))
         also = ", of other groups or collectives" if theirs == ours else ""
         return f"{label} carries a manifest other than the file's{also}: {theirs} there, {ours} in {MANIFEST_FILE}"
     return None
+
+
+def _named(manifest: RankManifest) -> str:
+    """``rank 1 of 2 (save 5f0c1a2b3c4d)``; without the save where the manifest names none (a rank check's)."""
+    return manifest.describe() + (f" (save {manifest.save_id[:12]})" if manifest.save_id else "")
 
 
 def live_mismatch(manifest: RankManifest, path: str) -> str | None:
@@ -447,7 +455,7 @@ def live_mismatch(manifest: RankManifest, path: str) -> str | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if (rank, world) != (manifest.rank, manifest.world_size):
         return (
-            f"{path} is {manifest.describe()} (save {manifest.save_id[:12]}), but this process is rank {rank} of "
+            f"{path} is {_named(manifest)}, but this process is rank {rank} of "
             f"{world}: load the file saved for this rank"
         )
     live = {tuple(members): name for name, members in live_group_ranks().items()}

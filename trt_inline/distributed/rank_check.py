@@ -29,6 +29,7 @@ members of every group the manifest names with the live process group
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import zipfile
@@ -98,7 +99,7 @@ def insert_rank_check(program: ExportedProgram, manifest: RankManifest) -> torch
     """Make ``program`` check, first thing in each run, that it runs as the rank ``manifest`` describes.
 
     One ``call_function`` node of :data:`RANK_CHECK_OP` right after the
-    placeholders, the manifest's JSON its only argument (a literal: it travels
+    placeholders, the manifest's JSON (without the save's id) its only argument (a literal: it travels
     in the program through ``torch.export.save``). It returns nothing; the
     operator is registered side-effectful, so dead-code elimination
     (``program.module()``, AOTInductor) keeps it. A call the program already
@@ -116,7 +117,8 @@ def insert_rank_check(program: ExportedProgram, manifest: RankManifest) -> torch
     drop_rank_checks(program.graph_module)
     first = next(node for node in graph.nodes if node.op != "placeholder")  # (the output node at least)
     with graph.inserting_before(first):
-        check_node = graph.call_function(rank_check_op(), (manifest.encode(),))
+        # Without the save's id (a fresh one each save): the same model saved twice gives the same graph.
+        check_node = graph.call_function(rank_check_op(), (dataclasses.replace(manifest, save_id="").encode(),))
     check_node.meta["val"] = None  # what the operator returns
     program.graph_module.recompile()
     return check_node

@@ -238,8 +238,9 @@ class ProgramTrace:
     # Where the run raised (then ``outputs`` is empty and ``unreached`` holds the engines it did not get to).
     crash: Crash | None = None
     unreached: list[EngineCall] = field(default_factory=list)
-    # Where a value the run computed disagrees with what its node declares (:mod:`trt_inline.verify.declared`).
-    declared: list[str] = field(default_factory=list)
+    # Where a value the run computed disagrees with what its node declares (:mod:`trt_inline.verify.declared`):
+    # at engines, then at torch's own operators.
+    disagreements: list[str] = field(default_factory=list)
 
 
 class _Stopped(Exception):
@@ -395,7 +396,7 @@ def trace_program(
         list(pytree.tree_leaves(result)),
         [tracer.words.producer(value) for value in returned],
         [tracer.words.region(value) for value in returned],
-        declared=tracer.declared.summary(),
+        disagreements=tracer.declared.summary() + tracer.declared.torch_warnings(),
     )
 
 

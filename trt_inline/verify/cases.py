@@ -71,7 +71,9 @@ def split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
     if isinstance(value, (list, tuple)):
         return list(value), {}
     if isinstance(value, dict) and set(value) <= {"args", "kwargs"}:
-        return list(value.get("args", [])), dict(value.get("kwargs", {}))
+        args, kwargs = value.get("args", []), value.get("kwargs", {})
+        if isinstance(args, (list, tuple)) and isinstance(kwargs, dict):
+            return list(args), dict(kwargs)
     raise VerifyInputError('an inputs file holds a tensor, a list of tensors, or {"args": [...], "kwargs": {...}}')
 
 
@@ -167,13 +169,20 @@ def verify_cases(path: str | os.PathLike[str], folder: str | os.PathLike[str], *
     cases still run. Raises :class:`VerifyInputError` for an unusable folder or case (:func:`read_cases`), before
     anything runs.
     """
-    from trt_inline.verify.verifier import verify
+    from trt_inline.verify.verifier import error_stat_checked, normalize_tolerance, top_k_checked, verify
 
     given = [name for name in _PER_CASE if name in options]
     if given:
         raise VerifyInputError(f"each case gives its own inputs and expected outputs: {', '.join(given)} do not "
                                "apply with cases")  # fmt: skip
     source = os.fspath(path)
+    # What is wrong with the file or the options is wrong for every case: said once, before any case runs.
+    if not os.path.isfile(source):
+        raise VerifyInputError(f"{source}: no such file")
+    error_stat_checked(options.get("check_error_stat", "elemwise"))
+    top_k_checked(options.get("top_k"), options.get("min_top_k_agreement"))
+    normalize_tolerance(options.get("atol"))
+    normalize_tolerance(options.get("rtol"))
     results = []
     for case in read_cases(folder):
         started = time.monotonic()

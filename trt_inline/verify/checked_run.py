@@ -24,6 +24,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from trt_inline import compat
 from trt_inline.verify.declared import DeclaredValues
 from trt_inline.verify.garbage import Sightings, sights
 
@@ -33,7 +34,7 @@ __all__ = ["CheckedRun", "checking"]
 # Operators whose values depend on their tensor arguments' sizes only (``zeros_like(x)``, ``x.new_ones(3)``,
 # ``x.shape[0]``): what they compute from an input is as constant as a constant.
 _SIZES_ONLY = ("new_zeros", "new_ones", "new_full", "new_empty", "sym_size", "sym_numel", "sym_stride", "size",
-               "numel", "scalar_tensor")  # fmt: skip
+               "numel")  # fmt: skip
 
 
 def _sizes_only(node: torch.fx.Node) -> bool:
@@ -55,10 +56,13 @@ class CheckedRun(torch.fx.Interpreter):
 
     def __init__(self, module: torch.fx.GraphModule, moved_to: str | None, run: str) -> None:
         super().__init__(module, garbage_collect_values=True)
+        # An operator's own exception as the generated code raises it: no node's stack trace (text from the file)
+        # added to its message, no KeyError turned into a RuntimeError.
+        self.extra_traceback = False
         self.declared = DeclaredValues(module, moved_to)
         self.sightings = Sightings(run)
         self.depends = _depends_on_inputs(module.graph)
-        self.engine_names = {n: name.split(" out[")[0] for n, name in self.declared.names.items()}
+        self.engine_names = dict(self.declared.names)  # (engine call -> "engine 2 (_run_on_acc_5)")
 
     def run_node(self, n: torch.fx.Node) -> Any:
         site = self.engine_names.get(n) if n in self.depends else None
@@ -89,12 +93,21 @@ def checking(module: Any, moved_to: str | None, run: str) -> Iterator[CheckedRun
         yield None
         return
     checked = CheckedRun(module, moved_to, run)
-    parameters = inspect.signature(module.forward).parameters
+    signature = inspect.Signature(list(inspect.signature(module.forward).parameters.values()))
+    specs = compat.pytree_specs(module.graph)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        # In the generated forward's parameter order: the graph's input processing flattens them as it does.
-        bound = inspect.Signature(list(parameters.values())).bind(*args, **kwargs)
-        return checked.run(*bound.arguments.values())
+        bound = signature.bind(*args, **kwargs)
+        names, values = list(bound.arguments), list(bound.arguments.values())
+        positional = None if specs is None else compat.positional_count(specs[0])
+        if specs is None or positional is None:
+            return checked.run(*values)  # (a graph of flat inputs: its input processing is the identity)
+        # As the generated forward flattens them: its first parameters positional, the rest by name, and
+        # every container's leaves in the order of the program's input spec (a dict's keys as exported).
+        structured = (values[:positional], dict(zip(names[positional:], values[positional:], strict=True)))
+        flat = compat.flatten_by_spec(structured, specs[0])
+        returned = checked.run(*flat, enable_io_processing=False)
+        return pytree.tree_unflatten(list(returned), specs[1])
 
     module.forward = forward  # type: ignore[method-assign]
     try:

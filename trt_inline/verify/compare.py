@@ -152,6 +152,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     # What the normal call's engine and program outputs looked like (a GraphModule's run only).
     sightings: Sightings | None = None
+    # Where torch's own operators return other than they declare (:meth:`DeclaredValues.torch_warnings`).
+    warnings: list[str] = field(default_factory=list)
 
 
 # The run :func:`run_on` adds where asked: the inputs as a caller may pass them (views into larger buffers, every
@@ -235,6 +237,7 @@ def run_on(
     run = Run(once(normal, checked=True))
     if checks:
         run.problems += checks[0].declared.summary()
+        run.warnings += checks[0].declared.torch_warnings()
         checks[0].see_program([*args, *kwargs.values()], run.outputs)
         run.sightings = checks[0].sightings
     for name, mode in RUN_MODES[1:]:

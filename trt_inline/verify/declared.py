@@ -32,7 +32,7 @@ import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind, TensorArgument
 
-from trt_inline import engines
+from trt_inline import compat, engines
 
 __all__ = ["DeclaredValues", "describe_declared", "output_spec_problems"]
 
@@ -65,25 +65,39 @@ def _kind(value: Any) -> type | None:
 
 
 class DeclaredValues:
-    """One run's values against their nodes' declarations; :attr:`problems` says where they disagree.
+    """One run's values against their nodes' declarations: where they disagree.
+
+    An engine's outputs are what its backend declares (trt-inline's engines, TensorRT's): a disagreement
+    there is a problem (:meth:`summary`), named by engine (``engine 2 (_run_on_acc_5) out[0]``). Every other
+    node is one of torch's own operators, whose declaration is torch's account of it (torch 2.5's program of
+    ``nn.LSTM`` declares its final states with a dimension the run does not return): a disagreement there
+    is a warning (:meth:`torch_warnings`), named by node (``node lstm out[1]``). An input only binds the
+    symbols of its sizes: what the caller passes is the caller's, checked by the program's own guards.
 
     ``moved_to``: the device the run moved the program and its inputs to, if it did (a value declared on
-    another device may then be there). Engine outputs are named by engine (``engine 2 (_run_on_acc_5) out[0]``),
-    other values by node (``node relu``).
+    another device may then be there).
     """
 
     def __init__(self, module: torch.fx.GraphModule, moved_to: str | None = None) -> None:
         self.moved_to = None if moved_to is None else torch.device(moved_to)
         self.symbols: dict[sympy.Symbol, int] = {}
         self.problems: list[str] = []
+        self.warnings: list[str] = []
         self.unreported = 0
         self.names: dict[torch.fx.Node, str] = {}
         engine_calls = [n for n in module.graph.nodes if engines.is_engine_call(n)]
         for index, call_node in enumerate(engine_calls):
             label = engines.engine_submodule_name(call_node)
             self.names[call_node] = f"engine {index}" + (f" ({label})" if label else "")
-        # An engine's getitems are checked at the engine call, which declares every output.
-        self.skipped = {u for n in engine_calls for u in n.users if u.target is operator.getitem}
+        # A getitem of a call that returns several values is checked at the call, which declares every one
+        # (whether the getitem's own declaration agrees with it is a structural check: ``check_getitems``).
+        self.skipped = {
+            user
+            for n in module.graph.nodes
+            if n in self.names or isinstance(n.meta.get("val"), (list, tuple))
+            for user in n.users
+            if user.target is operator.getitem
+        }
 
     def check(self, node: torch.fx.Node, value: Any) -> None:
         """Compare the value ``node`` computed in this run with its ``meta["val"]``."""
@@ -92,37 +106,40 @@ class DeclaredValues:
         declared = node.meta.get("val")
         if declared is None:
             return
+        if node.op == "placeholder":
+            if isinstance(declared, torch.Tensor) and isinstance(value, torch.Tensor) and declared.dim() == value.dim():
+                for size, actual in zip(declared.shape, value.shape, strict=True):
+                    self._size_agrees(size, actual)  # (binds its symbols)
+            return
+        engine = node in self.names
         name = self.names.get(node, f"node {node.name}")
         if isinstance(declared, (list, tuple)):
             if not isinstance(value, (list, tuple)) or len(value) != len(declared):
                 count = len(value) if isinstance(value, (list, tuple)) else "not a list"
-                self._disagree(f"{name}: declared {len(declared)} outputs, returned {count}")
+                self._disagree(f"{name}: declared {len(declared)} outputs, returned {count}", engine, node)
                 return
             for index, (one_declared, one_value) in enumerate(zip(declared, value, strict=True)):
-                self._check_one(f"{name} out[{index}]", one_declared, one_value)
+                self._check_one(f"{name} out[{index}]", one_declared, one_value, engine, node)
             return
-        self._check_one(name if node not in self.names else f"{name} out[0]", declared, value)
+        self._check_one(f"{name} out[0]" if engine else name, declared, value, engine, node)
 
-    def _check_one(self, name: str, declared: Any, value: Any) -> None:
+    def _check_one(self, name: str, declared: Any, value: Any, engine: bool, node: torch.fx.Node) -> None:
         if declared is None:
             return
+        both = f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}"
         if isinstance(declared, torch.Tensor):
-            if not isinstance(value, torch.Tensor):
-                self._disagree(f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}")
-                return
-            why = self._tensor_differs(declared, value)
-            if why:
-                self._disagree(f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}")
+            if not isinstance(value, torch.Tensor) or self._tensor_differs(declared, value):
+                self._disagree(both, engine, node)
             return
         kind = _kind(declared)
         if kind is None:
             return  # (a memory format, a device, a string: nothing a run computes)
         if isinstance(value, torch.Tensor) or _kind(value) is not kind:
-            self._disagree(f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}")
+            self._disagree(both, engine, node)
             return
         if kind is int and not self._size_agrees(declared, value):
             shown = self._resolved(declared)
-            self._disagree(f"{name}: declared int {shown}, returned int {value!r}")
+            self._disagree(f"{name}: declared int {shown}, returned int {value!r}", engine, node)
 
     def _tensor_differs(self, declared: torch.Tensor, value: torch.Tensor) -> bool:
         if declared.dtype != value.dtype or declared.dim() != value.dim():
@@ -164,16 +181,34 @@ class DeclaredValues:
         folded = expr.xreplace(known)
         return f"{expr} = {folded}" if known else str(expr)
 
-    def _disagree(self, line: str) -> None:
+    def _disagree(self, line: str, engine: bool, node: torch.fx.Node) -> None:
+        if not engine:
+            if len(self.warnings) < _MAX_REPORTED:
+                self.warnings.append(
+                    f"declared and returned values disagree at {line} (torch's own {_operator(node)}: what torch "
+                    "declares for it; a re-export or package of the file reads that)"
+                )
+            return
         if len(self.problems) < _MAX_REPORTED:
             self.problems.append(f"declared and returned values disagree at {line}")
         else:
             self.unreported += 1
 
     def summary(self) -> list[str]:
-        """The problems, and how many more there were past the first :data:`_MAX_REPORTED`."""
+        """The engines' disagreements, and how many more there were past the first :data:`_MAX_REPORTED`."""
         more = [f"declared and returned values disagree at {self.unreported} more values"] if self.unreported else []
         return [*self.problems, *more]
+
+    def torch_warnings(self) -> list[str]:
+        """The disagreements at torch's own operators (at most :data:`_MAX_REPORTED`)."""
+        return list(self.warnings)
+
+
+def _operator(node: torch.fx.Node) -> str:
+    """``aten.lstm.input``: the operator a node calls, as a disagreement names it."""
+    if node.op != "call_function":
+        return node.op
+    return str(node.target) if isinstance(node.target, compat.OpOverload) else getattr(node.target, "__name__", "")
 
 
 def _same(declared: torch.device, actual: torch.device) -> bool:

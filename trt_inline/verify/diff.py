@@ -210,7 +210,9 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             with opened[0].reading_ahead():
                 trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
             for path, trace in ((path_a, trace_a), (path_b, trace_b)):  # (as structural problems: notes here)
-                report.notes += [n for p in trace.declared if (n := f"{Path(path).name}: {p}") not in report.notes]
+                report.notes += [
+                    note for p in trace.disagreements if (note := f"{Path(path).name}: {p}") not in report.notes
+                ]
             if same_partition(trace_a, trace_b) or trace_a.crash is not None:
                 reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
                 rows, divergence = localize(trace_a, reference, atol, rtol, arguments["stat"])

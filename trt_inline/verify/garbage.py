@@ -41,13 +41,13 @@ _WEIGHED = 1 << 20
 _WEIGHTS: dict[torch.device, torch.Tensor] = {}
 
 
-def _weights(head: torch.Tensor) -> torch.Tensor:
-    """Position weights for ``head`` (at most :data:`_WEIGHED` elements), kept per device."""
-    weights = _WEIGHTS.get(head.device)
-    if weights is None or weights.numel() < head.numel():
-        weights = torch.arange(1, _WEIGHED + 1, dtype=torch.int64, device=head.device) * _WEIGHT + _SALT
-        _WEIGHTS[head.device] = weights
-    return weights[: head.numel()]
+def _weights(count: int, start: int, device: torch.device) -> torch.Tensor:
+    """Position weights for elements ``start`` to ``start + count`` (below :data:`_WEIGHED`), kept per device."""
+    weights = _WEIGHTS.get(device)
+    if weights is None:
+        weights = torch.arange(1, _WEIGHED + 1, dtype=torch.int64, device=device) * _WEIGHT + _SALT
+        _WEIGHTS[device] = weights
+    return weights[start : start + count]
 
 
 @dataclass(frozen=True)
@@ -63,15 +63,18 @@ class Sighting:
     single: bool  # one element
 
 
-def _bits(value: torch.Tensor) -> torch.Tensor:
-    """A value's bits as int64, flat (complex: its real and imaginary parts; quantized: its integers)."""
-    if value.is_quantized:
-        value = value.int_repr()
-    if value.is_complex():
-        value = torch.view_as_real(value)
-    if value.dtype == torch.bool:
-        value = value.to(torch.uint8)
-    return value.contiguous().view(_INT_OF_WIDTH[value.element_size()]).reshape(-1).to(torch.int64)
+def _bits(flat: torch.Tensor) -> torch.Tensor:
+    """A flat, contiguous piece of a value as integers of its width (complex: its real and imaginary parts)."""
+    if flat.is_complex():
+        flat = torch.view_as_real(flat)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    return flat.view(_INT_OF_WIDTH[flat.element_size()])
+
+
+# Elements read per pass: every check goes through a value a piece at a time, so what it costs beside the
+# value is bounded (a few times this many bytes), not a multiple of the value (logits, caches).
+_PIECE = 1 << 22
 
 
 def sighted(value: torch.Tensor) -> Sighting | None:
@@ -79,18 +82,41 @@ def sighted(value: torch.Tensor) -> Sighting | None:
     if value.layout != torch.strided or value.numel() == 0 or value.element_size() not in (1, 2, 4, 8, 16):
         return None
     value = value.detach()
-    bits = _bits(value)
-    # Two sums: one of every element, one weighted by position over the first _WEIGHED (a permutation changes
-    # it; the weights are made once per device and size). Integer overflow wraps.
-    head = bits[:_WEIGHED]
-    fingerprint = (value.dtype, tuple(value.shape), int((head * _weights(head)).sum()), int(bits.sum()))
+    if value.is_quantized:
+        value = value.int_repr()
     floating = value.is_floating_point() or value.is_complex()
-    zero = floating and not bool(value.count_nonzero())
-    nonfinite = floating and not bool(value.isfinite().all())
-    batched = value.dim() >= 1 and value.shape[0] >= 2 and not value.is_quantized
-    rows = int(value.shape[0]) if batched else None
-    rows_same = rows is not None and bool((value == value[:1]).all())
-    return Sighting(fingerprint, floating, zero, nonfinite, rows, rows_same, value.numel() == 1)
+    flat = value.reshape(-1)  # (a view where the value is contiguous, as engine outputs are)
+    # Two sums of its bits: one of every element, one weighted by position over the first _WEIGHED (a
+    # permutation changes it). Integer overflow wraps.
+    plain = weighed = nonzero = 0
+    finite = True
+    for start in range(0, flat.numel(), _PIECE):
+        piece = flat[start : start + _PIECE]
+        bits = _bits(piece)
+        plain += int(bits.sum(dtype=torch.int64))
+        if start < _WEIGHED:
+            head = bits[: _WEIGHED - start].to(torch.int64)
+            weighed += int((head * _weights(head.numel(), start, head.device)).sum())
+        if floating:
+            nonzero += int(piece.count_nonzero())
+            finite = finite and bool(piece.isfinite().all())
+    fingerprint = (value.dtype, tuple(value.shape), weighed % (1 << 64), plain % (1 << 64))
+    rows = int(value.shape[0]) if value.dim() >= 1 and value.shape[0] >= 2 else None
+    return Sighting(
+        fingerprint, floating, floating and nonzero == 0, not finite, rows, rows is not None and _rows_same(value),
+        value.numel() == 1,
+    )  # fmt: skip
+
+
+def _rows_same(value: torch.Tensor) -> bool:
+    """Whether every row of ``value`` equals its first, compared a block of rows at a time."""
+    per_row = max(1, value[0].numel())
+    block = max(1, _PIECE // per_row)
+    first = value[:1]
+    for start in range(1, value.shape[0], block):
+        if not bool((value[start : start + block] == first).all()):
+            return False
+    return True
 
 
 @dataclass

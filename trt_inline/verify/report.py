@@ -398,7 +398,7 @@ class _Reader:
             nan_count=self._integer(get("nan_count", 0), f"{what} nan_count"),
             inf_count=self._integer(get("inf_count", 0), f"{what} inf_count"),
             finite_count=self._integer(get("finite_count"), f"{what} finite_count", optional=True),
-            sqnr_db=None if get("sqnr_db") is None else self._number(data["sqnr_db"], f"{what} sqnr_db"),
+            sqnr_db=None if get("sqnr_db") is None else self._not_nan(data["sqnr_db"], f"{what} sqnr_db"),
             top_k=self._count_of(get("top_k"), f"{what} top_k", least=1),
             top_k_rows=self._count_of(get("top_k_rows"), f"{what} top_k_rows", least=1),
             top_k_agreement=self._fraction(get("top_k_agreement"), f"{what} top_k_agreement"),
@@ -416,8 +416,16 @@ class _Reader:
         return number
 
     @classmethod
+    def _not_nan(cls, value: Any, what: str) -> float:
+        """A number that may be infinite (an SQNR where nothing differs), never NaN."""
+        number = cls._number(value, what)
+        if number != number:
+            raise ValueError(f"{what} is NaN")
+        return number
+
+    @classmethod
     def _fraction(cls, value: Any, what: str) -> float | None:
-        """An optional number from 0 to 1 (NaN is none)."""
+        """An optional number from 0 to 1 (NaN, outside every range, is refused)."""
         if value is None:
             return None
         number = cls._number(value, what)

@@ -649,6 +649,7 @@ def _verify_here(
         report.problems.extend(run.problems)
         report.notes.extend(run.notes)
         sightings = [run.sightings] if run.sightings is not None else []
+        report.warnings += run.warnings
         progress.report(f"comparing {len(got)} outputs")
         if save_outputs is not None:
             save_tensors(tensors_only(got, "outputs"), save_outputs)
@@ -667,8 +668,10 @@ def _verify_here(
             if comparison.problem:
                 report.problems.append(comparison.problem)
         if top_k is not None and not any(output.top_k is not None for output in report.outputs):
-            report.notes.append(f"--top-k {top_k}: no output was ranked (none is floating point with at least "
-                                f"{top_k} values in its last dimension)")  # fmt: skip
+            unranked = (f"--top-k {top_k}: no output was ranked (none is floating point with at least {top_k} "
+                        "values in its last dimension)")  # fmt: skip
+            # (a floor asked for and nothing held to it: no pass)
+            (report.notes if min_top_k_agreement is None else report.problems).append(unranked)
         mismatch = any(not o.ok for o in report.outputs)
         # (every rank of a rank set takes this branch or none does: its replays run collectives)
         if rank_relay.any_rank(per_engine or (mismatch and recorded is not None), in_process=in_process_rank_file):
@@ -921,6 +924,7 @@ def _random_runs(
                 runnable, draw.inputs, {}, device, layouts=not collectives, run_name=f"on random inputs {iteration}"
             )
             outputs, mode_problems = ran.outputs, ran.problems
+            report.warnings += [w for w in ran.warnings if w not in report.warnings]
             if ran.sightings is not None:
                 sightings.append(ran.sightings)
         except VerifyInputError as exc:
