@@ -31,6 +31,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind, TensorArgument
+from torch.utils import _pytree as pytree
 
 from trt_inline import compat, engines
 
@@ -83,6 +84,11 @@ class DeclaredValues:
         self.symbols: dict[sympy.Symbol, int] = {}
         self.problems: list[str] = []
         self.warnings: list[str] = []
+        self.forged: list[str] = []  # (of the problems: those at torch's own operators)
+        # The value being checked (its name, engine or not, node, declaration, value), for a size held till the end.
+        self._current: tuple[str, bool, torch.fx.Node, Any, Any] | None = None
+        self.input_devices: list[torch.device] = []  # where the program's inputs are declared
+        self._pending: list[tuple[tuple[str, bool, torch.fx.Node, Any, Any], Any, int]] = []
         self.unreported = 0
         self.names: dict[torch.fx.Node, str] = {}
         engine_calls = [n for n in module.graph.nodes if engines.is_engine_call(n)]
@@ -107,6 +113,8 @@ class DeclaredValues:
         if declared is None:
             return
         if node.op == "placeholder":
+            if isinstance(declared, torch.Tensor):
+                self.input_devices.append(declared.device)
             if isinstance(declared, torch.Tensor) and isinstance(value, torch.Tensor) and declared.dim() == value.dim():
                 for size, actual in zip(declared.shape, value.shape, strict=True):
                     self._size_agrees(size, actual)  # (binds its symbols)
@@ -126,6 +134,7 @@ class DeclaredValues:
     def _check_one(self, name: str, declared: Any, value: Any, engine: bool, node: torch.fx.Node) -> None:
         if declared is None:
             return
+        self._current = (name, engine, node, declared, value)
         both = f"{name}: declared {describe_declared(declared)}, returned {describe_declared(value)}"
         if isinstance(declared, torch.Tensor):
             if not isinstance(value, torch.Tensor) or self._tensor_differs(declared, value):
@@ -153,27 +162,62 @@ class DeclaredValues:
     def _same_device(self, declared: torch.device, actual: torch.device) -> bool:
         if _same(declared, actual):
             return True
-        return self.moved_to is not None and _same(self.moved_to, actual)
+        # Moved: what was declared where the program's inputs were is now where they were moved, nothing else.
+        moved_from = any(_same(declared, device) for device in self.input_devices)
+        return self.moved_to is not None and moved_from and _same(self.moved_to, actual)
 
     def _size_agrees(self, declared: Any, actual: int) -> bool:
-        """Whether a declared size (an int, or a SymInt's expression in the run's symbols) is ``actual``."""
+        """Whether a declared size (an int, or a SymInt's expression in the run's symbols) is ``actual``.
+
+        A symbol takes the value the run first gives it, also inside a linear expression (``2*s0`` of 8 binds
+        ``s0`` to 4); an expression in symbols not bound yet is held until the run ends (:meth:`_finish`).
+        """
         if isinstance(declared, int):
             return declared == actual
         if not isinstance(declared, torch.SymInt):
             return True
         expr = declared.node.expr
-        if isinstance(expr, sympy.Symbol):
-            bound = self.symbols.setdefault(expr, int(actual))
-            return bound == actual
-        if isinstance(expr, sympy.Integer):
-            return int(expr) == actual
-        free = expr.free_symbols
-        if not free <= self.symbols.keys():
-            return True  # (not known yet: an expression in a symbol no value has bound)
+        if _too_large(expr):
+            return False  # (no size a run computes: refused rather than evaluated)
+        known = {s: sympy.Integer(v) for s, v in self.symbols.items() if s in expr.free_symbols}
+        rest = expr.xreplace(known) if known else expr
+        unbound = sorted(rest.free_symbols, key=str)
+        if not unbound:
+            try:
+                return int(rest) == actual
+            except (TypeError, ValueError):
+                return False  # (an expression that does not fold to an integer is no size)
+        if len(unbound) == 1:
+            symbol = unbound[0]
+            slope, offset = rest.diff(symbol), rest.xreplace({symbol: sympy.Integer(0)})
+            if slope.is_Integer and offset.is_Integer and slope != 0 and rest == slope * symbol + offset:
+                value, remainder = divmod(int(actual) - int(offset), int(slope))
+                if remainder:
+                    return False
+                self.symbols[symbol] = value
+                return True
+        if self._current is not None:
+            self._pending.append((self._current, expr, int(actual)))
+        return True
+
+    def _finish(self) -> None:
+        """The sizes held until the end, in every symbol the run bound: each must agree now."""
+        pending, self._pending = self._pending, []
+        for (name, engine, node, declared, value), expr, actual in pending:
+            if expr.free_symbols <= self.symbols.keys():
+                if self._size_agrees_now(expr, actual):
+                    continue
+                self._disagree(f"{name}: declared {describe_declared(declared)}, returned "
+                               f"{describe_declared(value)}", engine, node)  # fmt: skip
+            else:
+                self._disagree(f"{name}: declared {describe_declared(declared)} in symbols no value of the run "
+                               "binds", engine, node)  # fmt: skip
+
+    def _size_agrees_now(self, expr: Any, actual: int) -> bool:
         try:
-            return int(expr.xreplace({s: sympy.Integer(self.symbols[s]) for s in free})) == actual
+            return int(expr.xreplace({s: sympy.Integer(self.symbols[s]) for s in expr.free_symbols})) == actual
         except (TypeError, ValueError):
-            return True  # (an expression that does not fold to an integer: nothing to hold it to)
+            return False
 
     def _resolved(self, declared: torch.SymInt) -> str:
         expr = declared.node.expr
@@ -182,6 +226,12 @@ class DeclaredValues:
         return f"{expr} = {folded}" if known else str(expr)
 
     def _disagree(self, line: str, engine: bool, node: torch.fx.Node) -> None:
+        if not engine and not _torch_declares(node):
+            # A declaration torch's kernel would not write for its operator: the file's, a problem (also where
+            # torch's own export wrote it: torch 2.5's nn.LSTM).
+            engine = True
+            line += " (not what torch declares for its operator on these inputs)"
+            self.forged.append(f"declared and returned values disagree at {line}")
         if not engine:
             if len(self.warnings) < _MAX_REPORTED:
                 self.warnings.append(
@@ -196,12 +246,38 @@ class DeclaredValues:
 
     def summary(self) -> list[str]:
         """The engines' disagreements, and how many more there were past the first :data:`_MAX_REPORTED`."""
+        self._finish()
         more = [f"declared and returned values disagree at {self.unreported} more values"] if self.unreported else []
         return [*self.problems, *more]
 
     def torch_warnings(self) -> list[str]:
         """The disagreements at torch's own operators (at most :data:`_MAX_REPORTED`)."""
+        self._finish()
         return list(self.warnings)
+
+
+def _torch_declares(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s declaration is what torch derives for its operator from its inputs' declarations (its
+    fake kernel, in the program's own fake mode): then a disagreement is torch's, not the file's."""
+    declared = node.meta.get("val")
+    fakes = [v for v in pytree.tree_leaves(declared) if isinstance(v, torch.Tensor)]
+    fakes += [
+        v for n in node.all_input_nodes for v in pytree.tree_leaves(n.meta.get("val")) if isinstance(v, torch.Tensor)
+    ]
+    mode = next((getattr(v, "fake_mode", None) for v in fakes if getattr(v, "fake_mode", None) is not None), None)
+    if node.op != "call_function" or mode is None or not callable(node.target):
+        return False
+    try:
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        with mode:
+            derived = node.target(*args, **kwargs)
+    except Exception:
+        return False  # (nothing torch derives: the declaration is the file's alone)
+    return _described(derived) == _described(declared)
+
+
+def _described(value: Any) -> list[str]:
+    return [describe_declared(leaf) for leaf in pytree.tree_leaves(value)]
 
 
 def _operator(node: torch.fx.Node) -> str:
@@ -209,6 +285,14 @@ def _operator(node: torch.fx.Node) -> str:
     if node.op != "call_function":
         return node.op
     return str(node.target) if isinstance(node.target, compat.OpOverload) else getattr(node.target, "__name__", "")
+
+
+def _too_large(expr: Any) -> bool:
+    """An expression no program declares for a size: a power past 64, or past 256 operations (evaluating one
+    exactly could take the run's whole time and memory)."""
+    if sympy.count_ops(expr) > 256:
+        return True
+    return any(p.exp.is_Number and abs(p.exp) > 64 for p in expr.atoms(sympy.Pow))
 
 
 def _same(declared: torch.device, actual: torch.device) -> bool:

@@ -7,7 +7,7 @@ nothing. Without reference outputs verify cannot call them wrong, but some
 garbage has a shape of its own::
 
     run 0:  x0 ──► engine 0 ──► [0, 0, 0, …]        all zeros (floating)
-    run 1:  x1 ──► engine 0 ──► [nan, …]            NaN or Inf from finite inputs
+    run 1:  x1 ──► engine 0 ──► [nan, …]            NaN from inputs without NaN
     run 2:  x2 ──► engine 0 ──► [c, c, c, …]        the same in every run, its inputs differing
             [[a], [b], [c]] ──► engine 0 ──► [[r], [r], [r]]
                                              every row (sample) the same, its input rows differing
@@ -57,7 +57,7 @@ class Sighting:
     fingerprint: tuple[Any, ...]  # dtype, shape and two position-weighted sums of its bits
     floating: bool
     zero: bool  # every element exactly 0 (and there is one)
-    nonfinite: bool  # a NaN or an infinity
+    nonfinite: bool  # a NaN (an infinity is a value: a mask of -inf before a softmax)
     rows: int | None  # the leading dimension where it is at least 2 (a batch), else None
     rows_same: bool  # every row equal to the first (only where ``rows``)
     single: bool  # one element
@@ -66,7 +66,7 @@ class Sighting:
 def _bits(flat: torch.Tensor) -> torch.Tensor:
     """A flat, contiguous piece of a value as integers of its width (complex: its real and imaginary parts)."""
     if flat.is_complex():
-        flat = torch.view_as_real(flat)
+        flat = torch.view_as_real(flat).reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     return flat.view(_INT_OF_WIDTH[flat.element_size()])
@@ -78,9 +78,17 @@ _PIECE = 1 << 22
 
 
 def sighted(value: torch.Tensor) -> Sighting | None:
-    """``value``'s :class:`Sighting`; None for a tensor there is nothing to say of (sparse, nested, empty)."""
+    """``value``'s :class:`Sighting`; None for a tensor there is nothing to say of (sparse, nested, empty, or of a
+    dtype torch has no kernels to look at: bits, sub-byte integers)."""
     if value.layout != torch.strided or value.numel() == 0 or value.element_size() not in (1, 2, 4, 8, 16):
         return None
+    try:
+        return _sighted(value)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None  # (nothing said of it is better than a run that fails for the looking)
+
+
+def _sighted(value: torch.Tensor) -> Sighting:
     value = value.detach()
     if value.is_quantized:
         value = value.int_repr()
@@ -98,8 +106,10 @@ def sighted(value: torch.Tensor) -> Sighting | None:
             head = bits[: _WEIGHED - start].to(torch.int64)
             weighed += int((head * _weights(head.numel(), start, head.device)).sum())
         if floating:
+            # (float8 has no kernels for these: widened exactly, a piece at a time)
+            piece = piece.float() if piece.element_size() == 1 else piece
             nonzero += int(piece.count_nonzero())
-            finite = finite and bool(piece.isfinite().all())
+            finite = finite and not bool(piece.isnan().any())
     fingerprint = (value.dtype, tuple(value.shape), weighed % (1 << 64), plain % (1 << 64))
     rows = int(value.shape[0]) if value.dim() >= 1 and value.shape[0] >= 2 else None
     return Sighting(
@@ -170,7 +180,7 @@ def _value_warnings(name: str, index: int, appearances: list[tuple[str, Site]]) 
         if seen.zero and not seen.single and "zero" not in found and any(not s.zero for s in inputs):
             found["zero"] = f"{name} is all zeros {run}, from inputs that are not"
         if seen.nonfinite and "nonfinite" not in found and not any(s.nonfinite for s in inputs):
-            found["nonfinite"] = f"{name} has NaN or Inf {run}, from finite inputs"
+            found["nonfinite"] = f"{name} has NaN {run}, from inputs without NaN"
         batch = seen.rows
         if (
             seen.rows_same
