@@ -28,7 +28,7 @@ import trt_inline
 from trt_inline.errors import SaveError
 from trt_inline.verify.checked_run import checking
 from trt_inline.verify.compare import run_on
-from trt_inline.verify.garbage import garbage_warnings
+from trt_inline.verify.garbage import garbage_warnings, sighted
 
 REFERENCE_NAME = "trt_inline_reference_io.b64"
 REFERENCE_IO = f"/{REFERENCE_NAME}"  # (under extra/ or extra_files/, as the torch release lays its archive out)
@@ -332,3 +332,56 @@ def test_diff_notes_a_declaration_either_file_does_not_keep(good_file: Path, tmp
     assert report.outputs and all(output.ok for output in report.outputs), report.to_text()
     declared = [note for note in report.notes if "declared and returned values disagree" in note]
     assert len(declared) == 1 and declared[0].startswith("dtype.pt2: declared and returned values disagree at engine 0")
+
+
+class _Doubled(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + 1
+
+
+def _doubled_program() -> tuple[torch.fx.GraphModule, torch.fx.Node, torch.fx.Node]:
+    """A program whose input is declared ``[3, 2*s]`` (no input binds ``s`` alone), its relu node and its input."""
+    half = torch.export.Dim("half", min=1, max=64)
+    program = torch.export.export(_Doubled(), (torch.randn(3, 8),), dynamic_shapes=({1: 2 * half},))
+    module = program.module()
+    relu = next(n for n in module.graph.nodes if n.target is torch.ops.aten.relu.default)
+    placeholder = next(n for n in module.graph.nodes if n.op == "placeholder")
+    return module, relu, placeholder
+
+
+def test_a_symbol_bound_only_inside_an_expression_is_solved_not_passed() -> None:
+    """``2*s`` of 8 binds ``s`` to 4: a node declaring ``[3, s]`` and returning ``[3, 8]`` disagrees."""
+    module, relu, placeholder = _doubled_program()
+    declared = placeholder.meta["val"]
+    with declared.fake_mode:
+        relu.meta["val"] = torch.empty((3, declared.shape[1] // 2))
+    with checking(module, None, "here") as check:
+        module(torch.randn(3, 8))
+    assert check is not None
+    (problem,) = check.declared.summary()
+    assert problem.startswith(f"declared and returned values disagree at node {relu.name}: declared float32[3, ")
+    assert problem.endswith("returned float32[3, 8] on cpu (not what torch declares for its operator on these inputs)")
+
+
+def test_a_move_excuses_only_what_was_declared_where_the_inputs_were() -> None:
+    module, relu, placeholder = _doubled_program()
+    with placeholder.meta["val"].fake_mode:
+        relu.meta["val"] = torch.empty((3, placeholder.meta["val"].shape[1]), device="meta")
+    with checking(module, "cpu", "here") as check:  # (as a run moved to the CPU is checked)
+        module(torch.randn(3, 8))
+    assert check is not None
+    (problem,) = check.declared.summary()
+    assert (
+        f"at node {relu.name}: declared float32[3, " in problem and "on meta, returned float32[3, 8] on cpu" in problem
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.bfloat16, torch.bool])
+def test_sighting_any_dtype_never_fails_a_run(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    value = torch.randn(4, 6, dtype=dtype) if dtype.is_complex else torch.randn(4, 6)
+    value = value > 0 if dtype == torch.bool else value.to(dtype)
+    seen = sighted(value)
+    assert seen is not None and seen.rows == 4 and not seen.rows_same
+    assert sighted(value.clone()) == seen  # (the same value, the same fingerprint)
+    assert sighted(torch.zeros_like(value)).fingerprint != seen.fingerprint  # type: ignore[union-attr]
