@@ -26,7 +26,7 @@ from conftest import python_path
 
 import trt_inline
 import trt_inline_autoload
-from trt_inline import embedding, package, reference
+from trt_inline import compat, embedding, package, reference
 from trt_inline.distributed import rank_check
 from trt_inline.distributed.manifest import (
     MANIFEST_FILE,
@@ -350,6 +350,7 @@ _PACKAGE_RUN = """
 
 
 @pytest.mark.packages
+@pytest.mark.skipif(compat.aoti_packages() is not None, reason=f"AOTInductor packages: {compat.aoti_packages()}")
 def test_an_aot_inductor_package_keeps_the_check_and_runs_it(tmp_path: Path) -> None:
     """The check inserted before AOTInductor compiles the program (``trt_inline.save(...,
     output_format="aot_inductor")`` of a rank set): its compiled code calls the operator first, in a fresh process

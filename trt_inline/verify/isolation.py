@@ -1061,7 +1061,10 @@ def is_allocation_failure(exc: BaseException) -> bool:
         text = str(seen)
         # A thread's stack is address space too: under the limit, starting one fails so.
         allocation = ("can't allocate memory", "out of memory", "can't start new thread", "cannot allocate memory")
-        if isinstance(seen, MemoryError) or any(words in text.lower() for words in allocation):
+        # A C function of the interpreter that returned failure without an exception: an allocation it could not
+        # make (seen under a 16 MiB limit on torch 2.5: "SystemError: error return without exception set").
+        unsaid = isinstance(seen, SystemError) and "without exception set" in text
+        if isinstance(seen, MemoryError) or unsaid or any(words in text.lower() for words in allocation):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
