@@ -34,6 +34,7 @@ from torch.export.graph_signature import OutputKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 from trt_inline import compat, engines
+from trt_inline.verify.report import describe_value
 
 __all__ = ["DeclaredValues", "describe_declared", "output_spec_problems"]
 
@@ -43,18 +44,15 @@ _MAX_REPORTED = 20
 _SCALARS: tuple[tuple[type, type], ...] = ((torch.SymBool, bool), (torch.SymInt, int), (torch.SymFloat, float))
 
 
-def describe_declared(value: Any, device: bool = True) -> str:
-    """``float32[s0, 4] on cpu``, ``int``, ``int 3``: a declared or returned value, as a disagreement names it."""
+def describe_declared(value: Any) -> str:
+    """``float32[s0, 4] on cpu``, ``int``, ``int 3``: a declared or returned value, as a disagreement names it
+    (:func:`~trt_inline.verify.report.describe_value`, with a tensor's device and a Python scalar's value)."""
+    text = describe_value(value)
     if isinstance(value, torch.Tensor):
-        dims = ", ".join(str(d) for d in value.shape)
-        where = f" on {value.device}" if device else ""
-        return f"{str(value.dtype).removeprefix('torch.')}[{dims}]{where}"
-    for symbolic, concrete in _SCALARS:
-        if isinstance(value, symbolic):
-            return concrete.__name__
+        return f"{text} on {value.device}"
     if isinstance(value, (bool, int, float)):
-        return f"{type(value).__name__} {value!r}"
-    return type(value).__name__
+        return f"{text} {value!r}"
+    return text
 
 
 def _kind(value: Any) -> type | None:
