@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def main() -> int:
-    from trt_inline.verify import isolation
+    from trt_inline import isolation
     from trt_inline.verify.report import MAX_COMPARISONS, VerifyReport
     from trt_inline.verify.verifier import _handed_back, _outputs_of_child, report_of_child, save_tensors
 

@@ -40,7 +40,7 @@ from models import TransformerBlock  # noqa: E402
 _BY_HAND = """
 import json, sys, time, torch
 import trt_inline
-from trt_inline.verify import load_exported_program
+from trt_inline.archive import load_exported_program
 started = time.perf_counter()
 program = torch.export.load(sys.argv[1])
 reference = load_exported_program(sys.argv[1]).reference   # the embedded inputs and outputs
@@ -104,7 +104,7 @@ def main() -> int:
 
     import trt_inline
     from trt_inline import reference
-    from trt_inline.verify.isolation import Limits, run_isolated
+    from trt_inline.isolation import Limits, run_isolated
 
     card = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
     print(f"device: {card}; torch {torch.__version__}; median of {args.runs} runs")

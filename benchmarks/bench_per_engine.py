@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 import trt_inline
-from trt_inline.verify import REFERENCE_IO_FILE
-from trt_inline.verify.isolation import reusing_interpreter
+from trt_inline.archive import REFERENCE_IO_FILE
+from trt_inline.isolation import reusing_interpreter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from memory_steps import build_chain

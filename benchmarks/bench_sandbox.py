@@ -33,8 +33,7 @@ def main() -> int:
     import contextlib
 
     import trt_inline
-    from trt_inline import sandbox
-    from trt_inline.verify.isolation import Limits, reusing_interpreter, run_isolated
+    from trt_inline.isolation import Limits, reusing_interpreter, run_isolated, sandbox
 
     missing = sandbox.status().missing
     if missing:

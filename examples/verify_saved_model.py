@@ -15,7 +15,7 @@ import sys
 import torch
 
 import trt_inline
-from trt_inline.verify import VerifyInputError
+from trt_inline.errors import VerifyInputError
 
 
 def main(argv: list[str] | None = None) -> int:

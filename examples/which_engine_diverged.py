@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 import trt_inline
+from trt_inline.archive import REFERENCE_IO_FILE
 from trt_inline.cli import main as trt_inline_cli
-from trt_inline.verify import REFERENCE_IO_FILE
 
 
 class CrossedHalves(nn.Module):

@@ -1,7 +1,7 @@
 """Code that runs inside the sandboxed child, as if a file had got code to run there (the assume-breach tests).
 
 Reachable only from the tests: ``tests/test_sandbox.py`` registers :func:`run` as
-a job of :mod:`trt_inline.verify.isolation` for the length of a test. No file and
+a job of :mod:`trt_inline.isolation.child` for the length of a test. No file and
 no command-line flag can name it. Each attempt is one thing code from a hostile
 file would try; the result says, per attempt, ``"blocked: <error>"`` or
 ``"SUCCEEDED"``.

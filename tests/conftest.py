@@ -15,9 +15,9 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import trt_inline
+from trt_inline.isolation import reusing_interpreter
 from trt_inline.passes import produced_value
 from trt_inline.scalars import is_scalar
-from trt_inline.verify.isolation import reusing_interpreter
 
 # Hypothesis profiles for the random-graph suite (tests/test_fuzz.py): `ci` is
 # derandomized so that CI is reproducible (TRT_INLINE_FUZZ_EXAMPLES sets how many:
@@ -219,13 +219,13 @@ def _children_forked_from_one_interpreter() -> Iterator[None]:
 @pytest.fixture
 def fresh_children() -> Iterator[None]:
     """In this test, ``verify``/``inspect`` children start as fresh interpreters, as the ``trt-inline`` command does."""
-    from trt_inline.verify import isolation
+    from trt_inline import isolation
 
-    token = isolation._reusable.set(None)
+    token = isolation.zygote._reusable.set(None)
     try:
         yield
     finally:
-        isolation._reusable.reset(token)
+        isolation.zygote._reusable.reset(token)
 
 
 @dataclass

@@ -54,17 +54,17 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     if hasattr(torch._C, "_cuda_getDeviceCount"):
         torch._C._cuda_getDeviceCount = recorded("cuda._cuda_getDeviceCount", torch._C._cuda_getDeviceCount)
 
-    # What the interpreter that forks children imports (isolation._ZYGOTE), then one child's start.
+    # What the interpreter that forks children imports (isolation.zygote._ZYGOTE), then one child's start.
     import trt_inline.reference
     import trt_inline.verify  # noqa: F401
-    from trt_inline import compat, sandbox
-    from trt_inline.verify import isolation
+    from trt_inline import compat, isolation
+    from trt_inline.isolation import inside, process, sandbox  # noqa: F401
 
     compat.import_loaders()
     sandbox.enter = recorded("enter", sandbox.enter)
     work = Path(tempfile.mkdtemp(prefix="trt-inline-probe-"))
     (work / "tmp").mkdir()
-    os.environ.update(isolation._child_environment(work))  # as a child gets them: TMPDIR its own folder, ...
+    os.environ.update(isolation.process.child_environment(work))  # as a child gets them: TMPDIR its own folder, ...
     tempfile.tempdir = None
     request = {
         "job": ["trt_inline.verify.verifier", "inspect_job"],
@@ -80,7 +80,7 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     payload = io.BytesIO()
     torch.save(None, payload)
     try:
-        isolation._child_job(work, request, payload.getvalue())
+        isolation.inside._child_job(work, request, payload.getvalue())
         outcome = "ran"
     except Exception as exc:  # the job's own error is not what this probe is about: the order of calls is
         outcome = f"{type(exc).__name__}: {exc}"

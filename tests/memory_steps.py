@@ -135,7 +135,7 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
         elif step == "inspect":
 
             def action() -> Any:
-                from trt_inline.verify.isolation import Limits, run_isolated
+                from trt_inline.isolation import Limits, run_isolated
 
                 arguments = {"path": str(path), "allow_pickle": False, "allow_native_code": False, "allow_ops": []}
                 limits = Limits.for_file(path, None, None)
@@ -193,7 +193,7 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
 
 
 def _measure(action: Callable[[], Any], result: dict[str, Any]) -> dict[str, Any]:
-    from trt_inline.verify.isolation import MemorySampler
+    from trt_inline.isolation import MemorySampler
 
     gc.collect()
     before = resident()

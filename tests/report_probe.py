@@ -1,7 +1,7 @@
 """Jobs that hand back what a hostile child could: a report at (or past) the parent's caps, or malformed.
 
 Reachable only from the tests and ``benchmarks/bench_child_report.py``, which register :func:`report` as a job of
-:mod:`trt_inline.verify.isolation` for their length. The child computes nothing: it builds the report a file's
+:mod:`trt_inline.isolation.child` for their length. The child computes nothing: it builds the report a file's
 code could make it send, so that the parent's side (reading, formatting, writing) is what is measured.
 """
 

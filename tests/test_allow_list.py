@@ -19,10 +19,10 @@ from test_verify import cli
 
 import trt_inline
 from trt_inline import allowed_ops
+from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io
+from trt_inline.archive.reference_io import encode_reference_io
 from trt_inline.errors import RefusedOperatorError
 from trt_inline.releases import minor
-from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
-from trt_inline.verify.reference_io import encode_reference_io
 
 
 def _registry() -> dict[str, list[Any]]:

@@ -21,7 +21,7 @@ from models import ConvBnRelu
 
 import trt_inline
 from trt_inline import cli, reference
-from trt_inline.verify import REFERENCE_IO_FILE
+from trt_inline.archive import REFERENCE_IO_FILE
 
 
 @dataclass

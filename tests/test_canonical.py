@@ -18,10 +18,10 @@ from test_scalars import compile_case
 
 import trt_inline
 from trt_inline import compat
-from trt_inline.verify import open_file
-from trt_inline.verify.program_checks import canonical_bytes, canonical_document
-from trt_inline.verify.reader import TensorRecord
-from trt_inline.verify.views import FileView
+from trt_inline.archive import open_file
+from trt_inline.archive.program_checks import canonical_bytes, canonical_document
+from trt_inline.archive.reader import TensorRecord
+from trt_inline.archive.views import FileView
 
 
 def _program_entry(path: Path) -> tuple[str, bytes]:

@@ -17,8 +17,8 @@ import pytest
 import torch
 from report_probe import comparison, report_of
 
+from trt_inline import isolation
 from trt_inline.errors import IsolationError
-from trt_inline.verify import isolation
 from trt_inline.verify.report import MAX_COMPARISONS, VerifyReport
 from trt_inline.verify.verifier import report_of_child
 

@@ -24,7 +24,8 @@ from report_probe import report_of
 from test_compare_exact import DTYPES, _differ, _from_bytes
 
 from trt_inline.cli import main as cli_main
-from trt_inline.verify import VerifyInputError, VerifyReport, verify
+from trt_inline.errors import VerifyInputError
+from trt_inline.verify import VerifyReport, verify
 from trt_inline.verify.cases import CaseResult, read_cases, worst_first
 from trt_inline.verify.compare import compare_output, top_k_agreement
 from trt_inline.verify.junit import write_junit

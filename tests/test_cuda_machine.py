@@ -27,11 +27,10 @@ from models import RELU, ConvBnRelu, ScalarCase, TransformerBlock, scalar_cases
 from test_scalars import scalar_crossings
 
 import trt_inline
-from trt_inline import allowed_ops, reference, sandbox
+from trt_inline import allowed_ops, isolation, reference
 from trt_inline.errors import RefusedOperatorError
+from trt_inline.isolation import Limits, run_isolated, sandbox
 from trt_inline.reference import program as reference_program
-from trt_inline.verify import isolation
-from trt_inline.verify.isolation import Limits, run_isolated
 
 TESTS = Path(__file__).parent
 _WALLS = sandbox.status().missing
@@ -85,7 +84,7 @@ def test_cuda_devices_are_seen_without_starting_cuda(monkeypatch: pytest.MonkeyP
 _NAME_THREADS = """
 import json, os, sys, tempfile
 from pathlib import Path
-from trt_inline import sandbox
+from trt_inline.isolation import sandbox
 import cuda_probe
 parent = os.getppid()
 private = Path(tempfile.mkdtemp())
@@ -118,11 +117,11 @@ def test_the_child_has_the_callers_user_name(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(isolation.JOBS, "user_name", ("cuda_probe", "user_name"))
     for variable in ("USER", "LOGNAME", "LNAME", "USERNAME"):
         monkeypatch.delenv(variable, raising=False)  # as under a service manager: the name only in the passwd file
-    isolation._user_name.cache_clear()
+    isolation.process._user_name.cache_clear()
     try:
         seen = run_isolated("user_name", {}, None, Limits(120, 2 << 30), where="probe").value
     finally:
-        isolation._user_name.cache_clear()
+        isolation.process._user_name.cache_clear()
     assert seen == {"user": getpass.getuser()}, seen
 
 

@@ -30,14 +30,14 @@ from test_verify import assert_unusable, cli
 
 import trt_inline
 from trt_inline import engines, formats
+from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io, open_file
+from trt_inline.archive.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
-from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.verify.compare import ERROR_STATS, compare_output
 from trt_inline.verify.drill import drill_down, rebuild_drill_down
 from trt_inline.verify.extract import region_repro
 from trt_inline.verify.random_inputs import draw_inputs, size_ranges
-from trt_inline.verify.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.verify.report import BoundaryRow, VerifyReport
 
 STOCK_RELEASE = "2.13.0"  # the last release whose inline_torch_modules wires fallback inputs by name

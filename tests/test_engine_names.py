@@ -25,7 +25,7 @@ from test_verify import cli
 
 import trt_inline
 from trt_inline import engines
-from trt_inline.verify import REFERENCE_IO_FILE
+from trt_inline.archive import REFERENCE_IO_FILE
 
 ENGINE_OP = torch.ops.trt_inline.execute_engine.default
 

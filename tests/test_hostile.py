@@ -25,7 +25,7 @@ from conftest import REPO, SavedSeed
 from hostile import CASES, ESCAPE, INSPECTED, SECRET, Case, Traps, read_entries, write_entries
 
 from trt_inline import cli
-from trt_inline.verify.isolation import reusing_interpreter
+from trt_inline.isolation import reusing_interpreter
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -140,7 +140,7 @@ def test_the_interpreter_children_are_forked_from_outlives_them(run_case: RunCas
 
 def _interpreters_of_this_process() -> list[str]:
     """Pids of this process's child interpreters (other test workers run interpreters of their own)."""
-    command = ["pgrep", "-P", str(os.getpid()), "-f", "trt_inline.verify.isolation"]
+    command = ["pgrep", "-P", str(os.getpid()), "-f", "trt_inline.isolation.inside"]
     return subprocess.run(command, capture_output=True, text=True).stdout.split()
 
 
@@ -162,8 +162,8 @@ def with_boundaries(saved_seed: SavedSeed, tmp_path_factory: pytest.TempPathFact
 
 def _forged(source: Path, target: Path, name: str) -> Path:
     """The file with engine 1's recorded name replaced and its first expected output moved: it fails, and prints."""
+    from trt_inline.archive.reference_io import decode_reference_io, encode_reference_io
     from trt_inline.formats import REFERENCE_IO_FILE
-    from trt_inline.verify.reference_io import decode_reference_io, encode_reference_io
 
     entries = read_entries(source)
     entry = next(n for n in entries if n.endswith(REFERENCE_IO_FILE))

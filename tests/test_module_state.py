@@ -241,7 +241,7 @@ def _tampered(source: Path, target: Path) -> None:
     The write is an in-place ``copy_`` in the graph (recent torch) or the value of
     a buffer-mutation output (torch 2.5): either way the new value is scaled.
     """
-    from trt_inline.verify.reference_io import REFERENCE_IO_FILE
+    from trt_inline.archive.reference_io import REFERENCE_IO_FILE
 
     extra = {REFERENCE_IO_FILE: ""}
     program = torch.export.load(source, extra_files=extra)

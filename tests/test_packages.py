@@ -31,7 +31,8 @@ from test_verify import assert_unusable, cli
 
 import trt_inline
 from trt_inline import compat, reference
-from trt_inline.verify import REFERENCE_IO_FILE, VerifyInputError
+from trt_inline.archive import REFERENCE_IO_FILE
+from trt_inline.errors import VerifyInputError
 
 WHY_NOT = compat.aoti_packages()
 pytestmark = [

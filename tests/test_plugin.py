@@ -205,7 +205,7 @@ _SAVE_SEED = """
     torch.manual_seed(0)
     model, x = ConvBnRelu().eval(), torch.randn(2, 3, 8, 8)
     import os, trt_inline
-    from trt_inline.verify import open_file
+    from trt_inline.archive import open_file
     compiled = trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.relu.default"])
     os.environ["TRT_INLINE_REFERENCE_IO"] = "boundaries"  # every engine's inputs and outputs too
     paths = []

@@ -12,7 +12,7 @@ from test_plugin import RELEASE, release_tree, run_python
 from test_verify import cli
 
 from trt_inline import compat
-from trt_inline.verify import REFERENCE_IO_FILE
+from trt_inline.archive import REFERENCE_IO_FILE
 
 WHY_NOT = compat.aoti_packages()
 pytestmark = [

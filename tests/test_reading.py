@@ -22,9 +22,8 @@ from conftest import REPO, SavedSeed
 from hostile import read_entries, write_entries
 
 import trt_inline
-from trt_inline import cli
+from trt_inline import cli, isolation
 from trt_inline.errors import IsolationError
-from trt_inline.verify import isolation
 
 
 def _truncated_records(good: Path, target: Path) -> tuple[Path, list[str]]:
@@ -109,13 +108,13 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
     import threading
     import time
 
-    from trt_inline.verify.read_ahead import ReadingAhead
-    from trt_inline.verify.views import FileView
+    from trt_inline.archive.views import FileView
+    from trt_inline.isolation.read_ahead import ReadingAhead
 
     mib = 1 << 20
     path = tmp_path / "big.bin"
     path.write_bytes(os.urandom(1024) * (320 * 1024))  # 320 MiB
-    monkeypatch.setattr(isolation, "available_memory", lambda: 2)  # the smallest window: 64 MiB
+    monkeypatch.setattr(isolation.limits, "available_memory", lambda: 2)  # the smallest window: 64 MiB
     view = FileView(path)
 
     def settled(reader: ReadingAhead, at_least: int) -> int:
@@ -191,7 +190,7 @@ def test_a_file_that_cannot_fit_is_refused_before_it_is_read(
     saved_seed: SavedSeed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A file that must be read into memory (it cannot be mapped) past the limit: refused at once, with the figures."""
-    monkeypatch.setattr(isolation, "unmappable", lambda path: "a file system without mmap")
+    monkeypatch.setattr(isolation.child, "unmappable", lambda path: "a file system without mmap")
     with pytest.raises(IsolationError, match=r"cannot be mapped here \(a file system without mmap\)") as refused:
         trt_inline.verify(saved_seed.good, memory_limit=1000)
     assert "past the memory limit of 1000 B (--memory-limit raises it" in str(refused.value)
@@ -201,9 +200,9 @@ def test_the_default_memory_limit_follows_what_the_machine_has(monkeypatch: pyte
     big = tmp_path / "big.pt2"
     with open(big, "wb") as handle:
         handle.truncate(40 << 30)  # sparse: 40 GiB of size, nothing on disk
-    monkeypatch.setattr(isolation, "available_memory", lambda: 24 << 30)
+    monkeypatch.setattr(isolation.limits, "available_memory", lambda: 24 << 30)
     assert isolation.default_memory_limit(big) == (24 << 30) * 4 // 5, "at most 80% of what is available"
-    monkeypatch.setattr(isolation, "available_memory", lambda: 256 << 30)
+    monkeypatch.setattr(isolation.limits, "available_memory", lambda: 256 << 30)
     assert isolation.default_memory_limit(big) == (2 << 30) + (20 << 30), "2 GiB and half the file"
 
 
@@ -226,7 +225,7 @@ def test_read_ahead_of_a_file_larger_than_memory_lets_go_of_pages_well_behind_th
     import mmap
     import time
 
-    from trt_inline.verify import read_ahead
+    from trt_inline.isolation import read_ahead
 
     mib = 1 << 20
     path = tmp_path / "big.bin"
@@ -234,7 +233,7 @@ def test_read_ahead_of_a_file_larger_than_memory_lets_go_of_pages_well_behind_th
         block = os.urandom(mib)
         for _ in range(768):
             handle.write(block)
-    monkeypatch.setattr(isolation, "available_memory", lambda: 2)  # a 64 MiB window
+    monkeypatch.setattr(isolation.limits, "available_memory", lambda: 2)  # a 64 MiB window
     monkeypatch.setattr(read_ahead.Pacer, "_LAG", 64 * mib)
     descriptor = os.open(path, os.O_RDONLY)
     pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
@@ -269,7 +268,7 @@ def test_a_child_paces_the_reading_its_parent_does(tmp_path: Path) -> None:
     import mmap
     import time
 
-    from trt_inline.verify import read_ahead
+    from trt_inline.isolation import read_ahead
 
     mib = 1 << 20
     path = tmp_path / "big.bin"
@@ -325,7 +324,7 @@ def test_the_parent_trusts_no_record_of_the_feed(tmp_path: Path) -> None:
     import struct
     import time
 
-    from trt_inline.verify import read_ahead
+    from trt_inline.isolation import read_ahead
 
     mib = 1 << 20
     path = tmp_path / "big.bin"
@@ -359,7 +358,7 @@ def test_verify_of_a_large_file_is_read_ahead_by_the_calling_process(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A file past the read-ahead threshold: the parent reads it, the sandboxed child paces it, the run passes."""
-    from trt_inline.verify import read_ahead
+    from trt_inline.isolation import read_ahead
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(18))).eval()  # 72 MiB
@@ -378,10 +377,10 @@ def test_verify_of_a_large_file_is_read_ahead_by_the_calling_process(
 
 def test_the_parent_reads_ahead_only_a_regular_file(tmp_path: Path) -> None:
     """A FIFO put where the file was: refused at once, never waited on (the child then says what is wrong)."""
-    from trt_inline.verify import read_ahead
+    from trt_inline.isolation import read_ahead
 
     fifo = tmp_path / "model.pt2"
     os.mkfifo(fifo)
     with pytest.raises(OSError, match="not a regular file"):
         read_ahead.FeedReader(str(fifo), 1 << 30)
-    assert isolation._feed_reader(str(fifo)) is None
+    assert isolation.child._feed_reader(str(fifo)) is None

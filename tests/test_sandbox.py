@@ -26,10 +26,9 @@ import pytest
 from conftest import REPO, SavedSeed
 
 import trt_inline
-from trt_inline import cli, sandbox
+from trt_inline import cli, isolation
 from trt_inline.errors import IsolationError
-from trt_inline.verify import isolation
-from trt_inline.verify.isolation import Limits, reusing_interpreter, run_isolated
+from trt_inline.isolation import Limits, reusing_interpreter, run_isolated, sandbox
 
 pytestmark = [
     pytest.mark.skipif(

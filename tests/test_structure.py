@@ -47,8 +47,8 @@ def _dotted(node: ast.AST) -> str:
 
 # Private attributes read outside compat.py that are not torch's: (file, attribute) -> what it is.
 _NOT_TORCH = {
-    ("verify/isolation.py", "_exit"): "os._exit: a forked child ends without running the parent's cleanups",
-    ("sandbox.py", "_exit"): "os._exit: the process that waits for the job ends as the job did",
+    ("isolation/inside.py", "_exit"): "os._exit: a forked child ends without running the parent's cleanups",
+    ("isolation/sandbox.py", "_exit"): "os._exit: the process that waits for the job ends as the job did",
     ("plugin/adapters.py", "_expose_aliased_buffer_mutations"): "Torch-TensorRT 2.14's exporter helper it wraps",
 }
 

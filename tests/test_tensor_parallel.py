@@ -22,6 +22,7 @@ import torch
 from conftest import python_path
 from test_plugin import release_tree
 
+from trt_inline.archive.reader import read_file
 from trt_inline.distributed.manifest import (
     MANIFEST_FILE,
     RANK_CHECK_OP,
@@ -30,7 +31,6 @@ from trt_inline.distributed.manifest import (
     rank_check_nodes,
     rank_check_problem,
 )
-from trt_inline.verify.reader import read_file
 
 pytestmark = pytest.mark.tensor_parallel
 

@@ -25,7 +25,7 @@ from models import ConvBnRelu, MultiOutputBothSides, TaggedTensor
 from test_verify import assert_unusable, cli
 
 import trt_inline
-from trt_inline.verify import REFERENCE_IO_FILE
+from trt_inline.archive import REFERENCE_IO_FILE
 
 
 class _Plant:

@@ -20,11 +20,11 @@ from test_verify import cli
 
 import trt_inline
 from trt_inline import allowed_ops
+from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io
+from trt_inline.archive.program_checks import output_reads
+from trt_inline.archive.reference_io import encode_reference_io
 from trt_inline.errors import RefusedOperatorError
-from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
 from trt_inline.verify.compare import LAYOUT_RUN, RUN_MODES, compare_output, laid_out_otherwise, modes_disagree, run_on
-from trt_inline.verify.program_checks import output_reads
-from trt_inline.verify.reference_io import encode_reference_io
 
 
 def _add_to_first_output(program: torch.export.ExportedProgram, op: Any, value: Any) -> None:

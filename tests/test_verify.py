@@ -20,15 +20,10 @@ from models import RELU, ConvBnRelu
 
 import trt_inline
 from trt_inline import reference
+from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io, load_exported_program
 from trt_inline.cli import main as cli_main
-from trt_inline.verify import (
-    REFERENCE_IO_FILE,
-    VerifyInputError,
-    decode_reference_io,
-    load_exported_program,
-    structural_problems,
-    verify,
-)
+from trt_inline.errors import VerifyInputError
+from trt_inline.verify import structural_problems, verify
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +244,7 @@ def test_verify_saved_model_example(saved: dict[str, Path]) -> None:
     ],
 )
 def test_guards_may_call_max_min_abs_and_nothing_else(guard: str, refused: str | None) -> None:
-    from trt_inline.verify.program_checks import check_guard
+    from trt_inline.archive.program_checks import check_guard
 
     problem = check_guard(guard)
     assert (problem is None) if refused is None else (problem is not None and refused in problem), problem

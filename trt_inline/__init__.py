@@ -9,9 +9,30 @@ both on a copy and lints the result; ``save`` writes the ExportedProgram;
 Importing this package registers ``torch.ops.trt_inline.execute_engine``, the op
 of the CPU reference backend (:mod:`trt_inline.reference`), so files saved from
 that backend load after ``import trt_inline``.
+
+Packages, lowest floor first (imports point down only: ``python3 .ci/imports``):
+
+=======================  ===========================================================
+package or module        concern
+=======================  ===========================================================
+core modules             ``passes`` (the inline passes), ``flat_program``, ``engines``
+                         (what an engine is), ``scalars``, ``symbolic``, ``attributes``,
+                         ``module_state``, ``allowed_ops`` (the operator allow-list),
+                         ``package`` (AOTInductor), ``compat`` (torch's private APIs),
+                         ``releases``, ``formats``, ``errors``, ``logs``, ``progress``
+:mod:`.reference`        the CPU reference backend
+:mod:`.distributed`      rank sets: manifests, the rank check, the relay, ``verify --ranks``
+:mod:`.isolation`        the sandboxed child process, its limits, the read-ahead
+:mod:`.archive`          reading saved files through one strict reader; ``load``
+:mod:`.verify`           checks, comparison, which engine diverged, reports; ``verify``, ``diff``
+``export``, ``embedding``  ``save``: from a compiled module to a checked, saved file
+:mod:`.plugin`           ``torch_tensorrt.save`` / ``load`` patched, with no change to user code
+``cli``, ``__main__``    the ``trt-inline`` command line
+=======================  ===========================================================
 """
 
 from trt_inline import reference
+from trt_inline.archive import load
 from trt_inline.errors import (
     EngineFormatError,
     IncompatibleTorchError,
@@ -26,7 +47,7 @@ from trt_inline.export import save, to_exported_program
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall
-from trt_inline.verify import VerifyReport, diff, load, verify
+from trt_inline.verify import VerifyReport, diff, verify
 
 __version__ = "0.1.0"
 

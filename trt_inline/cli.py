@@ -129,7 +129,7 @@ def doctor() -> list[Finding]:
 def _sandbox_findings() -> list[Finding]:
     """What the OS sandbox sets up on this machine, and whether CUDA runs inside it, asked of a real sandboxed
     child (``sandbox_job``)."""
-    from trt_inline.verify.isolation import Limits, run_isolated
+    from trt_inline.isolation import Limits, run_isolated
 
     try:
         result = run_isolated("sandbox", {}, None, Limits(120.0, 2 << 30), where="sandbox")
@@ -438,7 +438,7 @@ def _run_rank_set(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from trt_inline.verify.isolation import Limits, run_isolated
+    from trt_inline.isolation import Limits, run_isolated
 
     limits = Limits.for_file(args.path, args.timeout, args.memory_limit)
     arguments = {

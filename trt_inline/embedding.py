@@ -2,7 +2,7 @@
 
 Reference I/O (the sample inputs and the compiled module's outputs for them, the
 expected outputs) goes into the file as an extra entry encoded by
-:mod:`trt_inline.verify.reference_io`; an AOTInductor package also records what
+:mod:`trt_inline.archive.reference_io`; an AOTInductor package also records what
 kind of value each output is. With ``boundaries=True`` (``embed_reference="boundaries"``)
 the same run also records every engine call's inputs and outputs
 (:mod:`trt_inline.verify.boundaries`), for ``trt-inline verify --per-engine``.
@@ -20,11 +20,11 @@ from typing import Any
 import torch.fx
 
 from trt_inline import engines, package
+from trt_inline.archive.reference_io import REFERENCE_IO_FILE, capture_reference_io, encode_reference_io
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.formats import BOUNDARIES, PACKAGE_INFO_FILE
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.boundaries import provenance, record_program_boundaries, recording
-from trt_inline.verify.reference_io import REFERENCE_IO_FILE, capture_reference_io, encode_reference_io
 
 __all__ = ["DEFAULT_REFERENCE_LIMIT_BYTES", "embeds_boundaries", "reference_extra_files"]
 

@@ -48,7 +48,7 @@ EXECUTORCH = "executorch"
 # Under an archive's root folder: AOTInductor's compiled model, and extra files (torch.export.save's extra_files).
 AOTI_FOLDER = "data/aotinductor/"
 EXTRA_FOLDER = "extra/"
-# Extra files trt-inline adds: reference I/O (trt_inline.verify.reference_io), a package's output kinds.
+# Extra files trt-inline adds: reference I/O (trt_inline.archive.reference_io), a package's output kinds.
 REFERENCE_IO_FILE = "trt_inline_reference_io.b64"
 PACKAGE_INFO_FILE = "trt_inline_package.json"
 # A tensor-parallel rank file's manifest (trt_inline.distributed.manifest).

@@ -12,7 +12,7 @@ entry (under the archive's root folder)      what it is
                                             tensors on the meta device (:func:`graph_only`),
                                             so the graph can be read and checked without
                                             loading native code
-``extra/trt_inline_reference_io.b64``        reference I/O (:mod:`trt_inline.verify.reference_io`)
+``extra/trt_inline_reference_io.b64``        reference I/O (:mod:`trt_inline.archive.reference_io`)
 ``extra/trt_inline_package.json``            what kind of value each output is
 ==========================================  =================================================
 

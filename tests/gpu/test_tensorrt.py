@@ -356,7 +356,7 @@ def test_per_engine_and_diff_on_tensorrt_engines(tmp_path: Path, monkeypatch: py
     program.graph_module.recompile()
     import zipfile
 
-    from trt_inline.verify import REFERENCE_IO_FILE
+    from trt_inline.archive import REFERENCE_IO_FILE
 
     with zipfile.ZipFile(path) as archive:
         extra = archive.read(next(n for n in archive.namelist() if n.endswith(REFERENCE_IO_FILE))).decode()
@@ -376,7 +376,7 @@ def test_diff_of_two_tensorrt_partitions_compares_engine_outputs_by_provenance(t
     """Two partitions of one model on TensorRT: equal within tolerance, compared where both cut, engine outputs too."""
     import zipfile
 
-    from trt_inline.verify import REFERENCE_IO_FILE, decode_reference_io
+    from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io
 
     torch_tensorrt = _torch_tensorrt()
 

@@ -21,6 +21,21 @@ runs ``torch.distributed.run`` itself.
 * :mod:`trt_inline.distributed.relay` carries a sandboxed verify child's
   collectives to its parent; :mod:`trt_inline.distributed.rank_set` verifies a
   rank set.
+
+==============  ====================================================================
+module          concern
+==============  ====================================================================
+(``__init__``)  ranks, process groups, waiting for every rank, refusing a foreign file
+``manifest``    what a rank file records about its rank set, and the checks against a
+                live one and against the file's own program
+``rank_check``  ``trt_inline::check_ranks``, the refusal carried in a rank file's program
+``relay``       a sandboxed verify child's collectives, carried out by its parent
+``rank_set``    ``verify --ranks N``: one sandboxed child per rank, one report
+==============  ====================================================================
+
+``manifest``, ``rank_check`` and ``relay`` sit on the core floor (isolation relays
+a child's collectives through ``relay``); ``rank_set`` runs verification and is an
+entry point (``.ci/imports`` checks the floors).
 """
 
 from __future__ import annotations

@@ -321,7 +321,7 @@ def verify_rank_set(
     ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``). ``strict``: warnings fail too.
     ``top_k``, ``min_top_k_agreement``: the outputs' top-k agreement, as :func:`trt_inline.verify` says.
     """
-    from trt_inline.verify.isolation import DEFAULT_TIMEOUT, Limits
+    from trt_inline.isolation import DEFAULT_TIMEOUT, Limits
     from trt_inline.verify.verifier import (
         error_stat_checked,
         normalize_tolerance,

@@ -1,7 +1,7 @@
 """A sandboxed verify child's collectives, carried out by its parent.
 
 A rank set is verified by one parent process per rank (under ``torchrun``),
-each opening its rank's file in a sandboxed child (:mod:`trt_inline.verify.isolation`).
+each opening its rank's file in a sandboxed child (:mod:`trt_inline.isolation.child`).
 The child has no network: its collectives go over a pair of pipes to its
 parent, which runs them on the job's own process group and sends the result
 back. The child's process group is a :class:`RelayGroup` registered under the
@@ -306,7 +306,7 @@ class RelayServer:
     """The parent's end: reads the child's calls, answers them with this job's process groups.
 
     A small state machine over the two pipes, driven by the parent's loop
-    (:mod:`trt_inline.verify.isolation`): it reads a call only when no reply is
+    (:mod:`trt_inline.isolation.child`): it reads a call only when no reply is
     pending (:meth:`wants_input`), reads a header of at most 64 KiB and then
     exactly the payload it announces, and writes its reply without blocking
     (:meth:`write_to`), so that a child that stops reading cannot stall the

@@ -24,6 +24,17 @@ Never worse than stock: before installing, each replacement runs on a small
 probe graph (:func:`~trt_inline.plugin.adapters.preflight`); one that fails
 there is not installed, one warning names it and why, and ``trt-inline doctor``
 reports it.
+
+==============  ====================================================================
+module          concern
+==============  ====================================================================
+(``__init__``)  installing, uninstalling and reporting the patches
+``adapters``    the replacements for ``torch_tensorrt.dynamo._exporter``'s functions,
+                built per release, and their preflight
+``save``        ``torch_tensorrt.save`` that also embeds reference I/O and manifests
+``load``        ``torch_tensorrt.load`` that refuses a rank file saved for another rank
+``ranges``      whether a saved program accepts every size its caller declared
+==============  ====================================================================
 """
 
 from __future__ import annotations

@@ -6,6 +6,15 @@ a partitioned module of ``_run_on_acc_N`` engines (:class:`ReferenceEngine`) and
 ``torch.ops.trt_inline.execute_engine`` (what loading a saved file needs); the
 partitioner, which reaches into ``torch.fx.passes.splitter_base``, is imported
 only when ``compile`` is first used.
+
+=============  =====================================================================
+module         concern
+=============  =====================================================================
+``backend``    ``reference.compile``: the structure of ``torch_tensorrt.dynamo.compile``
+``partition``  which nodes become engines and which fall back to PyTorch
+``engine``     the reference engine, a CPU (and CUDA) stand-in for a TensorRT engine
+``program``    an engine's ATen graph as JSON, decoded and run
+=============  =====================================================================
 """
 
 from __future__ import annotations

@@ -29,13 +29,13 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from trt_inline import engines, progress
+from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.engines import is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
-from trt_inline.graph_table import Region, Vocabulary
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.compare import isolated_run, normal_call
 from trt_inline.verify.declared import DeclaredValues
-from trt_inline.verify.reference_io import EngineBoundary
+from trt_inline.verify.graph_table import Region, Vocabulary
 
 __all__ = [
     "Crash",

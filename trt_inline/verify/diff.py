@@ -21,11 +21,11 @@ import torch
 from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops
+from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.errors import VerifyInputError
-from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
+from trt_inline.isolation import Limits, default_memory_limit
 from trt_inline.verify.boundaries import as_boundaries, trace_program
 from trt_inline.verify.compare import ranked
-from trt_inline.verify.isolation import Limits, default_memory_limit
 from trt_inline.verify.localize import (
     Reference,
     Tolerance,

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace, Region
 from trt_inline.verify.compare import boundary_tolerance, compare_output, exactly_as, tolerance_for
-from trt_inline.verify.reference_io import EngineBoundary
 from trt_inline.verify.report import BoundaryRow, Divergence, OutputComparison
 
 __all__ = ["Reference", "localize", "localize_partitions", "own_error_problems", "same_partition"]

@@ -12,13 +12,28 @@ import torch
 from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, distributed, progress
+from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile, open_file
+from trt_inline.archive.pickles import read_torch_save
+from trt_inline.archive.reference_io import (
+    EngineBoundary,
+    ReferenceIO,
+    decode_boundaries,
+    decode_boundaries_file,
+    encode_boundaries_file,
+    is_boundaries_file,
+    plain_boundaries,
+    reference_from_payload,
+    reference_payload,
+    tensors_only,
+)
+from trt_inline.archive.views import BytesView
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.distributed.manifest import collectives_of, decode_manifest, program_mismatch, rank_check_problem
 from trt_inline.errors import IsolationError, VerifyInputError, first_line, printable
 from trt_inline.formats import atomic_write, format_size
+from trt_inline.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.module_state import buffers_restored
 from trt_inline.package import load_package
-from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.compare import (
     ERROR_STATS,
@@ -38,25 +53,10 @@ from trt_inline.verify.extract import (
     write_repro,
 )
 from trt_inline.verify.garbage import Sightings, garbage_warnings
-from trt_inline.verify.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
-from trt_inline.verify.pickles import read_torch_save
 from trt_inline.verify.random_inputs import draw_inputs
-from trt_inline.verify.reference_io import (
-    EngineBoundary,
-    ReferenceIO,
-    decode_boundaries,
-    decode_boundaries_file,
-    encode_boundaries_file,
-    is_boundaries_file,
-    plain_boundaries,
-    reference_from_payload,
-    reference_payload,
-    tensors_only,
-)
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
-from trt_inline.verify.views import BytesView
 
 if TYPE_CHECKING:
     from trt_inline.distributed.relay import RelayServer
@@ -188,7 +188,7 @@ def verify(
     looks like garbage without a reference (:mod:`trt_inline.verify.garbage`: all zeros, NaN or Inf, the same
     in every run or every row of a batch) is a warning (``report.warnings``); ``strict=True`` fails on those too.
 
-    Files are checked before loading (:mod:`trt_inline.verify.archive`): one
+    Files are checked before loading (:mod:`trt_inline.archive.loading`): one
     whose pickles need more than plain tensors and Torch-TensorRT engines is
     refused unless ``allow_pickle=True``. An AOTInductor package is checked
     through the ExportedProgram it carries (if any) and only run, which loads
@@ -199,7 +199,7 @@ def verify(
     deterministic-algorithm flags as they were.
 
     A file is loaded and run in a sandboxed child process
-    (:mod:`trt_inline.verify.isolation`, :mod:`trt_inline.sandbox`) stopped
+    (:mod:`trt_inline.isolation.child`, :mod:`trt_inline.isolation.sandbox`) stopped
     after ``timeout`` seconds (default 3600) or past ``memory_limit`` (bytes or
     ``"2GiB"``; default twice the file's size plus 2 GiB); a crash there is an
     error here, never a crash of the caller. Where the OS sandbox cannot be set
@@ -454,7 +454,7 @@ def save_boundaries_file(reference: ReferenceIO, path: str | os.PathLike[str]) -
 
 
 def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
-    """:func:`verify` inside the child process (:mod:`trt_inline.verify.isolation`).
+    """:func:`verify` inside the child process (:mod:`trt_inline.isolation.child`).
 
     Returns the report, and with ``keep_outputs`` the outputs too (the parent writes them).
     """
@@ -505,7 +505,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
 
 def inspect_job(arguments: dict[str, Any], tensors: Any) -> list[str]:
     """The ``inspect`` table of a file, line by line, inside the child process (its program loaded without weights)."""
-    from trt_inline.graph_table import describe_file
+    from trt_inline.verify.graph_table import describe_file
 
     # Collectives, and ATen operators verify refuses for what they compute, are shown, not run: inspect runs
     # nothing. What verify would refuse is said first.

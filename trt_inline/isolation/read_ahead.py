@@ -40,7 +40,9 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["READ_AHEAD_FROM", "Feed", "Pacer", "ReadingAhead", "SequentialReader", "chunk_for", "start"]
+from trt_inline.isolation import limits
+
+__all__ = ["READ_AHEAD_FROM", "Feed", "Pacer", "ReadingAhead", "SequentialReader", "chunk_for", "start", "unmappable"]
 
 # Files smaller than this are not read ahead: their pages come in as fast either way.
 READ_AHEAD_FROM = 64 << 20
@@ -57,10 +59,17 @@ def window_for(size: int) -> int:
 
     (In a sandboxed child /proc/meminfo may be out of reach: then half the machine's memory.)
     """
-    from trt_inline.verify.isolation import available_memory  # (isolation reads files through views)
-
-    available = available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    available = limits.available_memory() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return max(chunk_for(size) * 4, available // 2)
+
+
+def unmappable(path: str | os.PathLike[str]) -> str | None:
+    """Why this system cannot map the file (then its records are read into memory), or None."""
+    try:
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ):
+            return None
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 class SequentialReader:

@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
+from trt_inline.archive.views import View
+from trt_inline.archive.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, decoded_text, first_line, printable
-from trt_inline.verify.views import View
-from trt_inline.verify.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
 
 __all__ = ["native_engine", "read_pickle", "read_torch_save"]
 

@@ -1,7 +1,7 @@
 """The canonical program: everything torch is given of a file from a stranger, written or checked by trt-inline.
 
 Wall one of verification (README, "Threat model"): torch never reads the
-stranger's archive. The strict reader (:mod:`trt_inline.verify.reader`) checks
+stranger's archive. The strict reader (:mod:`trt_inline.archive.reader`) checks
 it and keeps what it checked; this module turns that into a fresh archive in the
 current layout and loads it through the current layout's deserializer
 (:func:`trt_inline.compat.deserialize_program`: ``ExportedProgramDeserializer``,
@@ -12,11 +12,11 @@ itself, whose fallbacks read older layouts:
 part of the archive          what it is                                            bytes written by
 ==========================  ====================================================  ======================
 ``models/model.json``       the program document, rebuilt field by field           trt-inline
-                            (:func:`~trt_inline.verify.program_checks.canonical_document`)
+                            (:func:`~trt_inline.archive.program_checks.canonical_document`)
 ``data/weights/<name>``,    each tensor as its checked payload config declares     the file (raw tensor
 ``data/constants/<name>``   it: a view of the original file at the checked          data, never parsed)
                             offset, mapped, never copied
-``data/sample_inputs``      tensors read by :mod:`~trt_inline.verify.pickles`      trt-inline
+``data/sample_inputs``      tensors read by :mod:`~trt_inline.archive.pickles`      trt-inline
 ``extra/<name>``            trt-inline's own extra files, as text                  the file (checked
                                                                                     where decoded)
 ==========================  ====================================================  ======================
@@ -37,10 +37,10 @@ import torch
 from torch.export import ExportedProgram
 
 from trt_inline import compat, progress
+from trt_inline.archive import program_checks
+from trt_inline.archive.reader import Contents, TensorRecord, passthrough_loader
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.formats import format_size
-from trt_inline.verify import program_checks
-from trt_inline.verify.reader import Contents, TensorRecord, passthrough_loader
 
 __all__ = ["Canonical", "canonical_archive"]
 

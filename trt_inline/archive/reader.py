@@ -5,19 +5,19 @@ follow: its zip reader matches names without case, it deserializes every entry
 under ``models/`` whatever its extension, it falls back to older layouts (and to
 ``weights_only=False``) when the current one fails, and it writes names from
 the file into Python source. So torch is never given the file. This module reads
-it once, itself, and hands on only what it checked (:mod:`trt_inline.verify.canonical`
+it once, itself, and hands on only what it checked (:mod:`trt_inline.archive.canonical`
 builds the program torch deserializes from that):
 
-* the zip archive (:mod:`~trt_inline.verify.zip_layout`): one view every reader
+* the zip archive (:mod:`~trt_inline.archive.zip_layout`): one view every reader
   must agree on, names unique without case, nothing compressed;
 * every entry accounted for: it is one of the entries the layout it belongs to
   defines, in one folder, named exactly as torch names it; anything else is
   refused, never skipped;
-* the program document (:mod:`~trt_inline.verify.program_checks`): strict JSON
+* the program document (:mod:`~trt_inline.archive.program_checks`): strict JSON
   (UTF-8, no repeated keys), checked against this torch's schema and rebuilt;
 * weights and constants: raw records at offsets checked against the payload
   configs (themselves checked against the schema), mapped, never copied; or
-  ``torch.save`` blobs read by :mod:`~trt_inline.verify.pickles`, never unpickled;
+  ``torch.save`` blobs read by :mod:`~trt_inline.archive.pickles`, never unpickled;
 * sample inputs and the extra files trt-inline writes, read the same way, every
   string in them escaped where it is decoded.
 
@@ -46,11 +46,11 @@ from typing import Any
 import torch
 
 from trt_inline import compat, formats, progress
+from trt_inline.archive import pickles, program_checks
+from trt_inline.archive.views import BytesView, FileView, View
+from trt_inline.archive.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, decoded_text, printable
 from trt_inline.formats import format_size
-from trt_inline.verify import pickles, program_checks
-from trt_inline.verify.views import BytesView, FileView, View
-from trt_inline.verify.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
 
 __all__ = ["Contents", "TensorRecord", "read_file"]
 

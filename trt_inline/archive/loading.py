@@ -5,12 +5,12 @@ falls back to older layouts, evaluates strings and writes names into code), and
 a check of the file's bytes cannot follow everything it does. So a file is
 opened in three steps:
 
-1. :mod:`trt_inline.verify.reader` reads every byte of it once, strictly, and
-   keeps only what it checked (:class:`~trt_inline.verify.reader.Contents`);
-2. :mod:`trt_inline.verify.canonical` makes that a fresh archive and has torch
+1. :mod:`trt_inline.archive.reader` reads every byte of it once, strictly, and
+   keeps only what it checked (:class:`~trt_inline.archive.reader.Contents`);
+2. :mod:`trt_inline.archive.canonical` makes that a fresh archive and has torch
    deserialize it: torch only ever loads bytes trt-inline wrote, and tensor
    data it maps from the file at checked offsets;
-3. :func:`~trt_inline.verify.program_checks.check_runnable` checks the module
+3. :func:`~trt_inline.archive.program_checks.check_runnable` checks the module
    ``program.module()`` returns, which is what runs, against the operator
    allow-list (:mod:`trt_inline.allowed_ops`).
 
@@ -32,14 +32,14 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops, compat, distributed, formats, progress
+from trt_inline.archive.canonical import Canonical, canonical_archive
+from trt_inline.archive.program_checks import check_runnable
+from trt_inline.archive.reader import Contents, read_file
+from trt_inline.archive.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
+from trt_inline.archive.views import FileView
 from trt_inline.distributed.manifest import MANIFEST_FILE, decode_manifest
 from trt_inline.errors import VerifyInputError, printable
 from trt_inline.package import output_kinds_of
-from trt_inline.verify.canonical import Canonical, canonical_archive
-from trt_inline.verify.program_checks import check_runnable
-from trt_inline.verify.reader import Contents, read_file
-from trt_inline.verify.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
-from trt_inline.verify.views import FileView
 
 __all__ = [
     "AOTI_PACKAGE",

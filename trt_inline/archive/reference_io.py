@@ -2,7 +2,7 @@
 
 Stored as one extra file of the archive (``trt_inline_reference_io.b64``): base64
 of a ``torch.save`` blob holding plain tensors, strings and lists only, read back
-by the strict reader (:mod:`trt_inline.verify.pickles`), so reading it never
+by the strict reader (:mod:`trt_inline.archive.pickles`), so reading it never
 unpickles anything. ``trt_inline.save`` (and the patched ``torch_tensorrt.save``) write it;
 verification reads it.
 
@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from trt_inline.archive.pickles import read_torch_save
+from trt_inline.archive.views import BytesView
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, first_line
 from trt_inline.formats import REFERENCE_IO_FILE
 from trt_inline.scalars import kinds_of
-from trt_inline.verify.pickles import read_torch_save
-from trt_inline.verify.views import BytesView
 
 __all__ = [
     "REFERENCE_IO_FILE",
@@ -125,7 +125,7 @@ def encode_reference_io(reference: ReferenceIO) -> str:
 
 
 def decode_reference_io(text: str) -> ReferenceIO:
-    """Read reference I/O back with the strict reader (:mod:`trt_inline.verify.pickles`): plain tensors only.
+    """Read reference I/O back with the strict reader (:mod:`trt_inline.archive.pickles`): plain tensors only.
 
     Every string in it (names, sources, kinds, the device) is escaped as it is decoded.
     """

@@ -18,6 +18,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from trt_inline import compat, formats
+from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile
 from trt_inline.distributed.manifest import (
     REDUCING_OPS,
     RankManifest,
@@ -27,7 +28,6 @@ from trt_inline.distributed.manifest import (
 )
 from trt_inline.engines import engine_inputs, engine_submodule_name, is_engine_call
 from trt_inline.errors import printable
-from trt_inline.verify.archive import AOTI_PACKAGE, LoadedFile
 from trt_inline.verify.report import describe_value
 
 __all__ = ["Region", "Vocabulary", "brief", "describe_file", "describe_program"]

@@ -26,9 +26,9 @@ import torch
 
 from trt_inline import progress
 from trt_inline.formats import format_size
-from trt_inline.verify import read_ahead
+from trt_inline.isolation import read_ahead
 
-__all__ = ["BytesView", "FileView", "View", "Window", "unmappable"]
+__all__ = ["BytesView", "FileView", "View", "Window"]
 
 
 class View:
@@ -51,15 +51,6 @@ class View:
 
 def _aligned(offset: int, dtype: torch.dtype) -> bool:
     return offset % max(1, torch.empty((), dtype=dtype).element_size()) == 0
-
-
-def unmappable(path: str | os.PathLike[str]) -> str | None:
-    """Why this system cannot map the file (then its records are read into memory), or None."""
-    try:
-        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ):
-            return None
-    except (OSError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
 
 
 class FileView(View):
@@ -100,7 +91,7 @@ class FileView(View):
 
         The reading starts while the program is still being built (that work is
         all CPU) and stays at most a window ahead of the furthest page the program
-        has touched (:mod:`trt_inline.verify.read_ahead`: why, and who reads).
+        has touched (:mod:`trt_inline.isolation.read_ahead`: why, and who reads).
         """
         if self.mapped is None or self.size < read_ahead.READ_AHEAD_FROM or self._reader or not self._closed.alive:
             return False

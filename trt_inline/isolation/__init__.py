@@ -1,0 +1,76 @@
+"""Loading and running a file in a sandboxed child process with a time limit and a memory limit.
+
+A file from a stranger can make the native code that loads or runs it crash
+(an operator with a memory-safety bug, a package's shared library, a TensorRT
+plan), allocate without bound, compute for hours, or, if code from it runs
+after all, try to reach what is outside. So ``verify``, ``inspect`` and
+``diff`` open files in a child interpreter:
+
+* started isolated (``python -I``: no current directory on ``sys.path``, no
+  ``PYTHON*`` variables of the user's shell beyond those listed below), with the
+  parent's import path passed explicitly, in a session of its own;
+* given only the environment variables that configure Python, torch, threads
+  and devices (never the caller's tokens or credentials);
+* sandboxed (:mod:`trt_inline.isolation.sandbox`) after its imports and before it reads
+  the file: no network, no programs, no new processes, no signals or ptrace to
+  other processes, files only from the Python installation, the files named in
+  the job, and its own private folder, which nobody else uses;
+* with ``RLIMIT_AS`` set to what it uses once torch is imported, plus the
+  memory limit, plus the size of the files it may map. Where CUDA is available
+  the driver reserves far more address space than it uses, so there the parent
+  watches the resident memory of the child's process group instead;
+* no core dumps; its folder removed afterwards, and the child and everything
+  in its process group killed when the job ends.
+
+==============  ====================================================================
+module          concern
+==============  ====================================================================
+``child``       ``run_isolated``: the parent's side of one job (refusals before any
+                child starts, the request, how the child ended), ``JOBS``
+``inside``      the child's side: the request, the sandbox and the limits entered,
+                the job run, its report
+``process``     a child interpreter's command line, environment, process group,
+                supervision against the time and memory limits, its end
+``zygote``      one clean interpreter that forks the children (``reusing_interpreter``)
+``pipes``       the request, report, progress and read-ahead pipes, drained on a thread
+``limits``      ``Limits``, sizes, the memory available, this process's own memory
+``read_ahead``  reading a mapped file into the page cache ahead of the program, in the
+                same process or, for a child, by its parent
+``sandbox``     the operating-system walls a child puts around itself (namespaces,
+                Landlock, seccomp)
+==============  ====================================================================
+
+Its one entry point for the rest of the package is :func:`run_isolated` (with
+:class:`Limits`); verification and rank sets both run their children through it.
+It imports nothing from the floors above it (``trt_inline.archive``,
+``trt_inline.verify``): a job is named in ``JOBS`` and imported by the child.
+"""
+
+from __future__ import annotations
+
+from trt_inline.isolation.child import JOBS, ChildResult, run_isolated, sandbox_required
+from trt_inline.isolation.limits import (
+    DEFAULT_TIMEOUT,
+    Limits,
+    MemorySampler,
+    available_memory,
+    default_memory_limit,
+    is_allocation_failure,
+    parse_size,
+)
+from trt_inline.isolation.zygote import reusing_interpreter
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "JOBS",
+    "ChildResult",
+    "Limits",
+    "MemorySampler",
+    "available_memory",
+    "default_memory_limit",
+    "is_allocation_failure",
+    "parse_size",
+    "reusing_interpreter",
+    "run_isolated",
+    "sandbox_required",
+]

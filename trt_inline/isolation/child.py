@@ -1,0 +1,248 @@
+"""``run_isolated``: run a job in a sandboxed child process and turn how it ended into a result or one error.
+
+The parent's side: it refuses a job the sandbox or the memory limit cannot
+hold before any child starts, sends the request, reads the file ahead of the
+child where asked, and turns a killed, crashed or exhausted child into one
+:class:`~trt_inline.errors.IsolationError` line that says which limit or which
+signal. ``JOBS`` is the table of what a child may run, by name.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trt_inline import progress
+from trt_inline.errors import (
+    IsolationError,
+    RankSetError,
+    RefusedOperatorError,
+    UnsafeArchiveError,
+    VerifyInputError,
+    first_line,
+)
+from trt_inline.formats import format_size
+from trt_inline.isolation import limits as machine
+from trt_inline.isolation.limits import Limits
+from trt_inline.isolation.pipes import MAX_REPORT_BYTES, MAX_RESULT_BYTES, Pipes
+from trt_inline.isolation.process import Ended, run_fresh, tail
+from trt_inline.isolation.read_ahead import READ_AHEAD_FROM, FeedReader, unmappable, window_for
+from trt_inline.isolation.zygote import zygote_for_now
+
+if TYPE_CHECKING:
+    from trt_inline.distributed.relay import RelayServer
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    value: Any
+    peak_rss: int  # bytes, the child's maximum resident set
+    base_rss: int  # bytes, the child's resident set once its imports were done, before the job
+    sandbox: str | None  # what the sandbox set up, in words; None: it ran without one
+    tensors: bytes  # what the job returned besides its JSON value (torch.save bytes; untrusted)
+    # The job's peak anonymous memory (its own: heap, copies) and file-backed memory (mapped weights),
+    # sampled while it ran, above what it held once its imports were done; 0 where not measured.
+    peak_anonymous: int = 0
+    peak_file: int = 0
+
+
+# The jobs a child can run, by name: (module, function). The function takes the request's
+# JSON arguments and the tensors the parent sent, and returns something JSON can hold
+# (or a pair of that and tensors to hand back).
+JOBS: dict[str, tuple[str, str]] = {
+    "verify": ("trt_inline.verify.verifier", "verify_job"),
+    "inspect": ("trt_inline.verify.verifier", "inspect_job"),
+    "diff": ("trt_inline.verify.diff", "diff_job"),
+    "sandbox": ("trt_inline.isolation.inside", "sandbox_job"),
+}
+
+
+def _fits(files: tuple[str, ...], limits: Limits, where: str) -> None:
+    """Refuse, before anything is read, a file that must be read into memory (it cannot be mapped) past the limit."""
+    for file in files:
+        size = os.path.getsize(file) if os.path.isfile(file) else 0
+        why_not = unmappable(file) if size > limits.memory else None
+        if why_not is not None:
+            raise IsolationError(
+                f"{where}: {file} cannot be mapped here ({why_not}), so opening it reads its {format_size(size)} into "
+                f"memory, past the memory limit of {format_size(limits.memory)} (--memory-limit raises it; "
+                f"{format_size(machine.available_memory())} are available)"
+            )
+
+
+def sandbox_required(sandbox: bool) -> None:
+    """Refuse, before any child starts, to open an untrusted file where the sandbox cannot be set up."""
+    if not sandbox:
+        return
+    from trt_inline.isolation import sandbox as walls
+
+    missing = walls.status().missing
+    if missing:
+        raise IsolationError(
+            f"the OS sandbox that opens files from strangers cannot be set up here: this system lacks "
+            f"{' and '.join(missing)}; --no-sandbox (sandbox=False) opens the file without it, with the child "
+            "process's limits only"
+        )
+
+
+def run_isolated(
+    job: str,
+    arguments: dict[str, Any],
+    tensors: Any,
+    limits: Limits,
+    *,
+    where: str,
+    files: tuple[str, ...] = (),
+    sandbox: bool = True,
+    imports: bool = False,
+    debug: bool = False,
+    namespaces: bool = True,
+    relay: RelayServer | None = None,
+    read_ahead: str | None = None,
+) -> ChildResult:
+    """Run ``job`` in a sandboxed child process under ``limits``; its return value, or its error re-raised here.
+
+    ``files``: what the job opens (readable in the sandbox, and mapped within its
+    address space). ``tensors`` go through ``torch.save`` into the request.
+    ``sandbox=False`` runs the child without the OS sandbox (limits still hold).
+    ``imports``: the sandbox lets the child read every folder on the import path
+    (an unpickler the user allowed imports modules by name).
+    ``namespaces=False`` leaves the namespace layer out (tests of the other walls).
+    ``relay``: the child verifies one rank of a rank set; its collectives come
+    over a second pair of pipes and ``relay`` answers them (:mod:`trt_inline.distributed.relay`).
+    ``read_ahead``: one of ``files`` whose weights the job reads: this process
+    reads it into the page cache from now on, paced by the child (:mod:`trt_inline.isolation.read_ahead`).
+    Raises :class:`IsolationError` naming ``where`` when the child is stopped.
+    """
+    import torch
+
+    sandbox_required(sandbox)
+    _fits(files, limits, where)
+    progress.report(f"{where}: starting a {'sandboxed ' if sandbox else ''}child process to open it")
+    module, function = JOBS[job]
+    payload = io.BytesIO()
+    torch.save(tensors, payload)
+    request = {
+        "job": [module, function],
+        "arguments": arguments,
+        "memory": limits.memory,
+        "mapped": sum(os.path.getsize(f) for f in files if os.path.isfile(f)),
+        "files": [os.path.abspath(f) for f in files],
+        "sandbox": sandbox,
+        "imports": imports,
+        "namespaces": namespaces,
+        "debug": debug,
+    }
+    work = Path(tempfile.mkdtemp(prefix="trt-inline-"))
+    feed = None
+    try:
+        feed = _feed_reader(read_ahead)  # reading from now on: the child takes seconds to start
+        if feed is not None:
+            request["read_ahead"] = {"identity": list(feed.identity), "window": feed.window}
+            progress.report(f"{where}: reading it ahead of the child, at most {format_size(feed.window)} ahead")
+        message = json.dumps(request).encode() + b"\n" + payload.getvalue()
+        # Its temporary files (torch's own, a package's extracted library) stay in its own folder.
+        (work / "tmp").mkdir()
+        with Pipes(message, where, relay, feed) as pipes:
+            zygote = zygote_for_now() if relay is None else None
+            if zygote is not None:
+                outcome = zygote.run(work, pipes, limits)
+            else:
+                outcome = run_fresh(work, pipes, limits)
+        if debug:
+            sys.stderr.write(tail(work / "stderr.txt"))
+        return _outcome(outcome, limits, where)
+    finally:
+        try:
+            if feed is not None:
+                feed.stop()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _feed_reader(path: str | None) -> FeedReader | None:
+    """A reader of ``path`` for the child to pace, already reading its first window; None for a small file."""
+    if path is None:
+        return None
+    try:
+        size = os.path.getsize(path)
+        if size < READ_AHEAD_FROM:
+            return None
+        return FeedReader(path, window_for(size))
+    except OSError:
+        return None  # the child says what is wrong with the file
+
+
+def _outcome(ended: Ended, limits: Limits, where: str) -> ChildResult:
+    if ended.stopped == "time":
+        raise IsolationError(f"{where}: stopped after {limits.timeout:g} s, the time limit (--timeout raises it)")
+    if ended.stopped == "memory":
+        raise IsolationError(
+            f"{where}: stopped past {format_size(limits.memory)} of memory, the memory limit (--memory-limit raises it)"
+        )
+    status = ended.status
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        raise IsolationError(
+            f"{where}: the child process loading it died on {name} (a crash in native code); "
+            "nothing of it ran in this process"
+        )
+    if ended.overflow:
+        raise IsolationError(f"{where}: the child process's report is larger than {format_size(MAX_RESULT_BYTES)}")
+    header, _, tensors = ended.result.partition(b"\n")
+    # Parsing JSON holds 10 (a report) to 21 (nested empty lists) times the bytes parsed: a report larger than a
+    # sixteenth of the child's own memory limit (16 MiB at least, 128 MiB at most) is refused unread, so that the
+    # parent parsing it stays near the limit the child ran under.
+    header_limit = min(MAX_REPORT_BYTES, max(16 << 20, limits.memory // 16))
+    if len(header) > header_limit:
+        raises = "; --memory-limit raises it" if header_limit < MAX_REPORT_BYTES else ""
+        raise IsolationError(
+            f"{where}: the child process's report is {format_size(len(header))}, more than {format_size(header_limit)} "
+            f"(a sixteenth of its memory limit, at least 16 MiB and at most 128 MiB{raises})"
+        )
+    try:
+        result = json.loads(header)
+        if not isinstance(result, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        code = os.waitstatus_to_exitcode(status)
+        if ended.limited:
+            # Native code that cannot allocate under the limit (a thread's stack, a buffer) often exits so,
+            # before Python can say MemoryError.
+            raise IsolationError(
+                f"{where}: the child process loading it exited with status {code} and no result while running "
+                f"under its memory limit of {format_size(limits.memory)}: it most likely ran out of it (native "
+                "code that cannot allocate ends so); --memory-limit raises it"
+            ) from None
+        raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result") from None
+    if "error" in result:
+        kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError, RankSetError)
+        kind = {cls.__name__: cls for cls in kinds}.get(str(result["error"]), VerifyInputError)
+        message = first_line(Exception(str(result.get("message", ""))))
+        # The child's own errors name the file; a limit it hit or an unexpected error may not.
+        raise kind(message if message.startswith(where) else f"{where}: {message}")
+    sandbox = result.get("sandbox")
+    # The job process's own peak: the process that waits for it (namespaces) holds the whole
+    # interpreter too, and the wait status's figure is the larger of the two.
+    peak = result.get("peak_rss")
+    base = result.get("base_rss")
+    return ChildResult(
+        result.get("value"),
+        peak if isinstance(peak, int) and peak > 0 else ended.peak_rss,
+        base if isinstance(base, int) else 0,
+        first_line(Exception(sandbox)) if isinstance(sandbox, str) else None,
+        tensors,
+        *(max(0, n) if isinstance(n, int) else 0 for n in (result.get("peak_anonymous"), result.get("peak_file"))),
+    )

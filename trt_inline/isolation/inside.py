@@ -1,0 +1,179 @@
+"""The child's side: read the request, enter the sandbox and the limits, run the job, report.
+
+Everything this module does after the sandbox is entered runs next to an
+untrusted file: what it reports is checked again by the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trt_inline import progress
+from trt_inline.errors import (
+    TrtInlineError,
+    bounded_strings,
+    first_line,
+)
+from trt_inline.formats import format_size
+from trt_inline.isolation.limits import (
+    MemorySampler,
+    is_allocation_failure,
+    own_address_space,
+    own_resident,
+    own_status,
+)
+from trt_inline.isolation.pipes import PROGRESS_FD, RESULT_FD
+from trt_inline.isolation.process import ADDRESS_SPACE_LIMITED
+
+if TYPE_CHECKING:
+    pass
+
+
+def _read_request() -> tuple[dict[str, Any], bytes]:
+    data = bytearray()
+    while chunk := os.read(0, 1 << 20):
+        data += chunk
+    header, _, tensors = bytes(data).partition(b"\n")
+    return json.loads(header), tensors
+
+
+def child_main(folder: str) -> None:
+    """Entry point of the child: request, sandbox and limits, the job, its result on the result pipe. Never returns."""
+    work = Path(folder)
+    result_fd = int(os.environ.get("TRT_INLINE_RESULT_FD", RESULT_FD))
+    progress_fd = int(os.environ.get("TRT_INLINE_PROGRESS_FD", PROGRESS_FD))
+    request: dict[str, Any] = {}
+    tensors_out = b""
+
+    def send_progress(message: str, step: tuple[int, int] | None) -> None:
+        with contextlib.suppress(OSError):
+            os.write(progress_fd, json.dumps([message, step]).encode() + b"\n")
+
+    try:
+        request, tensors = _read_request()
+        with progress.listening(send_progress):
+            value, tensors_out, applied = _child_job(work, request, tensors)
+        peak = own_status("VmHWM")
+        result = {
+            "value": value, "base_rss": request["base_rss"], "peak_rss": peak, "sandbox": applied,
+            "peak_anonymous": request.get("peak_anonymous", 0), "peak_file": request.get("peak_file", 0),
+        }  # fmt: skip
+    except MemoryError:
+        result = _memory_error(request)
+    except RecursionError:
+        result = {"error": "VerifyInputError", "message": "nested too deeply to be read"}
+    except Exception as exc:
+        if is_allocation_failure(exc):
+            result = _memory_error(request)
+        else:
+            if request.get("debug"):
+                traceback.print_exc()
+            kind = type(exc).__name__ if isinstance(exc, TrtInlineError) else "VerifyInputError"
+            message = first_line(exc) if isinstance(exc, TrtInlineError) else f"{type(exc).__name__}: {first_line(exc)}"
+            result = {"error": kind, "message": message}
+    try:
+        with open(result_fd, "wb", closefd=False) as out:
+            out.write(json.dumps(result).encode() + b"\n" + tensors_out)
+    except OSError:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any, bytes, str | None]:
+    import importlib
+    import resource
+
+    import torch
+
+    from trt_inline.isolation import sandbox as sandbox_walls
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    module_name, function_name = request["job"]
+    job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
+    tensors = torch.load(io.BytesIO(payload), weights_only=True)
+    from trt_inline import compat
+
+    applied = None
+    # What loading a program imports, imported now: nothing is imported in the sandbox that could be before.
+    compat.import_loaders()
+    # Whether CUDA may be used, asked without initialising it: torch refuses CUDA in a process forked after
+    # CUDA was initialised, and entering the sandbox forks (its PID namespace).
+    cuda = compat.cuda_built() and sandbox_walls.cuda_devices_visible()
+    if request["arguments"].get("allow_native_code"):
+        compat.prepare_package_loading(cuda)
+    feed = request.get("read_ahead")
+    if feed is not None:  # the parent reads this file ahead: the child says how far
+        from trt_inline.isolation import read_ahead
+
+        with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
+            device, inode = (int(number) for number in feed["identity"])
+            read_ahead.feed_parent(int(os.environ["TRT_INLINE_FEED_FD"]), (device, inode), int(feed["window"]))
+    if request.get("sandbox", True):
+        readable = tuple(request.get("files", ()))
+        if request.get("imports"):
+            readable += tuple(entry for entry in sys.path if os.path.isabs(entry) and os.path.isdir(entry))
+        # Native code the user allowed may bring a loader that writes outside its folder (torch 2.8's: /tmp).
+        writable = compat.aoti_loader_folders() if request["arguments"].get("allow_native_code") else ()
+        policy = sandbox_walls.Policy(
+            work, readable, writable, devices=cuda, namespaces=bool(request.get("namespaces", True))
+        )
+        applied = sandbox_walls.enter(policy).describe()
+    request["base_rss"] = own_resident()
+    memory = int(request["memory"])
+    if cuda:
+        # The CUDA driver reserves address space far beyond what it uses: the parent watches RSS instead.
+        (work / "rss_limit").write_text(str(own_resident() + memory))
+    else:
+        limit = own_address_space() + memory + int(request.get("mapped", 0))
+        (work / ADDRESS_SPACE_LIMITED).touch()
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    with MemorySampler() as sampler:
+        value = job(request["arguments"], tensors)
+    request["peak_anonymous"], request["peak_file"] = sampler.peaks()
+    returned = b""
+    if isinstance(value, tuple):
+        value, extra = value
+        buffer = io.BytesIO()
+        torch.save(extra, buffer)
+        returned = buffer.getvalue()
+    # Strings from the file leave the child escaped and cut (the parent does it again: it trusts nothing here).
+    return bounded_strings(value), returned, applied
+
+
+def sandbox_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:
+    """What the sandbox of a child set up (``trt-inline doctor``): the layers are in the result itself; and
+    whether CUDA starts and computes inside it, where this machine has NVIDIA devices."""
+    from trt_inline import compat
+    from trt_inline.isolation import sandbox as sandbox_walls
+
+    if not (compat.cuda_built() and sandbox_walls.cuda_devices_visible()):
+        return {"pid": os.getpid(), "cuda": None}
+    import torch
+
+    try:
+        count = torch.cuda.device_count()
+        if not torch.cuda.is_available() or count == 0:
+            return {"pid": os.getpid(), "cuda": "FAILS: torch.cuda.is_available() is False inside the sandbox"}
+        value = float((torch.ones(64, device="cuda") * 2).sum())
+        name = torch.cuda.get_device_name(0)
+    except Exception as exc:
+        return {"pid": os.getpid(), "cuda": f"FAILS: {type(exc).__name__}: {first_line(exc)}"}
+    if value != 128.0:
+        return {"pid": os.getpid(), "cuda": f"FAILS: 64 twos summed to {value} on CUDA"}
+    return {"pid": os.getpid(), "cuda": f"works ({count} device{'s' if count > 1 else ''}: {name})"}
+
+
+def _memory_error(request: dict[str, Any]) -> dict[str, Any]:
+    memory = request.get("memory")
+    limit = format_size(int(memory)) if isinstance(memory, int) else "memory"
+    return {"error": "IsolationError", "message": f"ran out of its memory limit of {limit} (--memory-limit raises it)"}
