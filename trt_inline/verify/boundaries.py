@@ -33,8 +33,8 @@ from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.engines import is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
+from trt_inline.verify.checked_run import CheckedRun, ProgramInputs
 from trt_inline.verify.compare import isolated_run, normal_call
-from trt_inline.verify.declared import DeclaredValues
 from trt_inline.verify.graph_table import Region, Vocabulary
 
 __all__ = [
@@ -264,26 +264,24 @@ def _fits(recorded: torch.Tensor, actual: Any) -> bool:
     return recorded.dim() == 0 or recorded.dtype == actual.dtype
 
 
-class _Tracer(torch.fx.Interpreter):
-    """Runs a flat program, keeping every engine call's values (and, given a recording, each engine alone)."""
+class _Tracer(CheckedRun):
+    """A checked run (:class:`~trt_inline.verify.checked_run.CheckedRun`, unsighted) that keeps every engine
+    call's values, where the run stops, and, given a recording, each engine's outputs run alone."""
 
     def __init__(
         self, module: torch.fx.GraphModule, recorded: Sequence[EngineBoundary] | None, device: str | None = None
     ) -> None:
-        super().__init__(module)
+        super().__init__(module, device, None)
         self.recorded = recorded
         self.words = Vocabulary(module.graph)
         self.calls: list[EngineCall] = []
         self.crash: Crash | None = None
         self.engine_count = sum(1 for n in module.graph.nodes if is_engine_call(n))
-        self.declared = DeclaredValues(module, device)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if not is_engine_call(n):
             try:
-                result = super().run_node(n)
-                self.declared.check(n, result)
-                return result
+                return super().run_node(n)
             except Exception as exc:
                 region = self.words.region(n) if n.op == "call_function" else None
                 self.crash = Crash(n.name, None, region, f"{type(exc).__name__}: {first_line(exc)}")
@@ -311,7 +309,6 @@ class _Tracer(torch.fx.Interpreter):
             self.crash = Crash(n.name, index, None, f"{type(exc).__name__}: {first_line(exc)}")
             raise _Stopped from exc
         call.outputs = boundary_tensors(result)
-        self.declared.check(n, result)
         return result
 
     def unreached(self) -> list[EngineCall]:
@@ -372,7 +369,12 @@ def trace_program(
         args = [a.to(device) for a in args]
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
     tracer = _Tracer(module, recorded, device)
-    flat = [*args, *kwargs.values()]
+    try:
+        flat = ProgramInputs(module).flatten(args, kwargs)  # (as a call flattens them: by the input spec)
+    except (TypeError, ValueError) as exc:
+        raise VerifyInputError(
+            f"the program does not accept the inputs ({type(exc).__name__}: {first_line(exc)})"
+        ) from exc
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(flat):
         raise VerifyInputError(f"the program takes {len(placeholders)} inputs, {len(flat)} were given")

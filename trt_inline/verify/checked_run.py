@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from trt_inline import compat
 from trt_inline.verify.declared import DeclaredValues
 from trt_inline.verify.garbage import Sightings, sights
 
-__all__ = ["CheckedRun", "checking"]
+__all__ = ["CheckedRun", "ProgramInputs", "checking"]
 
 
 # Operators whose values depend on their tensor arguments' sizes only (``zeros_like(x)``, ``x.new_ones(3)``,
@@ -52,16 +52,22 @@ def _depends_on_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 
 class CheckedRun(torch.fx.Interpreter):
-    """Runs a GraphModule's graph, checking each value against its declaration and sighting engine outputs."""
+    """Runs a GraphModule's graph, checking each value against its declaration and sighting engine outputs.
 
-    def __init__(self, module: torch.fx.GraphModule, moved_to: str | None, run: str) -> None:
+    ``run``: the run's name in garbage warnings; None runs without sighting (a trace engine by engine, whose
+    values the checked call has sighted already). The per-engine trace
+    (:func:`~trt_inline.verify.boundaries.trace_program`) is this class with engine calls recorded.
+    """
+
+    def __init__(self, module: torch.fx.GraphModule, moved_to: str | None, run: str | None) -> None:
         super().__init__(module, garbage_collect_values=True)
         # An operator's own exception as the generated code raises it: no node's stack trace (text from the file)
         # added to its message, no KeyError turned into a RuntimeError.
         self.extra_traceback = False
         self.declared = DeclaredValues(module, moved_to)
-        self.sightings = Sightings(run)
-        self.depends = _depends_on_inputs(module.graph)
+        self.sightings = Sightings(run or "")
+        self.sighting = run is not None
+        self.depends = _depends_on_inputs(module.graph) if self.sighting else set()
         self.engine_names = dict(self.declared.names)  # (engine call -> "engine 2 (_run_on_acc_5)")
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -86,6 +92,32 @@ class CheckedRun(torch.fx.Interpreter):
         self.sightings.see("the program", sights(inputs), sights(judged))
 
 
+class ProgramInputs:
+    """How a call's arguments become a GraphModule's placeholders: as its generated ``forward`` flattens them.
+
+    Its first parameters positionally, the rest by name, and every container's leaves in the order of the
+    program's input spec (a dict's keys as exported, never the caller's order). Read from ``module`` before
+    anything replaces its ``forward``.
+    """
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        self.signature = inspect.Signature(list(inspect.signature(module.forward).parameters.values()))
+        self.specs = compat.pytree_specs(module.graph)
+
+    def flatten(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        bound = self.signature.bind(*args, **kwargs)
+        names, values = list(bound.arguments), list(bound.arguments.values())
+        positional = None if self.specs is None else compat.positional_count(self.specs[0])
+        if self.specs is None or positional is None:
+            return values  # (a graph of flat inputs: its input processing is the identity)
+        structured = (values[:positional], dict(zip(names[positional:], values[positional:], strict=True)))
+        return list(compat.flatten_by_spec(structured, self.specs[0]))
+
+    def outputs(self, returned: Any) -> Any:
+        """The graph's flat outputs as the call returns them."""
+        return returned if self.specs is None else pytree.tree_unflatten(list(returned), self.specs[1])
+
+
 @contextlib.contextmanager
 def checking(module: Any, moved_to: str | None, run: str) -> Iterator[CheckedRun | None]:
     """While inside, a call of ``module`` (a GraphModule) runs as a :class:`CheckedRun`; None for other modules."""
@@ -93,21 +125,10 @@ def checking(module: Any, moved_to: str | None, run: str) -> Iterator[CheckedRun
         yield None
         return
     checked = CheckedRun(module, moved_to, run)
-    signature = inspect.Signature(list(inspect.signature(module.forward).parameters.values()))
-    specs = compat.pytree_specs(module.graph)
+    inputs = ProgramInputs(module)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        names, values = list(bound.arguments), list(bound.arguments.values())
-        positional = None if specs is None else compat.positional_count(specs[0])
-        if specs is None or positional is None:
-            return checked.run(*values)  # (a graph of flat inputs: its input processing is the identity)
-        # As the generated forward flattens them: its first parameters positional, the rest by name, and
-        # every container's leaves in the order of the program's input spec (a dict's keys as exported).
-        structured = (values[:positional], dict(zip(names[positional:], values[positional:], strict=True)))
-        flat = compat.flatten_by_spec(structured, specs[0])
-        returned = checked.run(*flat, enable_io_processing=False)
-        return pytree.tree_unflatten(list(returned), specs[1])
+        return inputs.outputs(checked.run(*inputs.flatten(args, kwargs), enable_io_processing=False))
 
     module.forward = forward  # type: ignore[method-assign]
     try:
