@@ -1,4 +1,4 @@
-"""A call's arguments reach a program's placeholders as its generated forward flattens them, in every run verify makes."""
+"""A call's arguments reach a program's placeholders as its generated forward flattens them, in every run."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import json
@@ -20,14 +21,33 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trt_inline import progress
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.logs import debug_to_stderr
 from trt_inline.verify.cases import CaseResult, expected_outputs, load_tensor_file, split_inputs
-from trt_inline.verify.compare import ERROR_STATS, tolerance_key
+from trt_inline.verify.options import (
+    CASES,
+    DIFF,
+    ENTRY_POINTS,
+    GROUPS,
+    INSPECT,
+    RANKS,
+    VERIFY,
+    Declaration,
+    Inputs,
+    Isolation,
+    Options,
+    Outputs,
+    Reference,
+    Tolerances,
+    Trust,
+    declarations,
+    declared,
+    from_flags,
+)
 
 __all__ = ["main"]
 
@@ -150,28 +170,6 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return 0 if all(f.ok for f in findings) else 1
 
 
-def _tolerance(values: list[str] | None, flag: str) -> float | dict[str, float] | None:
-    """``--atol 1e-3`` (every value) and/or ``--atol out0=1e-3`` / ``engine2=`` / ``acc_5=`` (one), repeatable."""
-    if not values:
-        return None
-    per_value: dict[str, float] = {}
-    for value in values:
-        key, _, number = value.rpartition("=")
-        try:
-            name = tolerance_key(key) if key else "*"
-        except VerifyInputError:
-            raise VerifyInputError(
-                f"{flag} {value}: name an output (out0), an engine (engine2, acc_5) or give one number for all"
-            ) from None
-        try:
-            per_value[name] = float(number)
-        except ValueError:
-            raise VerifyInputError(f"{flag} {value}: {number!r} is not a number") from None
-    if set(per_value) == {"*"}:
-        return per_value["*"]
-    return per_value
-
-
 def _inputs_file(path: str | None) -> tuple[list[Any] | None, dict[str, Any] | None]:
     if path is None:
         return None, None
@@ -193,26 +191,29 @@ def _finish(report: Any, args: argparse.Namespace, *, unverified: str | None) ->
     return 0
 
 
-def _comparison(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments ``verify`` and ``diff`` share, from their common options."""
-    return {
-        "atol": _tolerance(args.atol, "--atol"),
-        "rtol": _tolerance(args.rtol, "--rtol"),
-        "check_error_stat": args.check_error_stat,
-        "device": args.device,
-        "random_inputs": args.random_inputs,
-        "seed": args.seed,
-        "save_outputs": args.save_outputs,
-        "allow_pickle": args.allow_pickle,
-        "allow_native_code": args.allow_native_code,
-        "allow_ops": args.allow_op,
-        "timeout": args.timeout,
-        "memory_limit": args.memory_limit,
-        "sandbox": not args.no_sandbox,
-        "debug": args.debug,
-        "top_k": args.top_k,
-        "min_top_k_agreement": args.min_top_k_agreement,
-    }
+def _options(args: argparse.Namespace) -> Options:
+    """Every option group as this command line gave it (its flags are declared by the groups' fields)."""
+    given = vars(args)
+    return Options(
+        inputs=from_flags(Inputs, given),
+        reference=from_flags(Reference, given),
+        tolerances=from_flags(Tolerances, given),
+        trust=from_flags(Trust, given),
+        isolation=from_flags(Isolation, given),
+        outputs=from_flags(Outputs, given),
+    )
+
+
+def _given_but_not_for(args: argparse.Namespace, entry: str) -> list[str]:
+    """The flags of this command line, other than at their defaults, that ``entry`` (a mode of verify) does not take."""
+    given = vars(args)
+    return [
+        declaration.flags[0]
+        for item, declaration in _flags()
+        if item.name in given
+        and entry not in declaration.used_by
+        and given[item.name] != _flag_default(item, declaration)
+    ]
 
 
 def _write_junit(args: argparse.Namespace, results: list[CaseResult]) -> None:
@@ -257,7 +258,16 @@ def _run_diff(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     arg_inputs, kwarg_inputs = _inputs_file(args.inputs)
-    report = diff(args.path_a, args.path_b, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs, **_comparison(args))
+    options = _options(args)
+    report = diff(
+        args.path_a,
+        args.path_b,
+        inputs=replace(options.inputs, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs),
+        tolerances=options.tolerances,
+        trust=options.trust,
+        isolation=options.isolation,
+        outputs=options.outputs,
+    )
     return _finish(report, args, unverified=None)
 
 
@@ -269,9 +279,7 @@ def _run_verify(args: argparse.Namespace) -> int:
 
         if under_launcher(args.path) or os.environ.get("TRT_INLINE_RANK_SET_RESULT"):
             raise VerifyInputError("--ranks starts the ranks itself: run it outside torchrun, or drop --ranks under it")
-        if args.cases is not None or args.junit is not None:
-            raise VerifyInputError("--cases and --junit apply to single files: a rank set is verified against its "
-                                   "embedded reference I/O")  # fmt: skip
+        _refuse_for_rank_set(args)  # (here, before N ranks start to refuse it each)
         return launch(args.ranks, _without_ranks(sys.argv[1:] if args.argv is None else args.argv), debug=args.debug)
     if rank_set_job(args.path):
         return _run_rank_set(args)
@@ -290,18 +298,15 @@ def _run_verify(args: argparse.Namespace) -> int:
     if args.inputs is not None:
         arg_inputs, kwarg_inputs = split_inputs(load_tensor_file(args.inputs, "inputs"))
         expected = expected_outputs(load_tensor_file(args.expected, "expected"))
+    options = _options(args)
     report = verify(
         args.path,
-        arg_inputs=arg_inputs,
-        kwarg_inputs=kwarg_inputs,
-        expected=expected,
-        expected_from=args.expected_from,
-        per_engine=args.per_engine,
-        save_boundaries=args.save_boundaries,
-        load_boundaries=args.load_boundaries,
-        extract=args.extract,
-        strict=args.strict,
-        **_comparison(args),
+        inputs=replace(options.inputs, arg_inputs=arg_inputs, kwarg_inputs=kwarg_inputs),
+        reference=replace(options.reference, expected=expected),
+        tolerances=options.tolerances,
+        trust=options.trust,
+        isolation=options.isolation,
+        outputs=options.outputs,
     )
     return _finish(
         report,
@@ -320,18 +325,20 @@ def _run_cases(args: argparse.Namespace) -> int:
     """``verify PATH --cases DIR``: one verify per case, one verdict per case (the worst first), the worst's exit."""
     from trt_inline.verify.cases import verify_cases
 
-    given = [
-        flag for flag, value in (("--inputs", args.inputs), ("--expected", args.expected),
-                                 ("--expected-from", args.expected_from), ("--load-boundaries", args.load_boundaries),
-                                 ("--save-boundaries", args.save_boundaries), ("--extract", args.extract),
-                                 ("--save-outputs", args.save_outputs), ("--plot", args.plot))
-        if value is not None
-    ]  # fmt: skip
+    given = _given_but_not_for(args, CASES)
     if given:
         raise VerifyInputError(f"--cases gives each case its inputs and expected outputs, and writes one report: "
                                f"{', '.join(given)} do not apply with it")  # fmt: skip
-    options = {key: value for key, value in _comparison(args).items() if key != "save_outputs"}
-    results = verify_cases(args.path, args.cases, per_engine=args.per_engine, strict=args.strict, **options)
+    options = _options(args)
+    results = verify_cases(
+        args.path,
+        args.cases,
+        inputs=options.inputs,
+        reference=options.reference,
+        tolerances=options.tolerances,
+        trust=options.trust,
+        isolation=options.isolation,
+    )
     _write_junit(args, results)
     if args.json:
         document = [
@@ -399,38 +406,27 @@ def _without_ranks(argv: Sequence[str]) -> list[str]:
     return result
 
 
+def _refuse_for_rank_set(args: argparse.Namespace) -> None:
+    """Refuse the flags that apply to single files, which a rank set (``--ranks``, or a template under torchrun)
+    does not take."""
+    unsupported = _given_but_not_for(args, RANKS)
+    if unsupported:
+        raise VerifyInputError(f"a rank set is verified against its embedded reference I/O: {', '.join(unsupported)} "
+                               "apply to single files")  # fmt: skip
+
+
 def _run_rank_set(args: argparse.Namespace) -> int:
     """One rank of ``torchrun ... -m trt_inline verify 'model_rank{rank}_of_{world_size}.pt2'``."""
     from trt_inline.distributed.rank_set import finish_rank, verify_rank_set
 
-    unsupported = [
-        flag for flag, value in (("--inputs", args.inputs), ("--expected-from", args.expected_from),
-                                 ("--random-inputs", args.random_inputs), ("--save-outputs", args.save_outputs),
-                                 ("--plot", args.plot), ("--device", args.device),
-                                 ("--save-boundaries", args.save_boundaries),
-                                 ("--load-boundaries", args.load_boundaries), ("--extract", args.extract),
-                                 ("--cases", args.cases), ("--junit", args.junit))
-        if value
-    ]  # fmt: skip
-    if unsupported:
-        raise VerifyInputError(f"a rank set is verified against its embedded reference I/O: {', '.join(unsupported)} "
-                               "apply to single files")  # fmt: skip
+    _refuse_for_rank_set(args)
+    options = _options(args)
     result = verify_rank_set(
         args.path,
-        per_engine=args.per_engine,
-        atol=_tolerance(args.atol, "--atol"),
-        rtol=_tolerance(args.rtol, "--rtol"),
-        check_error_stat=args.check_error_stat,
-        allow_ops=args.allow_op,
-        allow_native_code=args.allow_native_code,
-        allow_pickle=args.allow_pickle,
-        timeout=args.timeout,
-        memory_limit=args.memory_limit,
-        sandbox=not args.no_sandbox,
-        debug=args.debug,
-        strict=args.strict,
-        top_k=args.top_k,
-        min_top_k_agreement=args.min_top_k_agreement,
+        reference=options.reference,
+        tolerances=options.tolerances,
+        trust=options.trust,
+        isolation=options.isolation,
     )
     if result.rank == 0:
         _print_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) if args.json else result.to_text())
@@ -440,16 +436,17 @@ def _run_rank_set(args: argparse.Namespace) -> int:
 def _run_inspect(args: argparse.Namespace) -> int:
     from trt_inline.isolation import Limits, run_isolated
 
-    limits = Limits.for_file(args.path, args.timeout, args.memory_limit)
+    trust, isolation = from_flags(Trust, vars(args)), from_flags(Isolation, vars(args))
+    limits = Limits.for_file(args.path, isolation.timeout, isolation.memory_limit)
     arguments = {
         "path": args.path,
-        "allow_pickle": args.allow_pickle,
-        "allow_native_code": args.allow_native_code,
-        "allow_ops": args.allow_op,
+        "allow_pickle": trust.allow_pickle,
+        "allow_native_code": trust.allow_native_code,
+        "allow_ops": list(trust.allow_ops),
     }
     result = run_isolated(
-        "inspect", arguments, None, limits, where=args.path, files=(args.path,), sandbox=not args.no_sandbox,
-        imports=args.allow_pickle, debug=args.debug,
+        "inspect", arguments, None, limits, where=args.path, files=(args.path,), sandbox=isolation.sandbox,
+        imports=trust.allow_pickle, debug=isolation.debug,
     )  # fmt: skip
     lines = result.value if isinstance(result.value, list) else [str(result.value)]
     _print_lines([str(line) for line in lines])
@@ -471,47 +468,6 @@ def _print_lines(lines: list[str]) -> None:
     print("\n".join(printable(line) for line in lines))
 
 
-def _add_trust_options(parser: argparse.ArgumentParser, allow_pickle_help: str) -> None:
-    """The flags that widen what a file may do, and the limits of the child process that opens it."""
-    parser.add_argument("--allow-pickle", action="store_true", help=allow_pickle_help)
-    parser.add_argument(
-        "--allow-native-code",
-        action="store_true",
-        help="load TensorRT engines and run AOTInductor packages (native code from the file); "
-        "only for files from a trusted source",
-    )
-    parser.add_argument(
-        "--allow-op",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="also allow this operator (ns::op or ns::op.overload; repeatable); only for a file you trust",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help="stop the child process that loads and runs the file after this long (default 3600)",
-    )
-    parser.add_argument(
-        "--memory-limit",
-        metavar="SIZE",
-        help="memory the child process may use beyond an interpreter with torch and the file it maps, e.g. 2GiB "
-        "(default: 2 GiB and half the file's size, at most 80%% of the memory available)",
-    )
-    parser.add_argument(
-        "--progress",
-        action="store_true",
-        help="report each phase of long work on stderr (the default when stderr is a terminal; never with --json)",
-    )
-    parser.add_argument(
-        "--no-sandbox",
-        action="store_true",
-        help="open the file in a child process without the OS sandbox (no namespaces, Landlock or seccomp), "
-        "where the sandbox cannot be set up; the report says so",
-    )
-
-
 class _OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line on stderr and exit 2, like every other unusable input (``--help`` shows usage)."""
 
@@ -519,79 +475,103 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help shows usage)\n")
 
 
-def _add_comparison_options(parser: argparse.ArgumentParser) -> None:
-    """Tolerances, devices, random inputs and what to write: the same for ``verify`` and ``diff``."""
-    parser.add_argument(
-        "--atol",
-        action="append",
-        metavar="[KEY=]TOL",
-        help="absolute tolerance: one number for every value, or KEY=TOL for one: outN (output N), engineK "
-        "(engine call K's inputs and outputs), acc_N (engine _run_on_acc_N) (repeatable; default: per dtype)",
-    )
-    parser.add_argument("--rtol", action="append", metavar="[KEY=]TOL", help="relative tolerance, as --atol")
-    parser.add_argument(
-        "--check-error-stat",
-        choices=ERROR_STATS,
-        default="elemwise",
-        help="how a value passes: every element within atol + rtol*|reference| (elemwise, the default), or that "
-        "statistic of the absolute error within atol or of the relative error within rtol",
-    )
-    parser.add_argument("--device", help="run on this device, e.g. cuda (default: where the program is)")
-    parser.add_argument(
-        "--random-inputs",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also run on N sets of random inputs within the program's declared dynamic ranges "
-        "(the first at every minimum, the second at every maximum)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of --random-inputs (default 0)")
-    parser.add_argument(
-        "--save-outputs", metavar="FILE", help="write the outputs on the reference inputs here (torch.save, tensors)"
-    )
-    parser.add_argument(
-        "--plot",
-        metavar="FILE.png",
-        help="draw the per-boundary errors (needs matplotlib: pip install trt-inline[plot])",
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--top-k",
-        type=int,
-        metavar="K",
-        help="for logits: of each floating output with at least K values in its last dimension, the fraction of its "
-        "rows (the other dimensions flattened) whose top-K indices are the same set as the reference's, and the "
-        "first row that does not (reported; --min-top-k-agreement makes it fail)",
-    )
-    parser.add_argument(
-        "--min-top-k-agreement",
-        type=float,
-        metavar="F",
-        help="with --top-k: an output whose rows agree in a fraction below F (0 to 1) fails",
-    )
-    parser.add_argument(
-        "--junit",
-        metavar="FILE.xml",
-        help="also write the verdict as a JUnit XML report (what CI systems display): a test case per file and case, "
+@dataclass(frozen=True)
+class CommandFlags:
+    """The flags of the command line alone (the files it reads, what it prints, verify's modes), declared as the
+    options of :mod:`trt_inline.verify.options` are: each once, with its help text and who takes it."""
+
+    # fmt: off
+    inputs: str | None = field(default=None, metadata=declared(
+        "torch.save'd tensor, list of tensors, or {'args', 'kwargs'}", "--inputs", used_by=(VERIFY, DIFF)))
+    expected: str | None = field(default=None, metadata=declared(
+        "torch.save'd tensor or list of tensors: the expected outputs", "--expected", used_by=(VERIFY,)))
+    cases: str | None = field(default=None, metadata=declared(
+        "verify PATH on every case of DIR, each a folder DIR/CASE holding inputs.pt (as --inputs) and "
+        "expected.pt (as --expected): one verdict per case, the worst first; the exit status is the worst's",
+        "--cases", used_by=(VERIFY, CASES), metavar="DIR"))
+    ranks: int | None = field(default=None, metadata=declared(
+        "verify a tensor-parallel rank set: PATH is a template ('model_rank{rank}_of_{world_size}.pt2'), "
+        "N ranks are started through torch.distributed.run, each verifies its file in its own sandbox, their "
+        "collectives are relayed; one report (the same as running this command under torchrun without --ranks)",
+        "--ranks", used_by=(VERIFY, RANKS), type=int, metavar="N"))
+    plot: str | None = field(default=None, metadata=declared(
+        "draw the per-boundary errors (needs matplotlib: pip install trt-inline[plot])",
+        "--plot", used_by=(VERIFY, DIFF), metavar="FILE.png"))
+    json: bool = field(default=False, metadata=declared(
+        "print the report as JSON", "--json", used_by=(VERIFY, DIFF, CASES, RANKS), action="store_true"))
+    junit: str | None = field(default=None, metadata=declared(
+        "also write the verdict as a JUnit XML report (what CI systems display): a test case per file and case, "
         "a failure per output or engine boundary that differs",
-    )
+        "--junit", used_by=(VERIFY, DIFF, CASES), metavar="FILE.xml"))
+    progress: bool = field(default=False, metadata=declared(
+        "report each phase of long work on stderr (the default when stderr is a terminal; never with --json)",
+        "--progress", used_by=ENTRY_POINTS, action="store_true"))
+    # fmt: on
+
+
+# The order --help lists the flags in; each command shows those its entry points take (_COMMANDS).
+_HELP_ORDER = (
+    "--inputs", "--expected", "--expected-from", "--strict", "--cases", "--per-engine", "--save-boundaries",
+    "--load-boundaries", "--extract", "--ranks", "--atol", "--rtol", "--check-error-stat", "--device",
+    "--random-inputs", "--seed", "--save-outputs", "--plot", "--json", "--top-k", "--min-top-k-agreement", "--junit",
+    "--allow-pickle", "--allow-native-code", "--allow-op", "--timeout", "--memory-limit", "--progress", "--no-sandbox",
+    "--debug",
+)  # fmt: skip
+# The entry points of each command: verify's flags are also those of its modes (--cases DIR, --ranks N).
+_COMMANDS = {"verify": {VERIFY, CASES, RANKS}, "diff": {DIFF}, "inspect": {INSPECT}}
+
+
+def _flags() -> list[tuple[dataclasses.Field[Any], Declaration]]:
+    """Every declared option that has a flag, the groups' and the command line's own, in --help's order."""
+    found = [(item, declaration) for item, declaration in declarations(*GROUPS, CommandFlags) if declaration.flags]
+    return sorted(found, key=lambda pair: _HELP_ORDER.index(pair[1].flags[0]))
+
+
+def _flag_default(item: dataclasses.Field[Any], declaration: Declaration) -> Any:
+    """What a flag not given leaves: the field's default, as argparse holds it."""
+    default: Any = item.default
+    if declaration.action in ("store_true", "store_false"):
+        return declaration.action == "store_false"
+    if declaration.action == "append" and default is not None:
+        return list(default)  # (argparse appends to a copy of it)
+    return default
+
+
+def _argparse_keywords(item: dataclasses.Field[Any], declaration: Declaration) -> dict[str, Any]:
+    """``add_argument``'s keywords for a declared option: parsed into the field's name."""
+    keywords: dict[str, Any] = {
+        "dest": item.name,
+        "action": declaration.action,
+        "help": declaration.help.replace("%", "%%"),
+    }
+    if declaration.action in ("store", "append"):
+        keywords["default"] = _flag_default(item, declaration)
+    for name in ("type", "metavar", "choices"):
+        if getattr(declaration, name) is not None:
+            keywords[name] = getattr(declaration, name)
+    return keywords
+
+
+def _add_flags(parser: argparse.ArgumentParser, command: str | None) -> None:
+    """The declared flags of ``command`` (None: the flags given before the command) to its parser."""
+    for item, declaration in _flags():
+        if command is None:
+            wanted = declaration.before_command
+        else:
+            wanted = not declaration.before_command and bool(declaration.used_by & _COMMANDS[command])
+        if wanted:
+            parser.add_argument(*declaration.flags, **_argparse_keywords(item, declaration))
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="trt-inline", description="Correct ExportedProgram saves of Torch-TensorRT modules.")
-    parser.add_argument(
-        "--debug", action="store_true", help="show tracebacks, torch's warnings and trt_inline's DEBUG log"
-    )
+    _add_flags(parser, None)
     commands = parser.add_subparsers(dest="command", required=True)
     doctor_parser = commands.add_parser(
         "doctor", help="report versions, CUDA, and whether torch_tensorrt.save is patched"
     )
     doctor_parser.set_defaults(run=_run_doctor)
 
-    allow_pickle_help = (
-        "load pickles that need more than plain tensors and Torch-TensorRT engines; "
-        "only for files from a trusted source (loading them can run code)"
-    )
     verify_parser = commands.add_parser(
         "verify",
         help="check a saved ExportedProgram or AOTInductor package: loads safely, graph sound, outputs match",
@@ -599,60 +579,7 @@ def _parser() -> argparse.ArgumentParser:
         "or the child process that loads the file hit a limit or crashed.",
     )
     verify_parser.add_argument("path")
-    verify_parser.add_argument("--inputs", help="torch.save'd tensor, list of tensors, or {'args', 'kwargs'}")
-    verify_parser.add_argument("--expected", help="torch.save'd tensor or list of tensors: the expected outputs")
-    verify_parser.add_argument(
-        "--expected-from",
-        metavar="NEW.pt2",
-        help="compare PATH with the reference I/O embedded in another file (a newer save of the same module)",
-    )
-    verify_parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="fail on warnings too: outputs and engine outputs that look like garbage without a reference (all "
-        "zeros, NaN or Inf from finite inputs, the same in every run or in every row of a batch)",
-    )
-    verify_parser.add_argument(
-        "--cases",
-        metavar="DIR",
-        help="verify PATH on every case of DIR, each a folder DIR/CASE holding inputs.pt (as --inputs) and "
-        "expected.pt (as --expected): one verdict per case, the worst first; the exit status is the worst's",
-    )
-    verify_parser.add_argument(
-        "--per-engine",
-        action="store_true",
-        help="compare engine by engine with the boundary data the file embeds (embed_reference='boundaries'): "
-        "each engine alone, then every boundary of the run; names the first engine or fallback region that "
-        "diverges (automatic when an output differs and the file embeds boundary data)",
-    )
-    verify_parser.add_argument(
-        "--save-boundaries",
-        metavar="FILE",
-        help="write this run's inputs, outputs and every engine's inputs and outputs to FILE (plain tensors), "
-        "to compare a later run against with --load-boundaries (another machine, another TensorRT)",
-    )
-    verify_parser.add_argument(
-        "--load-boundaries",
-        metavar="FILE",
-        help="compare PATH, engine by engine, with a run --save-boundaries recorded (its inputs are used)",
-    )
-    verify_parser.add_argument(
-        "--extract",
-        metavar="DIR",
-        help="write the first engine or fallback region that diverges to DIR as a program of its own (repro.pt2, "
-        "with its recorded inputs and expected outputs, and repro.py): trt-inline verify DIR/repro.pt2 reproduces it "
-        "alone",
-    )
-    verify_parser.add_argument(
-        "--ranks",
-        type=int,
-        metavar="N",
-        help="verify a tensor-parallel rank set: PATH is a template ('model_rank{rank}_of_{world_size}.pt2'), "
-        "N ranks are started through torch.distributed.run, each verifies its file in its own sandbox, their "
-        "collectives are relayed; one report (the same as running this command under torchrun without --ranks)",
-    )
-    _add_comparison_options(verify_parser)
-    _add_trust_options(verify_parser, allow_pickle_help)
+    _add_flags(verify_parser, "verify")
     verify_parser.set_defaults(run=_run_verify)
 
     diff_parser = commands.add_parser(
@@ -663,16 +590,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     diff_parser.add_argument("path_a", metavar="A.pt2")
     diff_parser.add_argument("path_b", metavar="B.pt2")
-    diff_parser.add_argument(
-        "--inputs", help="torch.save'd inputs (default: the reference inputs embedded in A, else in B)"
-    )
-    _add_comparison_options(diff_parser)
-    _add_trust_options(diff_parser, allow_pickle_help)
+    _add_flags(diff_parser, "diff")
     diff_parser.set_defaults(run=_run_diff)
 
     inspect_parser = commands.add_parser("inspect", help="table of engines, fallback ops and their wiring")
     inspect_parser.add_argument("path")
-    _add_trust_options(inspect_parser, allow_pickle_help)
+    _add_flags(inspect_parser, "inspect")
     inspect_parser.set_defaults(run=_run_inspect)
     return parser
 

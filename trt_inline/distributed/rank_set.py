@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,11 @@ from trt_inline.distributed.manifest import (
 )
 from trt_inline.distributed.relay import CALL_OF_OP, Allowed, RelayServer
 from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from trt_inline.verify.options import Isolation, RankSetFields, Reference, Tolerances, Trust
 
 __all__ = ["RESULT_FILE_ENV", "RankSetReport", "launch", "under_launcher", "verify_rank_set"]
 
@@ -300,37 +305,26 @@ def _same_collectives(everyone: list[dict[str, Any]]) -> None:
 def verify_rank_set(
     template: str,
     *,
-    per_engine: bool = False,
-    atol: Any = None,
-    rtol: Any = None,
-    check_error_stat: str = "elemwise",
-    allow_ops: Sequence[str] = (),
-    allow_native_code: bool = False,
-    allow_pickle: bool = False,
-    timeout: float | None = None,
-    memory_limit: int | str | None = None,
-    sandbox: bool = True,
-    debug: bool = False,
-    strict: bool = False,
-    top_k: int | None = None,
-    min_top_k_agreement: float | None = None,
+    reference: Reference | None = None,
+    tolerances: Tolerances | None = None,
+    trust: Trust | None = None,
+    isolation: Isolation | None = None,
+    **fields: Unpack[RankSetFields],
 ) -> RankSetReport:
     """Verify this rank's file of a rank set, with every other rank doing the same; every rank's report.
 
     Called on every rank of the job (``torchrun``), with the same arguments.
-    ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``). ``strict``: warnings fail too.
-    ``top_k``, ``min_top_k_agreement``: the outputs' top-k agreement, as :func:`trt_inline.verify` says.
+    ``template`` names the files (``"model_rank{rank}_of_{world_size}.pt2"``). The options are
+    :func:`trt_inline.verify`'s groups (:mod:`trt_inline.verify.options`), or their fields as keywords, but for
+    what applies to single files: a rank set runs on its embedded reference I/O, in sandboxed children (of
+    ``reference`` only ``per_engine``; no ``isolate``: a :class:`TypeError`).
     """
     from trt_inline.isolation import DEFAULT_TIMEOUT, Limits
-    from trt_inline.verify.verifier import (
-        error_stat_checked,
-        normalize_tolerance,
-        report_of_child,
-        strictly,
-        top_k_checked,
-    )
+    from trt_inline.verify.options import RANKS, gather, job_arguments
+    from trt_inline.verify.verifier import report_of_child, strictly
 
-    top_k_checked(top_k, min_top_k_agreement)
+    options = gather(RANKS, fields, reference=reference, tolerances=tolerances, trust=trust, isolation=isolation)
+    timeout, memory_limit = options.isolation.timeout, options.isolation.memory_limit
     made_here = ensure_process_group(DEFAULT_TIMEOUT if timeout is None else timeout)
     try:
         path = distributed.expand_path(template)
@@ -344,19 +338,13 @@ def verify_rank_set(
                 lambda: agreement.groups, agreement.child_ready, lambda: agreement.allowed,
                 lambda: agreement.relay_world, limits.memory, agreement.ended,
             )  # fmt: skip
-            arguments = {
-                "path": path, "expected_from": None, "atol": normalize_tolerance(atol),
-                "rtol": normalize_tolerance(rtol), "stat": error_stat_checked(check_error_stat), "device": None,
-                "per_engine": per_engine, "random_inputs": 0, "seed": 0, "save_outputs": None,
-                "allow_pickle": allow_pickle, "allow_native_code": allow_native_code, "allow_ops": list(allow_ops),
-                "label": None, "top_k": top_k, "min_top_k_agreement": min_top_k_agreement,
-            }  # fmt: skip
+            arguments = {"path": path, **job_arguments(options), "label": None}
             tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
             report = report_of_child(
-                "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=sandbox, debug=debug,
-                relay=server,
+                "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=options.isolation.sandbox,
+                debug=options.isolation.debug, relay=server,
             )  # fmt: skip
-            report = strictly(report, strict)
+            report = strictly(report, options.tolerances.strict)
             if not agreement.done:
                 why = "; ".join(report.problems[:1]) or "it carries no reference I/O to run"
                 agreement.child_ended(f"{path} was not run ({why})")

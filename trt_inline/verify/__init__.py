@@ -7,6 +7,7 @@ A file is opened by :mod:`trt_inline.archive` in a sandboxed child process
 module              concern
 ==================  ===================================================================
 ``verifier``        ``verify``: all of the below in order, in the child and the parent
+``options``         the option groups every entry point takes, each option declared once
 ``structure``       structural checks on the graph, one function each
 ``compare``         running on reference inputs and comparing values (error statistics)
 ``checked_run``     a normal call that runs the graph node by node, checking each value
@@ -37,12 +38,19 @@ from __future__ import annotations
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError
 from trt_inline.verify.compare import default_tolerance
 from trt_inline.verify.diff import diff
+from trt_inline.verify.options import Inputs, Isolation, Outputs, Reference, Tolerances, Trust
 from trt_inline.verify.report import OutputComparison, VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import verify
 
 __all__ = [
+    "Inputs",
+    "Isolation",
     "OutputComparison",
+    "Outputs",
+    "Reference",
+    "Tolerances",
+    "Trust",
     "UnsafeArchiveError",
     "VerifyInputError",
     "VerifyReport",

@@ -19,12 +19,27 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
+from trt_inline.verify.options import (
+    CASES,
+    Inputs,
+    Isolation,
+    Outputs,
+    Reference,
+    Tolerances,
+    Trust,
+    VerifyFields,
+    gather,
+    untaken,
+)
 from trt_inline.verify.report import VerifyReport
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 __all__ = [
     "CASE_FILES",
@@ -40,9 +55,6 @@ __all__ = [
 
 # The two files of a case folder.
 CASE_FILES = ("inputs.pt", "expected.pt")
-# What verify_cases takes the place of: each case gives its inputs and expected outputs, and writes nothing.
-_PER_CASE = ("arg_inputs", "kwarg_inputs", "expected", "expected_module", "expected_from", "load_boundaries",
-             "save_outputs", "save_boundaries", "extract")  # fmt: skip
 # Worst first: an error, a failure, a run with nothing compared, a pass.
 _RANK = {"ERROR": 0, "FAIL": 1, "UNVERIFIED": 2, "PASS": 3}
 
@@ -158,36 +170,54 @@ def read_cases(folder: str | os.PathLike[str]) -> list[Case]:
     return cases
 
 
-def verify_cases(path: str | os.PathLike[str], folder: str | os.PathLike[str], **options: Any) -> list[CaseResult]:
+def verify_cases(
+    path: str | os.PathLike[str],
+    folder: str | os.PathLike[str],
+    *,
+    inputs: Inputs | None = None,
+    reference: Reference | None = None,
+    tolerances: Tolerances | None = None,
+    trust: Trust | None = None,
+    isolation: Isolation | None = None,
+    outputs: Outputs | None = None,
+    **fields: Unpack[VerifyFields],
+) -> list[CaseResult]:
     """Verify the saved program ``path`` on every case of ``folder``, one :func:`~trt_inline.verify` each (its
     own child process); the results worst first (:func:`worst_first`).
 
-    ``options``: the keyword arguments of :func:`~trt_inline.verify` but those a case gives or that write one
-    file (``arg_inputs``, ``kwarg_inputs``, ``expected``, ``expected_module``, ``expected_from``,
-    ``load_boundaries``, ``save_outputs``, ``save_boundaries``, ``extract``). A case that cannot be verified (the
+    The options are :func:`~trt_inline.verify`'s groups (:mod:`trt_inline.verify.options`), or their fields as
+    keywords, but for what a case gives or what writes one file (``arg_inputs``, ``kwarg_inputs``, ``expected``,
+    ``expected_module``, ``expected_from``, ``load_boundaries``, the fields of
+    :class:`~trt_inline.verify.options.Outputs`: a :class:`VerifyInputError`). A case that cannot be verified (the
     program refuses its inputs, the child hit a limit) is an ``ERROR`` result with the one-line error; the other
     cases still run. Raises :class:`VerifyInputError` for an unusable folder or case (:func:`read_cases`), before
     anything runs.
     """
-    from trt_inline.verify.verifier import error_stat_checked, normalize_tolerance, top_k_checked, verify
+    from trt_inline.verify.verifier import verify
 
-    given = [name for name in _PER_CASE if name in options]
+    options = gather(CASES, fields, inputs=inputs, reference=reference, tolerances=tolerances, trust=trust,
+                     isolation=isolation, outputs=outputs)  # fmt: skip
+    given = untaken(options, CASES, fields)
     if given:
         raise VerifyInputError(f"each case gives its own inputs and expected outputs: {', '.join(given)} do not "
                                "apply with cases")  # fmt: skip
     source = os.fspath(path)
-    # What is wrong with the file or the options is wrong for every case: said once, before any case runs.
+    # What is wrong with the file is wrong for every case (and the options were checked by gather): said once,
+    # before any case runs.
     if not os.path.isfile(source):
         raise VerifyInputError(f"{source}: no such file")
-    error_stat_checked(options.get("check_error_stat", "elemwise"))
-    top_k_checked(options.get("top_k"), options.get("min_top_k_agreement"))
-    normalize_tolerance(options.get("atol"))
-    normalize_tolerance(options.get("rtol"))
     results = []
     for case in read_cases(folder):
         started = time.monotonic()
         try:
-            report = verify(path, arg_inputs=case.args, kwarg_inputs=case.kwargs, expected=case.expected, **options)
+            report = verify(
+                path,
+                inputs=replace(options.inputs, arg_inputs=case.args, kwarg_inputs=case.kwargs),
+                reference=replace(options.reference, expected=case.expected),
+                tolerances=options.tolerances,
+                trust=options.trust,
+                isolation=options.isolation,
+            )
         except TrtInlineError as exc:
             results.append(CaseResult(source, case.name, None, first_line(exc), time.monotonic() - started))
             continue

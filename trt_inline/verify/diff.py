@@ -13,9 +13,9 @@ reads ``engine 1 output 1`` where the other file's reads ``engine 1 output 0``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export import ExportedProgram
@@ -34,18 +34,24 @@ from trt_inline.verify.localize import (
     own_error_problems,
     same_partition,
 )
+from trt_inline.verify.options import (
+    DIFF,
+    DiffFields,
+    Inputs,
+    Isolation,
+    Outputs,
+    Tolerances,
+    Trust,
+    gather,
+    job_arguments,
+)
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.report import VerifyReport
 from trt_inline.verify.structure import structural_problems
-from trt_inline.verify.verifier import (
-    capture_device,
-    error_stat_checked,
-    normalize_tolerance,
-    report_of_child,
-    save_target,
-    save_tensors,
-    top_k_checked,
-)
+from trt_inline.verify.verifier import capture_device, report_of_child, save_target, save_tensors
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 __all__ = ["diff", "diff_job"]
 
@@ -54,27 +60,18 @@ def diff(
     path_a: str | os.PathLike[str],
     path_b: str | os.PathLike[str],
     *,
-    arg_inputs: Sequence[torch.Tensor] | None = None,
-    kwarg_inputs: dict[str, torch.Tensor] | None = None,
-    atol: float | Mapping[Any, float] | None = None,
-    rtol: float | Mapping[Any, float] | None = None,
-    check_error_stat: str = "elemwise",
-    device: str | None = None,
-    random_inputs: int = 0,
-    seed: int = 0,
-    save_outputs: str | os.PathLike[str] | None = None,
-    allow_pickle: bool = False,
-    allow_native_code: bool = False,
-    allow_ops: Sequence[str] = (),
-    isolate: bool = True,
-    sandbox: bool = True,
-    timeout: float | None = None,
-    memory_limit: int | str | None = None,
-    debug: bool = False,
-    top_k: int | None = None,
-    min_top_k_agreement: float | None = None,
+    inputs: Inputs | None = None,
+    tolerances: Tolerances | None = None,
+    trust: Trust | None = None,
+    isolation: Isolation | None = None,
+    outputs: Outputs | None = None,
+    **fields: Unpack[DiffFields],
 ) -> VerifyReport:
     """Run two saved programs on the same inputs and compare them at every engine boundary, ``path_b`` the reference.
+
+    The options are :func:`trt_inline.verify`'s groups (:mod:`trt_inline.verify.options`), or their fields as
+    keywords, but for what only ``verify`` takes: no ``reference`` (``path_b`` is the reference), no ``strict``,
+    ``save_boundaries`` or ``extract`` (a :class:`TypeError`).
 
     Inputs: ``arg_inputs`` / ``kwarg_inputs``, else the reference inputs the
     first file embeds, else the second's. ``random_inputs``: that many more sets
@@ -85,41 +82,32 @@ def diff(
     :func:`trt_inline.verify` and run in one sandboxed child process (``isolate``, ``sandbox``).
     ``top_k`` / ``min_top_k_agreement``: the program outputs' top-k agreement, as :func:`trt_inline.verify` says.
     """
-    top_k_checked(top_k, min_top_k_agreement)
-    arguments = {
-        "path_a": os.fspath(path_a),
-        "path_b": os.fspath(path_b),
-        "atol": normalize_tolerance(atol),
-        "rtol": normalize_tolerance(rtol),
-        "stat": error_stat_checked(check_error_stat),
-        "device": device,
-        "random_inputs": random_inputs,
-        "seed": seed,
-        "save_outputs": None if save_outputs is None else os.fspath(save_outputs),
-        "allow_pickle": allow_pickle,
-        "allow_native_code": allow_native_code,
-        "allow_ops": list(allow_ops),
-        "top_k": top_k,
-        "min_top_k_agreement": min_top_k_agreement,
+    options = gather(DIFF, fields, inputs=inputs, tolerances=tolerances, trust=trust, isolation=isolation,
+                     outputs=outputs)  # fmt: skip
+    inputs, isolation, save_outputs = options.inputs, options.isolation, options.outputs.save_outputs
+    arguments = {"path_a": os.fspath(path_a), "path_b": os.fspath(path_b), **job_arguments(options)}
+    tensors = {
+        "args": None if inputs.arg_inputs is None else list(inputs.arg_inputs),
+        "kwargs": inputs.kwarg_inputs,
     }
-    tensors = {"args": None if arg_inputs is None else list(arg_inputs), "kwargs": kwarg_inputs}
-    if not isolate:
+    if not isolation.isolate:
         result = diff_job(arguments, tensors)
         if save_outputs is not None:
             report_dict, kept = result
             save_tensors(kept["outputs"], save_outputs)
             return VerifyReport.from_dict(report_dict)
         return VerifyReport.from_dict(result)
+    memory_limit = isolation.memory_limit
     if memory_limit is None:
         # Working room and half of each file (both are mapped), within what the machine has.
         size_b = os.path.getsize(path_b) if os.path.isfile(path_b) else 0
         memory_limit = max(default_memory_limit(path_a), default_memory_limit(path_b)) + size_b // 2
     if save_outputs is not None:
         save_target(save_outputs)
-    limits = Limits.for_file(path_a, timeout, memory_limit)
+    limits = Limits.for_file(path_a, isolation.timeout, memory_limit)
     return report_of_child(
         "diff", arguments, tensors, limits, where=os.fspath(path_a), files=(os.fspath(path_a), os.fspath(path_b)),
-        sandbox=sandbox, debug=debug, save_outputs=save_outputs,
+        sandbox=isolation.sandbox, debug=isolation.debug, save_outputs=save_outputs,
     )  # fmt: skip
 
 

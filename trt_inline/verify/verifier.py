@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,13 +36,12 @@ from trt_inline.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.module_state import buffers_restored
 from trt_inline.package import load_package
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
+from trt_inline.verify.checked_run import ProgramInputs
 from trt_inline.verify.compare import (
-    ERROR_STATS,
     compare_output,
     normal_call,
     run_on,
     tolerance_for,
-    tolerance_key,
 )
 from trt_inline.verify.drill import drill_down
 from trt_inline.verify.extract import (
@@ -53,51 +53,44 @@ from trt_inline.verify.extract import (
     write_repro,
 )
 from trt_inline.verify.garbage import Sightings, garbage_warnings
-from trt_inline.verify.localize import Reference, Tolerance, localize, own_error_problems
+from trt_inline.verify.localize import Reference as BoundaryReference
+from trt_inline.verify.localize import Tolerance, localize, own_error_problems
+from trt_inline.verify.options import (
+    VERIFY,
+    Inputs,
+    Isolation,
+    Outputs,
+    Reference,
+    Tolerances,
+    Trust,
+    VerifyFields,
+    error_stat_checked,
+    gather,
+    job_arguments,
+    normalize_tolerance,
+    top_k_checked,
+)
 from trt_inline.verify.random_inputs import draw_inputs
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     from trt_inline.distributed.relay import RelayServer
 
 __all__ = [
     "capture_device",
+    "error_stat_checked",
     "inspect_job",
     "normalize_tolerance",
     "report_of_child",
     "save_target",
     "save_tensors",
+    "top_k_checked",
     "verify",
     "verify_job",
 ]
-
-
-def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float | dict[str, float] | None:
-    """One tolerance for every value, or one per output or engine (:func:`~trt_inline.verify.compare.tolerance_key`)."""
-    if tolerance is None or isinstance(tolerance, (int, float)):
-        return None if tolerance is None else float(tolerance)
-    return {tolerance_key(key): float(value) for key, value in tolerance.items()}
-
-
-def error_stat_checked(stat: str) -> str:
-    """``stat``, if it is one of :data:`~trt_inline.verify.compare.ERROR_STATS`."""
-    if stat not in ERROR_STATS:
-        raise VerifyInputError(f"check_error_stat is one of {', '.join(ERROR_STATS)}, got {stat!r}")
-    return stat
-
-
-def top_k_checked(top_k: int | None, min_top_k_agreement: float | None) -> None:
-    """Refuse a ``top_k`` below 1, or a ``min_top_k_agreement`` outside 0 to 1 or without ``top_k``."""
-    if top_k is not None and (type(top_k) is not int or top_k < 1):
-        raise VerifyInputError(f"top_k (--top-k) is a whole number of at least 1, got {top_k!r}")
-    if min_top_k_agreement is not None:
-        if top_k is None:
-            raise VerifyInputError("min_top_k_agreement (--min-top-k-agreement) needs top_k (--top-k K)")
-        if not 0.0 <= min_top_k_agreement <= 1.0:
-            raise VerifyInputError(
-                f"min_top_k_agreement (--min-top-k-agreement) is a fraction from 0 to 1, got {min_top_k_agreement!r}"
-            )
 
 
 def save_target(path: str | os.PathLike[str], flag: str = "--save-outputs") -> Path:
@@ -118,35 +111,27 @@ def save_tensors(tensors: object, path: str | os.PathLike[str]) -> None:
 def verify(
     path_or_program: str | os.PathLike[str] | ExportedProgram,
     *,
-    expected_module: Callable[..., Any] | None = None,
-    arg_inputs: Sequence[torch.Tensor] | None = None,
-    kwarg_inputs: dict[str, torch.Tensor] | None = None,
-    expected: Sequence[torch.Tensor] | None = None,
-    expected_from: str | os.PathLike[str] | None = None,
-    atol: float | Mapping[Any, float] | None = None,
-    rtol: float | Mapping[Any, float] | None = None,
-    check_error_stat: str = "elemwise",
-    device: str | None = None,
-    per_engine: bool = False,
-    random_inputs: int = 0,
-    seed: int = 0,
-    save_outputs: str | os.PathLike[str] | None = None,
-    save_boundaries: str | os.PathLike[str] | None = None,
-    load_boundaries: str | os.PathLike[str] | None = None,
-    extract: str | os.PathLike[str] | None = None,
-    allow_pickle: bool = False,
-    allow_native_code: bool = False,
-    allow_ops: Sequence[str] = (),
-    isolate: bool = True,
-    sandbox: bool = True,
-    timeout: float | None = None,
-    memory_limit: int | str | None = None,
-    debug: bool = False,
-    strict: bool = False,
-    top_k: int | None = None,
-    min_top_k_agreement: float | None = None,
+    inputs: Inputs | None = None,
+    reference: Reference | None = None,
+    tolerances: Tolerances | None = None,
+    trust: Trust | None = None,
+    isolation: Isolation | None = None,
+    outputs: Outputs | None = None,
+    **fields: Unpack[VerifyFields],
 ) -> VerifyReport:
     """Check a saved program's structure and compare its outputs with the expected outputs.
+
+    The options come in six frozen groups (:mod:`trt_inline.verify.options`, where each field's type,
+    default and help text are declared): ``inputs`` (:class:`~trt_inline.verify.options.Inputs`: what the
+    program runs on, and where), ``reference`` (:class:`~trt_inline.verify.options.Reference`: what its
+    outputs are compared with), ``tolerances`` (:class:`~trt_inline.verify.options.Tolerances`: how close, and
+    what fails), ``trust`` (:class:`~trt_inline.verify.options.Trust`: what a file may do), ``isolation``
+    (:class:`~trt_inline.verify.options.Isolation`: the child process and its limits) and ``outputs``
+    (:class:`~trt_inline.verify.options.Outputs`: the files written). :func:`trt_inline.diff`, rank sets and
+    ``--cases`` take the same groups. Every field may also be given as a keyword of its own:
+    ``verify(path, atol=1e-3, random_inputs=2)`` is ``verify(path, tolerances=Tolerances(atol=1e-3),
+    inputs=Inputs(random_inputs=2))``; a group given with one of its own fields as a keyword is a
+    :class:`TypeError`.
 
     The expected outputs are, in order of preference: ``expected`` for
     ``arg_inputs``; what ``expected_module`` returns for ``arg_inputs`` (or for the
@@ -201,7 +186,7 @@ def verify(
     A file is loaded and run in a sandboxed child process
     (:mod:`trt_inline.isolation.child`, :mod:`trt_inline.isolation.sandbox`) stopped
     after ``timeout`` seconds (default 3600) or past ``memory_limit`` (bytes or
-    ``"2GiB"``; default twice the file's size plus 2 GiB); a crash there is an
+    ``"2GiB"``; default 2 GiB and half the file's size, at most 80% of the memory available); a crash there is an
     error here, never a crash of the caller. Where the OS sandbox cannot be set
     up, that is an :class:`IsolationError` unless ``sandbox=False``.
     ``isolate=False`` loads in this process (for a file from a trusted source);
@@ -214,110 +199,105 @@ def verify(
     ExportedProgram file, inputs the program cannot take, a refused file, a
     limit the child hit: :class:`IsolationError`).
     """
-    error_stat_checked(check_error_stat)
-    top_k_checked(top_k, min_top_k_agreement)
+    options = gather(VERIFY, fields, inputs=inputs, reference=reference, tolerances=tolerances, trust=trust,
+                     isolation=isolation, outputs=outputs)  # fmt: skip
+    inputs, reference, tolerances = options.inputs, options.reference, options.tolerances
+    trust, isolation, outputs = options.trust, options.isolation, options.outputs
+    extract = outputs.extract
     repro: list[Any] | None = [] if extract is not None else None  # (what, archive) of the engine or region extracted
-    if load_boundaries is not None:
-        if expected_from is not None or expected is not None or expected_module is not None:
+    if reference.load_boundaries is not None:
+        if any(given is not None for given in (reference.expected_from, reference.expected, reference.expected_module)):
             raise VerifyInputError("load_boundaries is the reference: give it without expected, expected_module "
                                    "or expected_from")  # fmt: skip
-        expected_from, per_engine = load_boundaries, True
-    if save_boundaries is not None:
-        save_target(save_boundaries, "--save-boundaries")
+        # A boundaries file is read where a reference file is (expected_from), and compared engine by engine.
+        reference = replace(reference, expected_from=reference.load_boundaries, per_engine=True)
+        options = replace(options, reference=reference)
+    if outputs.save_boundaries is not None:
+        save_target(outputs.save_boundaries, "--save-boundaries")
     if extract is not None:
         repro_folder(extract)
-    if isinstance(path_or_program, ExportedProgram) or not isolate:
+    if isinstance(path_or_program, ExportedProgram) or not isolation.isolate:
         # In this process a rank file's collectives run on the caller's own process group (a trusted file).
         collectives = distributed.in_rank_set()
-        kept_reference: list[ReferenceIO] | None = [] if save_boundaries is not None else None
-        with allowed_ops.allowing(allow_ops, native_code=allow_native_code, collectives=collectives):
+        kept_reference: list[ReferenceIO] | None = [] if outputs.save_boundaries is not None else None
+        with allowed_ops.allowing(trust.allow_ops, native_code=trust.allow_native_code, collectives=collectives):
             report = _verify_here(
                 path_or_program,
-                expected_module=expected_module,
-                arg_inputs=arg_inputs,
-                kwarg_inputs=kwarg_inputs,
-                expected=expected,
-                expected_from=expected_from,
-                atol=normalize_tolerance(atol),
-                rtol=normalize_tolerance(rtol),
-                stat=check_error_stat,
-                device=device,
-                per_engine=per_engine,
-                random_inputs=random_inputs,
-                seed=seed,
-                save_outputs=save_outputs,
-                allow_pickle=allow_pickle,
-                allow_native_code=allow_native_code,
+                expected_module=reference.expected_module,
+                arg_inputs=inputs.arg_inputs,
+                kwarg_inputs=inputs.kwarg_inputs,
+                expected=reference.expected,
+                expected_from=reference.expected_from,
+                atol=normalize_tolerance(tolerances.atol),
+                rtol=normalize_tolerance(tolerances.rtol),
+                stat=tolerances.check_error_stat,
+                device=inputs.device,
+                per_engine=reference.per_engine,
+                random_inputs=inputs.random_inputs,
+                seed=inputs.seed,
+                save_outputs=outputs.save_outputs,
+                allow_pickle=trust.allow_pickle,
+                allow_native_code=trust.allow_native_code,
                 kept_reference=kept_reference,
                 repro=repro,
-                top_k=top_k,
-                min_top_k_agreement=min_top_k_agreement,
+                top_k=tolerances.top_k,
+                min_top_k_agreement=tolerances.min_top_k_agreement,
             )
-        if save_boundaries is not None:
-            _save_boundaries_or_say(report, kept_reference[0] if kept_reference else None, save_boundaries)
+        if outputs.save_boundaries is not None:
+            _save_boundaries_or_say(report, kept_reference[0] if kept_reference else None, outputs.save_boundaries)
         if extract is not None:
-            _write_extract(report, repro or [], extract, allow_native_code)
-        return strictly(report, strict)
+            _write_extract(report, repro or [], extract, trust.allow_native_code)
+        return strictly(report, tolerances.strict)
     path = os.fspath(path_or_program)
     label = None
     recorded = None
+    expected, expected_module, arg_inputs = reference.expected, reference.expected_module, inputs.arg_inputs
     if expected_module is not None:
         if arg_inputs is None:
             raise VerifyInputError(
                 "expected_module runs in this process and the file in a child: give arg_inputs with it"
             )
-        if random_inputs:
+        if inputs.random_inputs:
             raise VerifyInputError(
                 "random inputs are drawn from the file's declared ranges in the child that opens it, where "
                 "expected_module cannot run: pass isolate=False (a trusted file), or compare two files with diff"
             )
         with (
-            recording(expected_module if per_engine else None) as records,
+            recording(expected_module if reference.per_engine else None) as records,
             normal_call(),
             buffers_restored(expected_module) as restored,
         ):
             expected = tensors_only(
-                restored.apart(expected_module(*arg_inputs, **(kwarg_inputs or {}))), "expected outputs"
+                restored.apart(expected_module(*arg_inputs, **(inputs.kwarg_inputs or {}))), "expected outputs"
             )
-        recorded = records if per_engine else None
+        recorded = records if reference.per_engine else None
         label = "module"
-    limits = Limits.for_file(path, timeout, memory_limit)
+    limits = Limits.for_file(path, isolation.timeout, isolation.memory_limit)
     arguments = {
         "path": path,
-        "expected_from": None if expected_from is None else os.fspath(expected_from),
-        "atol": normalize_tolerance(atol),
-        "rtol": normalize_tolerance(rtol),
-        "stat": check_error_stat,
-        "device": device,
-        "per_engine": per_engine,
-        "random_inputs": random_inputs,
-        "seed": seed,
-        "save_outputs": None if save_outputs is None else os.fspath(save_outputs),
-        "allow_pickle": allow_pickle,
-        "allow_native_code": allow_native_code,
-        "allow_ops": list(allow_ops),
+        **job_arguments(options),
         "label": label,
-        "keep_reference": save_boundaries is not None,
+        "keep_reference": outputs.save_boundaries is not None,
         "extract": extract is not None,
-        "top_k": top_k,
-        "min_top_k_agreement": min_top_k_agreement,
     }
     tensors = {
         "args": None if arg_inputs is None else list(arg_inputs),
-        "kwargs": kwarg_inputs,
+        "kwargs": inputs.kwarg_inputs,
         "expected": None if expected is None else list(expected),
         "boundaries": None if recorded is None else plain_boundaries(recorded),
     }
+    expected_from = reference.expected_from
     files = (path,) if expected_from is None else (path, os.fspath(expected_from))
-    if save_outputs is not None:
-        save_target(save_outputs)
+    if outputs.save_outputs is not None:
+        save_target(outputs.save_outputs)
     report = report_of_child(
-        "verify", arguments, tensors, limits, where=path, files=files, sandbox=sandbox, debug=debug,
-        save_outputs=save_outputs, save_boundaries=save_boundaries, repro=repro, read_ahead=path,
+        "verify", arguments, tensors, limits, where=path, files=files, sandbox=isolation.sandbox,
+        debug=isolation.debug, save_outputs=outputs.save_outputs, save_boundaries=outputs.save_boundaries,
+        repro=repro, read_ahead=path,
     )  # fmt: skip
     if extract is not None:
-        _write_extract(report, repro or [], extract, allow_native_code)
-    return strictly(report, strict)
+        _write_extract(report, repro or [], extract, trust.allow_native_code)
+    return strictly(report, tolerances.strict)
 
 
 def strictly(report: VerifyReport, strict: bool) -> VerifyReport:
@@ -732,7 +712,9 @@ def _compare_boundaries(
     if automatic:
         report.notes.append("an output differs and boundary data is embedded: compared engine by engine")
     trace = trace_program(module, args, kwargs, device, recorded)
-    _localized(report, trace, recorded, want, atol, rtol, stat, module, [*args, *kwargs.values()], repro)
+    _localized(
+        report, trace, recorded, want, atol, rtol, stat, module, ProgramInputs(module).flatten(args, kwargs), repro
+    )
 
 
 def _recorded_run(
@@ -773,7 +755,7 @@ def _localized(
 ) -> None:
     """The trace against the compiled module's boundaries, into the report: the table and the first divergence
     (inside it, for a reference engine: the first of its steps that loses precision)."""
-    reference = Reference("the compiled module", recorded, want)
+    reference = BoundaryReference("the compiled module", recorded, want)
     report.boundaries, report.divergence = localize(trace, reference, atol, rtol, stat)
     report.problems += own_error_problems(report.boundaries)
     if report.divergence is not None:
@@ -845,7 +827,9 @@ def _localize_crash(
         report.problems.append(f"it raised at {where}: {trace.crash.error}")
         report.notes.append("the file has no boundary data (embed_reference='boundaries'): engines not compared")
         return
-    _localized(report, trace, recorded, want, atol, rtol, stat, module, [*args, *kwargs.values()], repro)
+    _localized(
+        report, trace, recorded, want, atol, rtol, stat, module, ProgramInputs(module).flatten(args, kwargs), repro
+    )
 
 
 def _carried_rank_check(program: ExportedProgram, manifest_text: str, path: str) -> list[str]:

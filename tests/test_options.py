@@ -1,0 +1,286 @@
+"""The option groups of verify, diff, rank sets and --cases: declared once, the command line's flags made of them,
+the same report whether given as groups or as keywords of their own."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import socket
+import typing
+from collections.abc import Iterator
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import SavedSeed
+
+from trt_inline import cli, verify
+from trt_inline.distributed import rank_set
+from trt_inline.errors import VerifyInputError
+from trt_inline.verify import Inputs, Isolation, Outputs, Reference, Tolerances, Trust, diff, verifier
+from trt_inline.verify import options as opts
+from trt_inline.verify.cases import verify_cases
+
+# The fields with no flag: tensors, a module, and isolate=False (a trusted file, in this process).
+PYTHON_ONLY = {"arg_inputs", "kwarg_inputs", "expected", "expected_module", "isolate"}
+
+
+def _help(monkeypatch: pytest.MonkeyPatch, *command: str) -> str:
+    """``trt-inline [COMMAND] --help`` on one line per flag (no wrapping), whitespace collapsed."""
+    monkeypatch.setenv("COLUMNS", "100000")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli._parser().parse_args([*command, "--help"])
+    return " ".join(out.getvalue().split())
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    raise AssertionError("no commands")
+
+
+def _flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each flag of a parser (but --help) and the name it parses into."""
+    return {
+        flag: action.dest
+        for action in parser._actions
+        for flag in action.option_strings
+        if flag not in ("-h", "--help")
+    }
+
+
+def test_every_declared_option_is_one_flag_with_its_help_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    helps = {command: _help(monkeypatch, command) for command in ("verify", "diff", "inspect")}
+    main_help = _help(monkeypatch)
+    declared = list(opts.declarations(*opts.GROUPS, cli.CommandFlags))
+    for item, declaration in declared:
+        assert declaration.help, item.name
+        if not declaration.flags:
+            assert item.name in PYTHON_ONLY, f"{item.name} has no flag"
+            continue
+        shown = {command for command, entries in cli._COMMANDS.items() if declaration.used_by & entries}
+        if declaration.before_command:
+            shown, texts = {"trt-inline"}, {"trt-inline": main_help}
+        else:
+            texts = helps
+        for command, text in texts.items():
+            count = text.count(declaration.help)
+            assert count == (command in shown), f"{declaration.flags[0]}: its help {count} times in {command} --help"
+            assert (f"{declaration.flags[0]} " in text) is (command in shown), (declaration.flags[0], command)
+    # Each option once: no two fields share a flag or a help text.
+    flags = [flag for _, declaration in declared for flag in declaration.flags]
+    assert len(flags) == len(set(flags))
+    texts = [declaration.help for _, declaration in declared]
+    assert len(texts) == len(set(texts))
+
+
+def test_every_flag_of_the_command_line_comes_from_a_declaration() -> None:
+    parser = cli._parser()
+    by_flag = {
+        flag: (item.name, declaration)
+        for item, declaration in opts.declarations(*opts.GROUPS, cli.CommandFlags)
+        for flag in declaration.flags
+    }
+    commands = _subparsers(parser)
+    for command, taken_by in cli._COMMANDS.items():
+        shown = _flags_of(commands[command])
+        assert set(shown) == {
+            flag
+            for flag, (_, declaration) in by_flag.items()
+            if declaration.used_by & taken_by and not declaration.before_command
+        }, command
+        for flag, dest in shown.items():
+            assert dest == by_flag[flag][0], f"{command} {flag} parses into {dest}, not its field"
+    assert _flags_of(parser) == {"--debug": "debug"}
+    # A flag not given leaves the field's default (--no-sandbox: sandbox stays True).
+    args = parser.parse_args(["verify", "model.pt2"])
+    options = cli._options(args)
+    for group in opts.GROUPS:
+        assert getattr(options, group.__name__.lower()) == group(), group.__name__
+    assert not cli._given_but_not_for(args, opts.RANKS) and not cli._given_but_not_for(args, opts.CASES)
+
+
+def test_flags_parse_into_the_groups() -> None:
+    args = cli._parser().parse_args(
+        ["--debug", "verify", "m.pt2", "--atol", "1e-3", "--atol", "out1=0.5", "--rtol", "0.1", "--no-sandbox",
+         "--allow-op", "aten::sin", "--allow-op", "aten::cos", "--timeout", "30", "--memory-limit", "2GiB",
+         "--check-error-stat", "p99", "--top-k", "3", "--min-top-k-agreement", "0.5", "--strict", "--per-engine",
+         "--random-inputs", "2", "--seed", "7", "--device", "cpu", "--save-outputs", "o.pt"]
+    )  # fmt: skip
+    options = cli._options(args)
+    assert options.tolerances == Tolerances(
+        atol={"*": 1e-3, "1": 0.5}, rtol=0.1, check_error_stat="p99", top_k=3, min_top_k_agreement=0.5, strict=True
+    )
+    assert options.trust == Trust(allow_ops=("aten::sin", "aten::cos"))
+    assert options.isolation == Isolation(sandbox=False, timeout=30.0, memory_limit="2GiB", debug=True)
+    assert options.inputs == Inputs(random_inputs=2, seed=7, device="cpu")
+    assert options.reference == Reference(per_engine=True) and options.outputs == Outputs(save_outputs="o.pt")
+    assert cli._given_but_not_for(args, opts.RANKS) == ["--device", "--random-inputs", "--seed", "--save-outputs"]
+    assert cli._given_but_not_for(args, opts.CASES) == ["--save-outputs"]
+
+
+def test_the_keywords_have_the_types_of_the_fields() -> None:
+    per_group = {
+        opts.Inputs: opts.InputsFields, opts.Reference: opts.ReferenceFields, opts.Tolerances: opts.TolerancesFields,
+        opts.Trust: opts.TrustFields, opts.Isolation: opts.IsolationFields, opts.Outputs: opts.OutputsFields,
+    }  # fmt: skip
+    assert set(per_group) == set(opts.GROUPS)
+    for group, keywords in per_group.items():
+        declared = {name: getattr(kind, "__forward_arg__", kind) for name, kind in keywords.__annotations__.items()}
+        assert declared == {item.name: item.type for item in fields(group)}, group.__name__
+    every = {item.name for group in opts.GROUPS for item in fields(group)}
+    assert set(typing.get_type_hints(opts.VerifyFields, localns=vars(opts))) == every
+    assert len(every) == sum(len(fields(group)) for group in opts.GROUPS)  # (no field in two groups)
+    assert {item.name for item in fields(opts.Options)} == {group.__name__.lower() for group in opts.GROUPS}
+
+
+def test_a_group_with_one_of_its_own_fields_is_a_type_error(tmp_path: Path) -> None:
+    path = tmp_path / "never_opened.pt2"
+    calls = {
+        "verify": lambda **kw: verify(path, **kw),
+        "diff": lambda **kw: diff(path, path, **kw),
+        "verify_cases": lambda **kw: verify_cases(path, tmp_path, **kw),
+        "verify_rank_set": lambda **kw: rank_set.verify_rank_set(str(path), **kw),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=rf"^{name}\(\) got tolerances= and atol=, a field of Tolerances"):
+            call(tolerances=Tolerances(rtol=1e-3), atol=1e-3)
+        with pytest.raises(TypeError, match=rf"^{name}\(\) got trust= and allow_pickle="):
+            call(trust=Trust(), allow_pickle=False)  # (a default value too: which one was meant?)
+        with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'atoll'"):
+            call(atoll=1e-3)
+        with pytest.raises(TypeError, match=rf"^{name}\(\) takes tolerances= as Tolerances\(...\), got float"):
+            call(tolerances=1e-3)
+        with pytest.raises(VerifyInputError, match="check_error_stat is one of"):
+            call(tolerances=Tolerances(check_error_stat="p95"))
+    # What an entry point does not take, in a group or as a keyword, as a keyword it never had was.
+    with pytest.raises(TypeError, match=r"^diff\(\) does not take strict"):
+        diff(path, path, tolerances=Tolerances(strict=True))
+    with pytest.raises(TypeError, match=r"^diff\(\) does not take extract"):
+        diff(path, path, extract=None)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^diff\(\) got an unexpected keyword argument 'reference'"):
+        diff(path, path, reference=Reference())  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^verify_rank_set\(\) does not take expected_from, isolate"):
+        rank_set.verify_rank_set(str(path), reference=Reference(expected_from="b.pt2"), isolate=False)
+    with pytest.raises(VerifyInputError, match="expected_from, save_outputs do not apply with cases"):
+        verify_cases(path, tmp_path, reference=Reference(expected_from="b.pt2"), save_outputs="o.pt")
+
+
+def _comparable(report: Any) -> dict[str, Any]:
+    """A report without what differs from run to run: its child's memory."""
+    result = report.to_dict()
+    for key in ("child_peak_extra_bytes", "child_peak_anonymous_bytes", "child_peak_file_bytes"):
+        result.pop(key)
+    result["notes"] = [note for note in result["notes"] if not note.startswith("loaded and run in a child process")]
+    return dict(result)
+
+
+@pytest.fixture
+def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """The arguments each child job is sent (JSON), the run going on as it would."""
+    sent: list[dict[str, Any]] = []
+    real = verifier.report_of_child
+
+    def recording(job: str, arguments: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        sent.append(arguments)
+        return real(job, arguments, *args, **kwargs)
+
+    monkeypatch.setattr(verifier, "report_of_child", recording)
+    monkeypatch.setattr(importlib.import_module("trt_inline.verify.diff"), "report_of_child", recording)
+    yield sent
+
+
+def test_keywords_and_groups_give_the_same_report(
+    saved_seed: SavedSeed, tmp_path: Path, wire: list[dict[str, Any]]
+) -> None:
+    keywords: dict[str, Any] = dict(
+        arg_inputs=[saved_seed.x], expected=list(saved_seed.compiled(saved_seed.x)), atol={0: 1e-3, "*": 1e-4},
+        rtol=1e-3, check_error_stat="max", top_k=3, min_top_k_agreement=0.5, strict=True, random_inputs=1, seed=3,
+        memory_limit="2GiB", timeout=300.0, save_outputs=tmp_path / "keywords.pt",
+    )  # fmt: skip
+    by_keywords = verify(saved_seed.bare, **keywords)
+    by_groups = verify(
+        saved_seed.bare,
+        inputs=Inputs(arg_inputs=[saved_seed.x], random_inputs=1, seed=3),
+        reference=Reference(expected=keywords["expected"]),
+        tolerances=Tolerances(
+            atol={0: 1e-3, "*": 1e-4}, rtol=1e-3, check_error_stat="max", top_k=3, min_top_k_agreement=0.5, strict=True
+        ),
+        isolation=Isolation(memory_limit="2GiB", timeout=300.0),
+        outputs=Outputs(save_outputs=tmp_path / "groups.pt"),
+        trust=Trust(),
+    )
+    assert by_keywords.ok and by_keywords.expected_source == "given" and len(by_keywords.random_runs) == 1
+    assert any(output.top_k == 3 for output in by_keywords.outputs)
+    assert _comparable(by_keywords) == _comparable(by_groups)
+    first, second = wire
+    assert first["atol"] == {"0": 1e-3, "*": 1e-4} and first["stat"] == "max" and first["seed"] == 3
+    assert {**first, "save_outputs": None} == {**second, "save_outputs": None}
+    saved = [torch.load(tmp_path / name, weights_only=True) for name in ("keywords.pt", "groups.pt")]
+    assert all(torch.equal(a, b) for a, b in zip(*saved, strict=True))
+    # In this process (isolate=False) as well, where nothing travels as JSON.
+    here = verify(saved_seed.good, isolation=Isolation(isolate=False), tolerances=Tolerances(top_k=2))
+    assert _comparable(here) == _comparable(verify(saved_seed.good, isolate=False, top_k=2))
+
+
+def test_diff_takes_the_groups(saved_seed: SavedSeed, wire: list[dict[str, Any]]) -> None:
+    by_groups = diff(
+        saved_seed.good, saved_seed.bare,
+        inputs=Inputs(arg_inputs=[saved_seed.x]), tolerances=Tolerances(atol=1e-3, top_k=2),
+        trust=Trust(), isolation=Isolation(memory_limit="2GiB"),
+    )  # fmt: skip
+    by_keywords = diff(saved_seed.good, saved_seed.bare, arg_inputs=[saved_seed.x], atol=1e-3, top_k=2,
+                       memory_limit="2GiB")  # fmt: skip
+    assert by_groups.ok and by_groups.boundaries
+    assert _comparable(by_groups) == _comparable(by_keywords)
+    assert wire[0] == wire[1] and wire[0]["path_b"] == str(saved_seed.bare) and wire[0]["top_k"] == 2
+
+
+def test_cases_take_the_groups(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    case = tmp_path / "cases" / "one"
+    case.mkdir(parents=True)
+    torch.save([saved_seed.x], case / "inputs.pt")
+    torch.save(list(saved_seed.compiled(saved_seed.x)), case / "expected.pt")
+    by_groups = verify_cases(saved_seed.bare, case.parent, tolerances=Tolerances(atol=1e-3),
+                             isolation=Isolation(memory_limit="2GiB"))  # fmt: skip
+    by_keywords = verify_cases(saved_seed.bare, case.parent, atol=1e-3, memory_limit="2GiB")
+    assert [r.status for r in by_groups] == [r.status for r in by_keywords] == ["PASS"]
+    assert by_groups[0].report is not None and by_keywords[0].report is not None
+    assert _comparable(by_groups[0].report) == _comparable(by_keywords[0].report)
+
+
+def test_a_rank_set_takes_the_groups(
+    saved_seed: SavedSeed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wire: list[dict[str, Any]]
+) -> None:
+    # A rank set of one, in this process's own process group: its file (saved alone) is refused by the set's
+    # agreement, after its child opened it with the options it was sent.
+    (tmp_path / "m_rank0_of_1.pt2").write_bytes(saved_seed.good.read_bytes())
+    template = str(tmp_path / "m_rank{rank}_of_{world_size}.pt2")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"), ("WORLD_SIZE", "1")):
+        monkeypatch.setenv(name, value)
+    groups = dict(reference=Reference(per_engine=True), tolerances=Tolerances(atol=1e-3, strict=True),
+                  trust=Trust(allow_ops=("aten::sin",)), isolation=Isolation(memory_limit="2GiB"))  # fmt: skip
+    by_groups = rank_set.verify_rank_set(template, **groups)  # type: ignore[arg-type]
+    assert "holds no rank manifest" in by_groups.ranks[0]["error"]
+    assert wire[0]["per_engine"] is True and wire[0]["atol"] == 1e-3 and wire[0]["allow_ops"] == ["aten::sin"]
+    # The keywords make the same groups (a second rank set would start a second fresh interpreter: seconds).
+    keywords = dict(per_engine=True, atol=1e-3, strict=True, allow_ops=["aten::sin"], memory_limit="2GiB")
+    options = opts.gather(opts.RANKS, keywords, reference=None, tolerances=None, trust=None, isolation=None)
+    assert options == opts.gather(opts.RANKS, {}, **groups)
+
+
+def test_groups_are_frozen_values() -> None:
+    trust = Trust(allow_ops=["aten::sin"])
+    assert trust.allow_ops == ("aten::sin",) and hash(trust) == hash(Trust(allow_ops=("aten::sin",)))
+    with pytest.raises(AttributeError):
+        trust.allow_pickle = True  # type: ignore[misc]
+    assert replace(Tolerances(atol=1e-3), rtol=1e-2) == Tolerances(atol=1e-3, rtol=1e-2)
