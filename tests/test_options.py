@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import io
 import socket
 import typing
@@ -25,6 +26,10 @@ from trt_inline.verify import Inputs, Isolation, Outputs, Reference, Tolerances,
 from trt_inline.verify import options as opts
 from trt_inline.verify.cases import verify_cases
 
+# Each entry point that takes keywords, by the name used_by gives it.
+ENTRY_POINT_FUNCTIONS: dict[str, Any] = {
+    opts.VERIFY: verify, opts.DIFF: diff, opts.CASES: verify_cases, opts.RANKS: rank_set.verify_rank_set,
+}  # fmt: skip
 # The fields with no flag: tensors, a module, and isolate=False (a trusted file, in this process).
 PYTHON_ONLY = {"arg_inputs", "kwarg_inputs", "expected", "expected_module", "isolate"}
 
@@ -70,14 +75,29 @@ def test_every_declared_option_is_one_flag_with_its_help_once(monkeypatch: pytes
         else:
             texts = helps
         for command, text in texts.items():
-            count = text.count(declaration.help)
+            own = declaration.help_of(cli._COMMANDS.get(command, ()))  # (a command's own help text, else help)
+            count = text.count(own)
             assert count == (command in shown), f"{declaration.flags[0]}: its help {count} times in {command} --help"
             assert (f"{declaration.flags[0]} " in text) is (command in shown), (declaration.flags[0], command)
-    # Each option once: no two fields share a flag or a help text.
+            if own != declaration.help:
+                assert declaration.help not in text, f"{declaration.flags[0]}: {command} --help shows both texts"
+    # Each option once: no two fields share a flag or a help text (nor a command's own help text).
     flags = [flag for _, declaration in declared for flag in declaration.flags]
     assert len(flags) == len(set(flags))
-    texts = [declaration.help for _, declaration in declared]
+    texts = [text for _, d in declared for text in (d.help, *(own for _, own in d.help_for))]
     assert len(texts) == len(set(texts))
+
+
+def test_diff_says_where_its_inputs_come_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    # diff --inputs: its own help text, as before the declarations (verify's names its --expected).
+    diff_help, verify_help = _help(monkeypatch, "diff"), _help(monkeypatch, "verify")
+    own = "--inputs INPUTS torch.save'd inputs (default: the reference inputs embedded in A, else in B)"
+    assert own in diff_help and own not in verify_help
+    assert "--inputs INPUTS torch.save'd tensor, list of tensors, or {'args', 'kwargs'}" in verify_help
+    (inputs,) = (d for item, d in opts.declarations(cli.CommandFlags) if item.name == "inputs")
+    assert inputs.help_of({opts.DIFF}) != inputs.help == inputs.help_of(cli._COMMANDS["verify"])
+    with pytest.raises(ValueError, match="not used by"):
+        opts.declared("text", "--x", used_by=(opts.VERIFY,), help_for={opts.DIFF: "other"})
 
 
 def test_every_flag_of_the_command_line_comes_from_a_declaration() -> None:
@@ -140,6 +160,55 @@ def test_the_keywords_have_the_types_of_the_fields() -> None:
     assert {item.name for item in fields(opts.Options)} == {group.__name__.lower() for group in opts.GROUPS}
 
 
+def test_each_entry_point_takes_the_keywords_its_fields_declare() -> None:
+    # An entry point's TypedDict (what a type checker holds a keyword to) lists exactly the fields whose used_by
+    # names it, with their types: diff(a, b, strict=True) is refused by mypy as by the call.
+    field_types: dict[str, Any] = {}
+    for group in opts.GROUPS:
+        field_types.update(typing.get_type_hints(group))
+    assert set(opts.ENTRY_POINT_FIELDS) == set(ENTRY_POINT_FUNCTIONS)
+    for entry, keywords in opts.ENTRY_POINT_FIELDS.items():
+        taken = {item.name for item, declaration in opts.declarations() if entry in declaration.used_by}
+        hints = typing.get_type_hints(keywords)
+        assert set(hints) == taken, f"{keywords.__name__}: {set(hints) ^ taken} differ from used_by {entry!r}"
+        assert hints == {name: field_types[name] for name in taken}, keywords.__name__
+        assert not keywords.__required_keys__, keywords.__name__  # (each keyword may be left out)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        opts.VERIFY,
+        opts.DIFF,
+        opts.RANKS,
+        opts.CASES,
+    ],
+)  # fmt: skip
+def test_an_entry_point_takes_its_keywords_and_the_groups_that_hold_them(entry: str) -> None:
+    function = ENTRY_POINT_FUNCTIONS[entry]
+    hints = typing.get_type_hints(function)  # (every name of the signature importable at run time)
+    parameters = inspect.signature(function).parameters
+    assert parameters["fields"].kind is inspect.Parameter.VAR_KEYWORD
+    assert typing.get_args(hints["fields"]) == (opts.ENTRY_POINT_FIELDS[entry],), entry
+    groups = {name for name, parameter in parameters.items() if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    taken = {
+        group.__name__.lower()
+        for group in opts.GROUPS
+        if any(entry in declaration.used_by for _, declaration in opts.declarations(group))
+    }
+    assert taken <= groups, entry
+    if entry != opts.CASES:  # (verify_cases takes outputs= too, to say why it does not apply to cases)
+        assert groups == taken, entry
+    assert all(hints[name] == getattr(opts, name.capitalize()) | None for name in groups), entry
+
+
+def test_the_entry_points_type_hints_resolve() -> None:
+    # typing.get_type_hints (documentation tools, runtime checkers): nothing only a type checker imports.
+    for function in (verify, diff, rank_set.verify_rank_set):
+        hints = typing.get_type_hints(function)
+        assert {"fields", "return"} <= set(hints), function.__name__
+
+
 def test_a_group_with_one_of_its_own_fields_is_a_type_error(tmp_path: Path) -> None:
     path = tmp_path / "never_opened.pt2"
     calls = {
@@ -169,7 +238,7 @@ def test_a_group_with_one_of_its_own_fields_is_a_type_error(tmp_path: Path) -> N
     with pytest.raises(TypeError, match=r"^verify_rank_set\(\) does not take expected_from, isolate"):
         rank_set.verify_rank_set(str(path), reference=Reference(expected_from="b.pt2"), isolate=False)
     with pytest.raises(VerifyInputError, match="expected_from, save_outputs do not apply with cases"):
-        verify_cases(path, tmp_path, reference=Reference(expected_from="b.pt2"), save_outputs="o.pt")
+        verify_cases(path, tmp_path, reference=Reference(expected_from="b.pt2"), save_outputs="o.pt")  # type: ignore[call-arg]
 
 
 def _comparable(report: Any) -> dict[str, Any]:

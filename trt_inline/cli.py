@@ -482,7 +482,8 @@ class CommandFlags:
 
     # fmt: off
     inputs: str | None = field(default=None, metadata=declared(
-        "torch.save'd tensor, list of tensors, or {'args', 'kwargs'}", "--inputs", used_by=(VERIFY, DIFF)))
+        "torch.save'd tensor, list of tensors, or {'args', 'kwargs'}", "--inputs", used_by=(VERIFY, DIFF),
+        help_for={DIFF: "torch.save'd inputs (default: the reference inputs embedded in A, else in B)"}))
     expected: str | None = field(default=None, metadata=declared(
         "torch.save'd tensor or list of tensors: the expected outputs", "--expected", used_by=(VERIFY,)))
     cases: str | None = field(default=None, metadata=declared(
@@ -537,12 +538,14 @@ def _flag_default(item: dataclasses.Field[Any], declaration: Declaration) -> Any
     return default
 
 
-def _argparse_keywords(item: dataclasses.Field[Any], declaration: Declaration) -> dict[str, Any]:
-    """``add_argument``'s keywords for a declared option: parsed into the field's name."""
+def _argparse_keywords(item: dataclasses.Field[Any], declaration: Declaration, command: str | None) -> dict[str, Any]:
+    """``add_argument``'s keywords for a declared option of ``command`` (None: before the command): parsed into the
+    field's name, with the help text that command shows."""
+    text = declaration.help if command is None else declaration.help_of(_COMMANDS[command])
     keywords: dict[str, Any] = {
         "dest": item.name,
         "action": declaration.action,
-        "help": declaration.help.replace("%", "%%"),
+        "help": text.replace("%", "%%"),
     }
     if declaration.action in ("store", "append"):
         keywords["default"] = _flag_default(item, declaration)
@@ -560,7 +563,7 @@ def _add_flags(parser: argparse.ArgumentParser, command: str | None) -> None:
         else:
             wanted = not declaration.before_command and bool(declaration.used_by & _COMMANDS[command])
         if wanted:
-            parser.add_argument(*declaration.flags, **_argparse_keywords(item, declaration))
+            parser.add_argument(*declaration.flags, **_argparse_keywords(item, declaration, command))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ from trt_inline import compat, distributed, formats, package, progress
 from trt_inline.distributed import rank_check
 from trt_inline.embedding import DEFAULT_REFERENCE_LIMIT_BYTES, embeds_boundaries, reference_extra_files
 from trt_inline.errors import SaveError
-from trt_inline.flat_program import drop_provenance, exported_program_from_graph
+from trt_inline.flat_program import drop_provenance, exported_program_from_graph, in_signature_order
 from trt_inline.module_state import buffers_restored
 from trt_inline.passes import transform
 from trt_inline.verify.checked_run import checking
@@ -54,6 +54,7 @@ def to_exported_program(
             f"save() takes the GraphModule returned by torch_tensorrt.dynamo.compile or "
             f"trt_inline.reference.compile (or an ExportedProgram), got {type(module).__qualname__}"
         )
+    kwarg_inputs = in_signature_order(module, kwarg_inputs)  # (by name, never the caller's dict order)
     flat = transform(module)
     if not retrace:
         examples = None

@@ -9,6 +9,7 @@ legacy exporter, through the plugin). Both first remove what
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,11 +35,30 @@ __all__ = [
     "add_missing_ranges",
     "drop_provenance",
     "drop_unserializable",
+    "in_signature_order",
     "exported_program_from_graph",
     "lift_attributes",
     "lift_into",
     "refuse_call_modules",
 ]
+
+
+def in_signature_order(module: Any, kwarg_inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Keyword inputs in the order of ``module.forward``'s parameters, whatever order the caller's dict has.
+
+    ``torch.export`` keeps the dict's order in the program's input spec but binds a GraphModule's inputs by
+    position when it traces it, so ``{"z": z, "y": y}`` for ``forward(x, y, z)`` wrote a program computing with
+    ``y`` and ``z`` swapped. Keywords the signature does not name (``**kwargs``) follow, in the caller's order.
+    """
+    if not kwarg_inputs or not callable(getattr(module, "forward", None)):
+        return kwarg_inputs
+    try:
+        names = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return kwarg_inputs
+    ordered = {name: kwarg_inputs[name] for name in names if name in kwarg_inputs}
+    ordered.update((name, value) for name, value in kwarg_inputs.items() if name not in ordered)
+    return ordered
 
 
 # Order the ExportedProgram verifier expects lifted inputs in, before user inputs.

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,11 +45,12 @@ from trt_inline.distributed.manifest import (
 )
 from trt_inline.distributed.relay import CALL_OF_OP, Allowed, RelayServer
 from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
+from trt_inline.verify.options import Isolation, RankSetFields, Reference, Tolerances, Trust
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):
     from typing import Unpack
-
-    from trt_inline.verify.options import Isolation, RankSetFields, Reference, Tolerances, Trust
+else:  # (typing has it from 3.11)
+    from typing_extensions import Unpack
 
 __all__ = ["RESULT_FILE_ENV", "RankSetReport", "launch", "under_launcher", "verify_rank_set"]
 

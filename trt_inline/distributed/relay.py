@@ -306,7 +306,8 @@ class RelayServer:
     """The parent's end: reads the child's calls, answers them with this job's process groups.
 
     A small state machine over the two pipes, driven by the parent's loop
-    (:mod:`trt_inline.isolation.child`): it reads a call only when no reply is
+    (:func:`trt_inline.isolation.process.supervise`, through :class:`trt_inline.isolation.pipes.Pipes`):
+    it reads a call only when no reply is
     pending (:meth:`wants_input`), reads a header of at most 64 KiB and then
     exactly the payload it announces, and writes its reply without blocking
     (:meth:`write_to`), so that a child that stops reading cannot stall the

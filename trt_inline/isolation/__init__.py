@@ -32,7 +32,8 @@ module          concern
 ``process``     a child interpreter's command line, environment, process group,
                 supervision against the time and memory limits, its end
 ``zygote``      one clean interpreter that forks the children (``reusing_interpreter``)
-``pipes``       the request, report, progress and read-ahead pipes, drained on a thread
+``pipes``       the request, report, progress and read-ahead pipes (the request written on a
+                thread; the others drained by the supervising loop)
 ``limits``      ``Limits``, sizes, the memory available, this process's own memory
 ``read_ahead``  reading a mapped file into the page cache ahead of the program, in the
                 same process or, for a child, by its parent

@@ -14,7 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trt_inline import progress
 from trt_inline.errors import (
@@ -32,9 +32,6 @@ from trt_inline.isolation.limits import (
 )
 from trt_inline.isolation.pipes import PROGRESS_FD, RESULT_FD
 from trt_inline.isolation.process import ADDRESS_SPACE_LIMITED
-
-if TYPE_CHECKING:
-    pass
 
 
 def _read_request() -> tuple[dict[str, Any], bytes]:

@@ -12,16 +12,11 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from trt_inline.errors import (
     VerifyInputError,
 )
 from trt_inline.formats import format_size
-
-if TYPE_CHECKING:
-    pass
-
 
 DEFAULT_TIMEOUT = 3600.0
 

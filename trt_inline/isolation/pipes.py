@@ -1,8 +1,9 @@
 """The pipes between the parent and a child: the request in, the report, progress lines and read-ahead records out.
 
-The parent writes the request and drains the child's pipes on a thread of its
-own, so that a child that writes much never blocks; a report past its cap is
-cut and marked, never read whole.
+A thread of the parent writes the request (the child reads it while the parent
+supervises); the loop that supervises the child (:func:`trt_inline.isolation.process.supervise`)
+drains the other pipes as it waits, so that a child that writes much never
+blocks; a report past its cap is cut and marked, never read whole.
 """
 
 from __future__ import annotations

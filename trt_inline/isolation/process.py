@@ -21,13 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trt_inline.isolation.limits import Limits, proc_kib_field
 from trt_inline.isolation.pipes import POLL_SECONDS, Pipes
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trt_inline.isolation.limits import Limits
 from trt_inline.isolation.pipes import Pipes
 from trt_inline.isolation.process import Ended, child_environment, interpreter_command, kill_group, supervise
-
-if TYPE_CHECKING:
-    pass
-
 
 # The interpreter's loop: for each job it receives (its folder, environment and its pipe ends,
 # over a UNIX socket), fork a child that becomes what a fresh interpreter running

@@ -30,6 +30,7 @@ import torch.fx
 from trt_inline import compat, distributed, embedding, engines, export, formats, package, releases
 from trt_inline.distributed import rank_check
 from trt_inline.distributed.manifest import RankManifest
+from trt_inline.flat_program import in_signature_order
 from trt_inline.formats import REFERENCE_IO_ENV
 from trt_inline.plugin import ranges
 
@@ -67,6 +68,8 @@ def save_with_reference_io(stock_save: Callable[..., Any]) -> Callable[..., Any]
     def save(module: Any, file_path: str = "", **kwargs: Any) -> Any:
         # (the wrapper's own keyword: no release's save takes it)
         embed_rank_check = bool(kwargs.pop("embed_rank_check", False))
+        if kwargs.get("kwarg_inputs"):  # (by name: the exporter takes the dict's order for the signature's)
+            kwargs["kwarg_inputs"] = in_signature_order(module, kwargs["kwarg_inputs"])
         file_path = distributed.expand_path(file_path) if file_path else file_path
         # A rank set saves collectively: every rank must be here before the reference run's collectives.
         in_rank_set = distributed.in_rank_set()

@@ -35,6 +35,22 @@ It is the top floor of reading and checking: it imports :mod:`trt_inline.archive
 
 from __future__ import annotations
 
+# Public here before the archive package held them (``from trt_inline.verify import load`` keeps working).
+from trt_inline.archive import (
+    AOTI_PACKAGE,
+    EXPORTED_PROGRAM,
+    REFERENCE_IO_FILE,
+    EngineBoundary,
+    LoadedFile,
+    ReferenceIO,
+    capture_reference_io,
+    classify_file,
+    decode_reference_io,
+    encode_reference_io,
+    load,
+    load_exported_program,
+    open_file,
+)
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError
 from trt_inline.verify.compare import default_tolerance
 from trt_inline.verify.diff import diff
@@ -44,6 +60,19 @@ from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import verify
 
 __all__ = [
+    "AOTI_PACKAGE",
+    "EXPORTED_PROGRAM",
+    "REFERENCE_IO_FILE",
+    "EngineBoundary",
+    "LoadedFile",
+    "ReferenceIO",
+    "capture_reference_io",
+    "classify_file",
+    "decode_reference_io",
+    "encode_reference_io",
+    "load",
+    "load_exported_program",
+    "open_file",
     "Inputs",
     "Isolation",
     "OutputComparison",

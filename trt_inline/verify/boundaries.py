@@ -33,7 +33,7 @@ from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.engines import is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
-from trt_inline.verify.checked_run import CheckedRun, ProgramInputs
+from trt_inline.verify.checked_run import CheckedRun, running_as
 from trt_inline.verify.compare import isolated_run, normal_call
 from trt_inline.verify.graph_table import Region, Vocabulary
 
@@ -370,17 +370,9 @@ def trace_program(
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
     tracer = _Tracer(module, recorded, device)
     try:
-        flat = ProgramInputs(module).flatten(args, kwargs)  # (as a call flattens them: by the input spec)
-    except (TypeError, ValueError) as exc:
-        raise VerifyInputError(
-            f"the program does not accept the inputs ({type(exc).__name__}: {first_line(exc)})"
-        ) from exc
-    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(flat):
-        raise VerifyInputError(f"the program takes {len(placeholders)} inputs, {len(flat)} were given")
-    try:
-        with isolated_run(), normal_call(), buffers_restored(module) as restored:  # from the state it was given
-            result = restored.apart(tracer.run(*flat, enable_io_processing=False))
+        # The call a user makes (the program's own input checks, its pytree), its graph run by the tracer.
+        with isolated_run(), normal_call(), buffers_restored(module) as restored, running_as(module, tracer):
+            result = restored.apart(module(*args, **kwargs))
     except VerifyInputError:
         raise
     except _Stopped:

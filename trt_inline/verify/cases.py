@@ -17,29 +17,32 @@ unreadable, of another kind) is an error naming it before the first verdict.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.verify.options import (
     CASES,
+    CasesFields,
     Inputs,
     Isolation,
     Outputs,
     Reference,
     Tolerances,
     Trust,
-    VerifyFields,
     gather,
     untaken,
 )
 from trt_inline.verify.report import VerifyReport
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):
     from typing import Unpack
+else:  # (typing has it from 3.11)
+    from typing_extensions import Unpack
 
 __all__ = [
     "CASE_FILES",
@@ -180,7 +183,7 @@ def verify_cases(
     trust: Trust | None = None,
     isolation: Isolation | None = None,
     outputs: Outputs | None = None,
-    **fields: Unpack[VerifyFields],
+    **fields: Unpack[CasesFields],
 ) -> list[CaseResult]:
     """Verify the saved program ``path`` on every case of ``folder``, one :func:`~trt_inline.verify` each (its
     own child process); the results worst first (:func:`worst_first`).

@@ -28,7 +28,7 @@ from trt_inline import compat
 from trt_inline.verify.declared import DeclaredValues
 from trt_inline.verify.garbage import Sightings, sights
 
-__all__ = ["CheckedRun", "ProgramInputs", "checking"]
+__all__ = ["CheckedRun", "ProgramInputs", "checking", "running_as"]
 
 
 # Operators whose values depend on their tensor arguments' sizes only (``zeros_like(x)``, ``x.new_ones(3)``,
@@ -119,19 +119,27 @@ class ProgramInputs:
 
 
 @contextlib.contextmanager
+def running_as(module: torch.fx.GraphModule, interpreter: torch.fx.Interpreter) -> Iterator[None]:
+    """While inside, a call of ``module`` runs its graph through ``interpreter``: the call a user makes (its
+    hooks, the exported program's input checks, its pytree of inputs and outputs), only ``forward`` replaced."""
+    inputs = ProgramInputs(module)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return inputs.outputs(interpreter.run(*inputs.flatten(args, kwargs), enable_io_processing=False))
+
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.forward
+
+
+@contextlib.contextmanager
 def checking(module: Any, moved_to: str | None, run: str) -> Iterator[CheckedRun | None]:
     """While inside, a call of ``module`` (a GraphModule) runs as a :class:`CheckedRun`; None for other modules."""
     if not isinstance(module, torch.fx.GraphModule):
         yield None
         return
     checked = CheckedRun(module, moved_to, run)
-    inputs = ProgramInputs(module)
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return inputs.outputs(checked.run(*inputs.flatten(args, kwargs), enable_io_processing=False))
-
-    module.forward = forward  # type: ignore[method-assign]
-    try:
+    with running_as(module, checked):
         yield checked
-    finally:
-        del module.forward

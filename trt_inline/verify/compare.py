@@ -238,7 +238,7 @@ def run_on(
     if checks:
         run.problems += checks[0].declared.summary()
         run.warnings += checks[0].declared.torch_warnings()
-        checks[0].see_program([*args, *kwargs.values()], run.outputs)
+        checks[0].see_program(pytree.tree_leaves((args, kwargs)), run.outputs)  # (every input, nested ones too)
         run.sightings = checks[0].sightings
     for name, mode in RUN_MODES[1:]:
         disagree = modes_disagree(run.outputs, once(mode), normal_name, name)

@@ -13,9 +13,10 @@ reads ``engine 1 output 1`` where the other file's reads ``engine 1 output 0``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -50,8 +51,10 @@ from trt_inline.verify.report import VerifyReport
 from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import capture_device, report_of_child, save_target, save_tensors
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):
     from typing import Unpack
+else:  # (typing has it from 3.11)
+    from typing_extensions import Unpack
 
 __all__ = ["diff", "diff_job"]
 
@@ -186,8 +189,8 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
         device = arguments["device"] or captured
         sets: list[tuple[Draw | None, list[torch.Tensor], dict[str, torch.Tensor]]] = [(None, args, kwargs)]
         if arguments["random_inputs"]:
-            draws = draw_inputs(program_a, arguments["random_inputs"], arguments["seed"], args)
-            sets += [(draw, draw.inputs, {}) for draw in draws]
+            draws = draw_inputs(program_a, arguments["random_inputs"], arguments["seed"], (args, kwargs))
+            sets += [(draw, draw.args, draw.kwargs) for draw in draws]
         for iteration, (draw, run_args, run_kwargs) in enumerate(sets):
             with opened[1].reading_ahead():
                 trace_b = trace_program(module_b, run_args, run_kwargs, device)

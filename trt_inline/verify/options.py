@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
 
@@ -38,11 +38,13 @@ from trt_inline.verify.compare import ERROR_STATS, tolerance_key
 __all__ = [
     "CASES",
     "DIFF",
+    "ENTRY_POINT_FIELDS",
     "ENTRY_POINTS",
     "GROUPS",
     "INSPECT",
     "RANKS",
     "VERIFY",
+    "CasesFields",
     "Declaration",
     "DiffFields",
     "Inputs",
@@ -88,7 +90,9 @@ class Declaration:
     ``flags``: its spelling(s) on the command line, () for an option of the Python API alone (tensors, a module).
     ``action``, ``type``, ``metavar``, ``choices``: as :meth:`argparse.ArgumentParser.add_argument` takes them;
     the flag's default is the field's (a list for ``append``). ``parse``: the flag's value (and the flag) to the
-    field's. ``before_command``: given before the command (``trt-inline --debug verify ...``).
+    field's. ``before_command``: given before the command (``trt-inline --debug verify ...``). ``help_for``:
+    (entry point, help) pairs, the help text the command of that entry point shows instead of ``help``
+    (:meth:`help_of`; ``diff``'s ``--inputs`` says where diff's default inputs come from).
     """
 
     help: str
@@ -100,11 +104,32 @@ class Declaration:
     choices: tuple[str, ...] | None = None
     parse: Callable[[Any, str], Any] | None = None
     before_command: bool = False
+    help_for: tuple[tuple[str, str], ...] = ()
+
+    def help_of(self, entries: Collection[str]) -> str:
+        """The help text of the command that takes ``entries``: its own (``help_for``), else ``help``."""
+        own = {text for entry, text in self.help_for if entry in entries}
+        if len(own) > 1:
+            raise ValueError(
+                f"{self.flags or self.help!r}: one help text per command, {len(own)} for {sorted(entries)}"
+            )
+        return own.pop() if own else self.help
 
 
-def declared(help: str, *flags: str, used_by: Sequence[str] = ENTRY_POINTS, **how: Any) -> dict[str, Declaration]:
-    """A field's ``metadata``: its :class:`Declaration`."""
-    return {"option": Declaration(help, flags, frozenset(used_by), **how)}
+def declared(
+    help: str,
+    *flags: str,
+    used_by: Sequence[str] = ENTRY_POINTS,
+    help_for: Mapping[str, str] | None = None,
+    **how: Any,
+) -> dict[str, Declaration]:
+    """A field's ``metadata``: its :class:`Declaration` (``help_for``: by entry point, the help its command shows
+    instead of ``help``)."""
+    own = tuple(sorted((help_for or {}).items()))
+    for entry, _ in own:
+        if entry not in used_by:
+            raise ValueError(f"help_for {entry!r}: an entry point the option is not used by ({sorted(used_by)})")
+    return {"option": Declaration(help, flags, frozenset(used_by), help_for=own, **how)}
 
 
 def declaration(item: dataclasses.Field[Any]) -> Declaration:
@@ -393,18 +418,54 @@ class OutputsFields(TypedDict, total=False):
     extract: str | os.PathLike[str] | None
 
 
-# What each entry point takes as keywords: the fields of its groups (one a group holds and the entry point does
-# not take, e.g. diff's strict, is refused when it runs: :func:`untaken`).
+# What each entry point takes as keywords: exactly the fields whose declaration's ``used_by`` names it, so that
+# a type checker refuses the others (diff(a, b, strict=True)) as it refuses any keyword a function does not take;
+# at run time they are refused too (:func:`gather`). ENTRY_POINT_FIELDS: each entry point's (tests/test_options.py
+# holds each to its used_by, names and types).
 class VerifyFields(InputsFields, ReferenceFields, TolerancesFields, TrustFields, IsolationFields, OutputsFields):
-    pass
+    """``verify``'s keywords: every field."""
 
 
-class DiffFields(InputsFields, TolerancesFields, TrustFields, IsolationFields, OutputsFields):
-    pass
+class DiffFields(InputsFields, TrustFields, IsolationFields, total=False):
+    """``diff``'s keywords: no reference (its second file is), no ``strict``, and of the outputs only
+    ``save_outputs``."""
+
+    atol: float | Mapping[Any, float] | None
+    rtol: float | Mapping[Any, float] | None
+    check_error_stat: str
+    top_k: int | None
+    min_top_k_agreement: float | None
+    save_outputs: str | os.PathLike[str] | None
 
 
-class RankSetFields(ReferenceFields, TolerancesFields, TrustFields, IsolationFields):
-    pass
+class CasesFields(TolerancesFields, TrustFields, IsolationFields, total=False):
+    """``verify --cases``'s keywords (:func:`~trt_inline.verify.cases.verify_cases`): not what each case gives
+    (inputs, expected outputs) nor what writes one file."""
+
+    random_inputs: int
+    seed: int
+    device: str | None
+    per_engine: bool
+
+
+class RankSetFields(TolerancesFields, TrustFields, total=False):
+    """``verify_rank_set``'s keywords: a rank set runs on its embedded reference I/O, each rank in a sandboxed
+    child, and writes no file."""
+
+    per_engine: bool
+    sandbox: bool
+    timeout: float | None
+    memory_limit: int | str | None
+    debug: bool
+
+
+# Each entry point that takes keywords, and their TypedDict.
+ENTRY_POINT_FIELDS: dict[str, type[Mapping[str, Any]]] = {
+    VERIFY: VerifyFields,
+    DIFF: DiffFields,
+    CASES: CasesFields,
+    RANKS: RankSetFields,
+}
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,15 @@ mean and spread, integers within their minimum and maximum, booleans at random.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import sympy
 import torch
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
+from trt_inline import compat
 from trt_inline.errors import VerifyInputError
 
 __all__ = ["Draw", "draw_inputs", "size_ranges"]
@@ -28,10 +31,16 @@ _NO_END = 1 << 62
 
 @dataclass
 class Draw:
-    """One set of random inputs, and the value each size symbol was given."""
+    """One set of random inputs, and the value each size symbol was given.
+
+    ``inputs``: one per program input, in the program's order; ``args`` / ``kwargs``: the same as a call passes
+    them (the program's input spec: its keyword inputs by name, nested inputs nested).
+    """
 
     inputs: list[torch.Tensor]
     symbols: dict[str, int]
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def shapes(self) -> list[list[int]]:
         return [list(t.shape) for t in self.inputs]
@@ -49,7 +58,7 @@ def _user_input_values(program: ExportedProgram) -> list[torch.Tensor]:
 
 
 def size_ranges(
-    program: ExportedProgram, sample: Sequence[torch.Tensor] | None = None
+    program: ExportedProgram, sample: Sequence[torch.Tensor | None] | None = None
 ) -> dict[sympy.Symbol, tuple[int, int]]:
     """Each size symbol of the program's inputs and the (min, max) it is drawn in."""
     values = _user_input_values(program)
@@ -61,8 +70,9 @@ def size_ranges(
                 continue
             expr = size.node.expr
             symbols |= expr.free_symbols
-            if isinstance(expr, sympy.Symbol) and sample is not None and index < len(sample):
-                sample_sizes[expr] = int(sample[index].shape[dim])
+            given = sample[index] if sample is not None and index < len(sample) else None
+            if isinstance(expr, sympy.Symbol) and given is not None and dim < given.dim():
+                sample_sizes[expr] = int(given.shape[dim])
     ranges: dict[sympy.Symbol, tuple[int, int]] = {}
     for symbol in sorted(symbols, key=str):
         bounds = program.range_constraints.get(symbol)
@@ -102,14 +112,42 @@ def _values(
     return torch.randint(low, high + 1, shape, generator=generator).to(dtype)
 
 
+def _call_form(program: ExportedProgram, flat: list[torch.Tensor]) -> tuple[list[Any], dict[str, Any]]:
+    """One value per program input as a call passes them: by the program's input spec."""
+    in_spec = program.call_spec.in_spec
+    if in_spec is None:
+        return list(flat), {}
+    args, kwargs = pytree.tree_unflatten(flat, in_spec)
+    return list(args), dict(kwargs)
+
+
+def _flat_sample(program: ExportedProgram, sample: tuple[Sequence[Any], dict[str, Any]]) -> list[torch.Tensor | None]:
+    """The sample call's inputs, one per program input (the sizes and value ranges drawn around)."""
+    in_spec = program.call_spec.in_spec
+    try:
+        leaves = compat.flatten_by_spec((list(sample[0]), dict(sample[1])), in_spec) if in_spec is not None else []
+    except Exception:  # (inputs of another structure: the draw goes by the declarations alone)
+        leaves = []
+    return [leaf if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+
+
 def draw_inputs(
-    program: ExportedProgram, count: int, seed: int, sample: Sequence[torch.Tensor] | None = None
+    program: ExportedProgram,
+    count: int,
+    seed: int,
+    sample: tuple[Sequence[Any], dict[str, Any]] | Sequence[torch.Tensor] | None = None,
 ) -> list[Draw]:
-    """``count`` sets of inputs (as positional arguments) within the program's declared ranges."""
+    """``count`` sets of inputs within the program's declared ranges, around a sample call's inputs where given:
+    its ``(args, kwargs)``, or one tensor per program input."""
     if count < 1:
         raise VerifyInputError(f"random inputs: the number of draws must be at least 1, got {count}")
     values = _user_input_values(program)
-    ranges = size_ranges(program, sample)
+    flat_sample: list[torch.Tensor | None] | None = None
+    if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict):
+        flat_sample = _flat_sample(program, (sample[0], sample[1]))
+    elif sample is not None:
+        flat_sample = [value if isinstance(value, torch.Tensor) else None for value in sample]
+    ranges = size_ranges(program, flat_sample)
     generator = torch.Generator().manual_seed(seed)
     draws = []
     for iteration in range(count):
@@ -124,7 +162,8 @@ def draw_inputs(
         inputs = []
         for index, val in enumerate(values):
             shape = [size if isinstance(size, int) else int(size.node.expr.subs(chosen)) for size in val.shape]
-            reference = sample[index] if sample is not None and index < len(sample) else None
+            reference = flat_sample[index] if flat_sample is not None and index < len(flat_sample) else None
             inputs.append(_values(val, shape, reference, generator))
-        draws.append(Draw(inputs, {str(s): v for s, v in chosen.items()}))
+        args, kwargs = _call_form(program, inputs)
+        draws.append(Draw(inputs, {str(s): v for s, v in chosen.items()}, args, kwargs))
     return draws

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -74,9 +75,12 @@ from trt_inline.verify.random_inputs import draw_inputs
 from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
-if TYPE_CHECKING:
+if sys.version_info >= (3, 11):
     from typing import Unpack
+else:  # (typing has it from 3.11)
+    from typing_extensions import Unpack
 
+if TYPE_CHECKING:
     from trt_inline.distributed.relay import RelayServer
 
 __all__ = [
@@ -184,7 +188,7 @@ def verify(
     deterministic-algorithm flags as they were.
 
     A file is loaded and run in a sandboxed child process
-    (:mod:`trt_inline.isolation.child`, :mod:`trt_inline.isolation.sandbox`) stopped
+    (:mod:`trt_inline.isolation`, :mod:`trt_inline.isolation.sandbox`) stopped
     after ``timeout`` seconds (default 3600) or past ``memory_limit`` (bytes or
     ``"2GiB"``; default 2 GiB and half the file's size, at most 80% of the memory available); a crash there is an
     error here, never a crash of the caller. Where the OS sandbox cannot be set
@@ -434,7 +438,7 @@ def save_boundaries_file(reference: ReferenceIO, path: str | os.PathLike[str]) -
 
 
 def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
-    """:func:`verify` inside the child process (:mod:`trt_inline.isolation.child`).
+    """:func:`verify` inside the child process (the job :mod:`trt_inline.isolation.inside` runs).
 
     Returns the report, and with ``keep_outputs`` the outputs too (the parent writes them).
     """
@@ -669,7 +673,8 @@ def _verify_here(
                 report.notes.append(f"engine by engine comparison not possible: {exc}")
         if random_inputs:
             _random_runs(
-                report, program, runnable, args, random_inputs, seed, device, expected_module, atol, rtol, stat,
+                report, program, runnable, (args, kwargs), random_inputs, seed, device, expected_module, atol, rtol,
+                stat,
                 sightings,
             )  # fmt: skip
         report.warnings += garbage_warnings(sightings)
@@ -818,7 +823,10 @@ def _localize_crash(
     cause = failure.__cause__ or failure
     report.problems.append(f"the program raises on its reference inputs ({type(cause).__name__}: {first_line(cause)})")
     progress.report("the run raised: walking the program boundary by boundary to where it did")
-    trace = trace_program(module, args, kwargs, device, recorded)
+    try:
+        trace = trace_program(module, args, kwargs, device, recorded)
+    except VerifyInputError:
+        return  # (the call refused its own inputs before any node ran: the problem above says how)
     if trace.crash is None:  # it ran this time (a program that raises only sometimes is wrong too)
         report.notes.append("run again node by node, the program did not raise")
         return
@@ -880,7 +888,7 @@ def _random_runs(
     report: VerifyReport,
     program: ExportedProgram | None,
     runnable: Callable[..., Any],
-    sample: Sequence[torch.Tensor],
+    sample: tuple[Sequence[Any], dict[str, Any]],
     count: int,
     seed: int,
     device: str | None,
@@ -905,7 +913,12 @@ def _random_runs(
         try:
             collectives = isinstance(runnable, torch.nn.Module) and bool(collectives_of(runnable))
             ran = run_on(
-                runnable, draw.inputs, {}, device, layouts=not collectives, run_name=f"on random inputs {iteration}"
+                runnable,
+                draw.args,
+                draw.kwargs,
+                device,
+                layouts=not collectives,
+                run_name=f"on random inputs {iteration}",
             )
             outputs, mode_problems = ran.outputs, ran.problems
             report.warnings += [w for w in ran.warnings if w not in report.warnings]
@@ -921,7 +934,7 @@ def _random_runs(
                 problem = f"NaN or Inf in output {', '.join(bad)}"
             elif expected_module is not None:
                 with normal_call(), buffers_restored(expected_module) as restored:
-                    want = tensors_only(restored.apart(expected_module(*draw.inputs)), "expected outputs")
+                    want = tensors_only(restored.apart(expected_module(*draw.args, **draw.kwargs)), "expected outputs")
                 differ = [
                     c.problem
                     for i, (got, ref) in enumerate(zip(outputs, want, strict=False))
