@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -56,14 +60,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="run the torchrun rank-set tests (tests/test_tensor_parallel.py, about a minute; .ci/run does)",
     )
+    parser.addoption(
+        "--docs",
+        action="store_true",
+        help="run the runnable code blocks of README.md and docs/ (tests/test_docs.py, 1-2 minutes; .ci/run does)",
+    )
 
 
 # Test files by what they cost (seconds on one worker, measured), the longest first: pytest-xdist hands
-# whole files to the workers in collection order, and starting with the longest keeps either worker
-# from being left with one long file at the end.
+# whole files to the workers in collection order (see pytest_configure), and starting with the longest keeps
+# either worker from being left with one long file at the end. (test_packages.py and test_plugin_packages.py
+# cost minutes with --packages, nothing without.) The files not named here follow, in name order.
 _LONGEST_FIRST = (
-    "test_plugin.py", "test_fuzz.py", "test_packages.py", "test_fuzz_dynamic.py", "test_hostile.py",
-    "test_plugin_packages.py", "test_verify.py", "test_scalars.py", "test_end_to_end.py", "test_sandbox.py",
+    "test_plugin.py", "test_fuzz.py", "test_packages.py", "test_fuzz_dynamic.py", "test_plugin_packages.py",
+    "test_hostile.py", "test_doors.py", "test_verdicts.py", "test_reading.py", "test_sandbox.py", "test_verify.py",
+    "test_cuda_machine.py", "test_divergence.py", "test_determinism.py", "test_structure.py", "test_quiet_lies.py",
+    "test_scalars.py", "test_end_to_end.py", "test_engine_names.py", "test_rank_check.py", "test_untrusted.py",
 )  # fmt: skip
 
 
@@ -75,6 +87,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
          "passes it)"),
         ("--packages", "packages", "the tests that compile AOTInductor packages run with --packages (.ci/run and "
          ".ci/matrix pass it)"),
+        ("--docs", "docs", "the runnable code blocks of README.md and docs/ run with --docs (.ci/run passes it)"),
     ):  # fmt: skip
         if config.getoption(option):
             continue
@@ -100,6 +113,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # the first derandomized examples are the simplest, and fewer would rarely cross an engine boundary).
     scalars = 2000 if config.getoption("--slow") else int(os.environ.get("TRT_INLINE_FUZZ_EXAMPLES", "300"))
     settings.register_profile("trt_inline_scalars", profile, max_examples=max(10, scalars // 6))
+    # pytest-xdist 3.x hands out files by their number of tests (most first) unless told not to: that put the
+    # longest files last. Keep the collection order of pytest_collection_modifyitems (the longest first).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,14 +165,171 @@ _LOADER = textwrap.dedent(
 )
 
 
+# A clean interpreter (torch and ``preload`` imported, nothing else: no file loaded, no tensor op run) that forks a
+# child for each request: the child runs the request's code as a new ``python -c CODE ARGS`` would after those
+# imports (``path`` put first on sys.path, as PYTHONPATH would), without starting an interpreter and importing
+# torch per run. Requests are one JSON line each on its stdin; it answers each with the child's exit status.
+_FORKING_INTERPRETER = textwrap.dedent(
+    """
+    import importlib, json, os, sys, traceback
+    import torch
+    for name in sys.argv[1:]:
+        importlib.import_module(name)
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
+            if request["stderr"] is None:
+                os.dup2(1, 2)
+            else:
+                os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+            os.chdir(request["cwd"])
+            sys.path[:0] = request["path"]
+            sys.argv = ["-c", *request["argv"]]
+            status = 0
+            try:
+                exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
+            except SystemExit as exc:
+                if exc.code is None or isinstance(exc.code, int):
+                    status = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+                    status = 1
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(f"{os.waitstatus_to_exitcode(status)}\\n")
+        sys.stdout.flush()
+    """
+)
+
+
+class _ForkingInterpreter:
+    def __init__(self, preload: Sequence[str], env: dict[str, str]) -> None:
+        self.stderr = tempfile.TemporaryFile()  # what it says itself (an import that fails, say)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _FORKING_INTERPRETER, *preload],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+
+    def run(self, request: dict[str, Any], timeout: float) -> tuple[int | None, str]:
+        """Its child's exit status (None if it or the interpreter did not answer within ``timeout`` seconds), and
+        what the interpreter itself said then."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(json.dumps({**request, "cwd": os.getcwd()}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # it ended (it could not import, say)
+            pass
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if ready else ""
+        if not line.strip():  # timed out, or the interpreter ended: nothing of it may outlive the call
+            self.stderr.seek(0)
+            said = self.stderr.read().decode(errors="replace")
+            self.close()
+            return None, said
+        return int(line), ""
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait()
+        self.stderr.close()
+
+
+# The worker's forking interpreters, the most recently used last (at most _KEPT are kept running).
+_forking_interpreters: dict[object, _ForkingInterpreter] = {}
+_KEPT = 4
+
+
+def _forking_interpreter(preload: Sequence[str], env: dict[str, str]) -> _ForkingInterpreter:
+    """The worker's interpreter for ``preload`` and ``env`` (started, or restarted after it ended, on demand).
+
+    ``PYTEST_CURRENT_TEST`` (pytest sets it for each test) is no reason to start another.
+    """
+    key = (sys.executable, tuple(preload), tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
+    interpreter = _forking_interpreters.pop(key, None)
+    if interpreter is not None and interpreter.process.poll() is not None:
+        interpreter.close()
+        interpreter = None
+    if interpreter is None:
+        interpreter = _ForkingInterpreter(preload, env)
+    _forking_interpreters[key] = interpreter
+    while len(_forking_interpreters) > _KEPT:
+        _forking_interpreters.pop(next(iter(_forking_interpreters))).close()
+    return interpreter
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _processes_forked_from_one_interpreter() -> Iterator[None]:
+    """Stops the worker's forking interpreters (:func:`run_forked`) when the session ends."""
+    yield
+    while _forking_interpreters:
+        _forking_interpreters.popitem()[1].close()
+
+
+def run_forked(
+    code: str,
+    arguments: Sequence[str],
+    folder: Path,
+    *,
+    env: dict[str, str],
+    preload: Sequence[str] = (),
+    path: Sequence[str | Path] = (),
+    merged: bool = False,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code arguments`` with ``env`` (and ``path`` first on ``sys.path``) as a process of its own: a
+    child forked from a clean interpreter of this test worker that has imported only torch and ``preload``
+    (nothing the code does not import first anyway), which never runs anything itself. What a new interpreter
+    gives the code after those imports, without starting one and importing torch per run; nothing of the
+    caller's process is in it. Its stdout and stderr go to files in ``folder`` (one file with ``merged``: then
+    ``stdout`` holds both). A run past ``timeout`` seconds ends with ``returncode`` None.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkstemp(prefix="forked-", suffix=".out", dir=folder)[1])
+    err = None if merged else Path(tempfile.mkstemp(prefix="forked-", suffix=".err", dir=folder)[1])
+    request = {
+        "code": code,
+        "argv": list(arguments),
+        "path": [str(entry) for entry in path],
+        "stdout": str(out),
+        "stderr": None if err is None else str(err),
+    }
+    status, said = _forking_interpreter(preload, env).run(request, timeout)
+    stdout = out.read_text(errors="replace")
+    stderr = ("" if err is None else err.read_text(errors="replace")) + said
+    out.unlink()
+    if err is not None:
+        err.unlink()
+    return subprocess.CompletedProcess(["python", "-c", code, *arguments], status, stdout, stderr)
+
+
 def load_runs_in_fresh_process(
     tmp_path: Path,
     paths: Sequence[Path],
     input_sets: Sequence[Sequence[torch.Tensor]] | dict[Path, Sequence[Sequence[torch.Tensor]]],
     imports: Sequence[str] = ("trt_inline",),
 ) -> dict[str, list[dict[str, Any]]]:
-    """Load each file once in a new interpreter that imported only torch and ``imports``; run it on every input set.
+    """Load each file once in a fresh process that imported only torch and ``imports``; run it on every input set.
 
+    The process is a child forked from a clean interpreter of this test worker that has imported torch and
+    ``imports`` and nothing else (it never loads a file itself; :func:`run_forked`): what a new interpreter
+    gives after those imports, without starting one and importing torch per call.
     ``input_sets``: the same for every file, or ``{path: input sets}``. Returns
     ``{path: [{"outputs", "call_modules", "kinds"} for each of its input sets]}``.
     """
@@ -163,15 +337,11 @@ def load_runs_in_fresh_process(
     results_file = tmp_path / "results.pt"
     by_path = input_sets if isinstance(input_sets, dict) else {path: input_sets for path in paths}
     torch.save({str(path): [list(inputs) for inputs in by_path[path]] for path in paths}, inputs_file)
+    results_file.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=python_path())
-    proc = subprocess.run(
-        [sys.executable, "-c", _LOADER, str(inputs_file), str(results_file), ",".join(imports), *map(str, paths)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    argv = [str(inputs_file), str(results_file), ",".join(imports), *map(str, paths)]
+    proc = run_forked(_LOADER, argv, tmp_path, env=env, preload=imports, merged=True, timeout=300)
+    assert proc.returncode == 0, f"loader exit status {proc.returncode}: {(proc.stdout + proc.stderr)[-4000:]}"
     results: dict[str, list[dict[str, Any]]] = torch.load(results_file, weights_only=True)
     return results
 

@@ -3,8 +3,9 @@
 ``torch_tensorrt`` cannot be imported on a CPU machine, so each test builds a
 ``torch_tensorrt`` package in ``tmp_path`` around the release's real
 ``dynamo/_exporter.py`` and the real ``save`` of its ``_compile.py``
-(``tests/releases.py``). A subprocess with the project installed then calls
-``torch_tensorrt.save`` as a user would. On a torch that no release requires
+(``tests/releases.py``). A process of its own with the project installed then
+calls ``torch_tensorrt.save`` as a user would (forked from a clean interpreter
+that imported only torch: ``run_python``). On a torch that no release requires
 (2.15), the release-bound tests skip and say so.
 """
 
@@ -28,7 +29,15 @@ from typing import Any
 import pytest
 import releases
 import torch
-from conftest import REPO, as_list, load_in_fresh_process, load_runs_in_fresh_process, max_abs_diff, python_path
+from conftest import (
+    REPO,
+    as_list,
+    load_in_fresh_process,
+    load_runs_in_fresh_process,
+    max_abs_diff,
+    python_path,
+    run_forked,
+)
 
 import trt_inline
 import trt_inline_autoload
@@ -122,21 +131,49 @@ def package_tree(root: Path, version: str, exporter_source: str) -> Path:
     return releases.package_tree(root, version, exporter_source)
 
 
+# What run_python's processes have imported before their code runs: torch, and torch._dynamo (which importing
+# torch_tensorrt imports first; importing it changes nothing trt-inline decides). Nothing of trt-inline.
+PRELOAD = ("torch._dynamo",)
+
+
 def run_python(
-    code: str, tree: Path, *args: str, disable: bool = False, path: Sequence[Path] = ()
+    code: str,
+    tree: Path,
+    *args: str,
+    disable: bool = False,
+    path: Sequence[Path] = (),
+    preload: tuple[str, ...] = PRELOAD,
+    merged: bool = False,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -c code args`` with the shell ``tree`` (and ``path``) importable, as a user's process."""
-    env = dict(os.environ, PYTHONPATH=python_path(tree, TESTS, REPO, *path))
+    """``python -c code args`` with the shell ``tree`` (and ``path``) importable, as a user's process.
+
+    The process is forked from a clean interpreter of this test worker that has imported only torch and
+    ``preload`` (conftest.run_forked): what a new interpreter gives the code, without starting one per run.
+    ``fresh``: a new interpreter (for what happens while one starts: ``import torch``). ``merged``: stderr
+    into stdout.
+    """
+    env = dict(os.environ)
     env.pop("TRT_INLINE_DISABLE", None)
     if disable:
         env["TRT_INLINE_DISABLE"] = "1"
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, env=env, timeout=600
-    )
+    if fresh:
+        env["PYTHONPATH"] = python_path(tree, TESTS, REPO, *path)
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+    env["PYTHONPATH"] = python_path(TESTS, REPO, *path)  # the tree first on sys.path, as PYTHONPATH=tree:... puts it
+    return run_forked(textwrap.dedent(code), args, tree.parent, env=env, preload=preload, path=[tree], merged=merged)
 
 
 # Runs `code` once per argument list, each time in a fork of one interpreter that has imported torch and the
 # modules `code` imports first anyway: what a new `python -c code args` gives, without those imports per case.
+# (For modules of the tree itself; run_python forks from an interpreter that has imported only torch's.)
 _FORKS = """
 import importlib, json, os, sys, traceback
 import torch
@@ -172,6 +209,10 @@ print(json.dumps(results))
 """
 
 
+def _preload(preload: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*PRELOAD, *preload)))
+
+
 def run_python_forks(
     code: str,
     tree: Path,
@@ -183,8 +224,15 @@ def run_python_forks(
 ) -> list[tuple[int, str]]:
     """``run_python(code, tree, *arguments)`` for each argument list: ``[(exit status, output)]``.
 
-    ``preload``: modules ``code`` imports before anything else, imported once before the forks.
+    ``preload``: modules ``code`` imports before anything else, imported once before the forks (in an
+    interpreter of their own where one is the tree's: torch_tensorrt, ExecuTorch).
     """
+    if not any(name.partition(".")[0] in ("torch_tensorrt", "executorch") for name in preload):
+        runs = [
+            run_python(code, tree, *arguments, disable=disable, path=path, preload=_preload(preload), merged=True)
+            for arguments in argument_lists
+        ]
+        return [(proc.returncode, proc.stdout) for proc in runs]
     proc = run_python(
         _FORKS, tree, textwrap.dedent(code), json.dumps(argument_lists), *preload, disable=disable, path=path
     )
@@ -223,7 +271,6 @@ _SAVE_SEED = """
     shared = bool(storages(flat)) and storages(flat) <= storages(compiled) and flat is not compiled
     print(json.dumps({"active": trt_inline.is_active(), "paths": paths, "shared": shared,
                       "modules": {n: getattr(ex, n).__module__ for n in names},
-                      "reports": [trt_inline.verify(p).ok for p in paths],
                       "engines": [n for n, _ in compiled.named_children() if n.startswith("_run_on_acc_")],
                       "boundaries": [[b.name for b in open_file(p).reference.boundaries or []] for p in paths]}))
 """
@@ -239,7 +286,8 @@ def test_released_save_runs_our_passes(tmp_path: Path) -> None:
     assert report["modules"]["inline_torch_modules"] == "trt_inline.passes"
     assert report["modules"]["inline_trt_modules"].startswith("trt_inline.")
     assert report["modules"]["lift"].startswith("trt_inline.")
-    assert report["reports"] == [True, True], "trt_inline.verify on the embedded reference I/O"
+    reports = [trt_inline.verify(path).ok for path in report["paths"]]  # the files the user's process saved
+    assert reports == [True, True], "trt_inline.verify on the embedded reference I/O"
     assert report["shared"] is True, "transform's copy shares the compiled module's tensors"
     assert len(report["engines"]) >= 2 and report["boundaries"] == [report["engines"]] * 2, "TRT_INLINE_REFERENCE_IO"
 
@@ -606,7 +654,7 @@ def test_a_replacement_failing_its_preflight_is_left_stock(tmp_path: Path) -> No
 
 def test_exporter_that_fails_to_import_does_not_break_import_torch(tmp_path: Path) -> None:
     tree = package_tree(tmp_path / "site", "2.13.0", "raise ImportError('libnvinfer.so.10: cannot open')\n")
-    proc = run_python("import torch; print(torch.ones(2).sum().item())", tree)
+    proc = run_python("import torch; print(torch.ones(2).sum().item())", tree, fresh=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "2.0"
 
@@ -616,7 +664,7 @@ def test_import_torch_loads_only_the_hook(tmp_path: Path) -> None:
         import sys, torch
         print(json.dumps(sorted(m for m in sys.modules if m.startswith(("torch_tensorrt", "trt_inline", "wrapt")))))
     """
-    proc = run_python("import json\n" + textwrap.dedent(code), tmp_path)
+    proc = run_python("import json\n" + textwrap.dedent(code), tmp_path, fresh=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout)
     assert "trt_inline_autoload" in loaded, "the torch.backends entry point did not run"
@@ -694,11 +742,11 @@ def test_doctor_reports_and_exits_zero_without_torch_tensorrt() -> None:
 
 
 def run_doctor(tree: Path) -> subprocess.CompletedProcess[str]:
-    """``trt-inline doctor`` with ``tree``'s torch_tensorrt importable and autoload on."""
-    env = dict(os.environ, PYTHONPATH=python_path(tree))
-    env.pop("TRT_INLINE_DISABLE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "trt_inline.cli", "doctor"], capture_output=True, text=True, env=env, timeout=120
+    """``trt-inline doctor`` (``python -m trt_inline.cli doctor``) with ``tree``'s torch_tensorrt importable and
+    autoload on, as run_python runs a user's process. (test_doctor_reports_and_exits_zero_without_torch_tensorrt
+    starts the command as a new interpreter.)"""
+    return run_python(
+        "import runpy\nrunpy.run_module('trt_inline.cli', run_name='__main__', alter_sys=True)", tree, "doctor"
     )
 
 
@@ -895,8 +943,7 @@ _SAVE_THROUGH_TORCH_TENSORRT = """
     x = torch.randn(2, 3, 8, 8)
     compiled = trt_inline.reference.compile(ConvBnRelu().eval(), (x,), torch_executed_ops=["aten.relu.default"])
     torch_tensorrt.save(compiled, sys.argv[1], arg_inputs=[x], retrace=False)
-    report = trt_inline.verify(sys.argv[1])
-    print(report.expected_source, report.ok, "save" in trt_inline.plugin.replaced_functions())
+    print("save" in trt_inline.plugin.replaced_functions())
     trt_inline.uninstall()
     print(torch_tensorrt.save.__module__, getattr(torch_tensorrt.save, "__wrapped__", None) is None)
 """
@@ -914,7 +961,8 @@ def test_patched_torch_tensorrt_save_embeds_reference_io(tmp_path: Path, with_ex
     proc = run_python(_SAVE_THROUGH_TORCH_TENSORRT, tree, str(tmp_path / "model.pt2"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = proc.stdout.strip().splitlines()[-2:]
-    assert first == "embedded True True"
+    report = trt_inline.verify(tmp_path / "model.pt2")  # the file the user's process saved
+    assert f"{report.expected_source} {report.ok} {first}" == "embedded True True"
     assert second == "torch_tensorrt._compile True", "uninstall must put the stock save back"
 
 

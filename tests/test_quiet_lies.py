@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import json
 import operator
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import python_path
 from models import RELU, ConvBnRelu, scalar_cases
 from releases import minor
+from test_verify import cli
 from torch import nn
 
 import trt_inline
@@ -32,7 +29,6 @@ from trt_inline.verify.garbage import garbage_warnings, sighted
 
 REFERENCE_NAME = "trt_inline_reference_io.b64"
 REFERENCE_IO = f"/{REFERENCE_NAME}"  # (under extra/ or extra_files/, as the torch release lays its archive out)
-_ENV = {**os.environ, "PYTHONPATH": python_path()}
 
 
 def _engine_label(program: torch.export.ExportedProgram) -> str:
@@ -97,10 +93,7 @@ def test_a_declaration_the_engine_does_not_keep_fails_verify(good_file: Path, tm
 def test_the_cli_exits_1_naming_the_engine(good_file: Path, tmp_path: Path) -> None:
     lying = tmp_path / "dtype.pt2"
     _crafted(good_file, "dtype", lying)
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline", "verify", str(lying), "--json"],
-        capture_output=True, text=True, env=_ENV, timeout=300,
-    )  # fmt: skip
+    proc = cli("verify", str(lying), "--json")  # trt-inline's main in this process; the file opens in its child
     assert proc.returncode == 1, proc.stderr
     problems = json.loads(proc.stdout)["problems"]
     assert len(problems) == 1 and "out[0]: declared float64[2, 8, 8, 8] on cpu, returned float32" in problems[0]
@@ -241,9 +234,9 @@ def test_strict_on_the_command_line(tmp_path: Path) -> None:
     compiled = trt_inline.reference.compile(_Garbage("zeros").eval(), (x,), torch_executed_ops=[RELU])
     path = tmp_path / "zeros.pt2"
     trt_inline.save(compiled, path, arg_inputs=(x,))
-    command = [sys.executable, "-m", "trt_inline", "verify", str(path)]
-    lenient = subprocess.run(command, capture_output=True, text=True, env=_ENV, timeout=300)
-    strict = subprocess.run([*command, "--strict"], capture_output=True, text=True, env=_ENV, timeout=300)
+    # trt-inline's main in this process, each file opened in its child: the flag as the command line parses it.
+    lenient = cli("verify", str(path))
+    strict = cli("verify", str(path), "--strict")
     assert lenient.returncode == 0 and "  warning: " in lenient.stdout, lenient.stdout + lenient.stderr
     assert strict.returncode == 1 and "(--strict)" in strict.stdout, strict.stdout + strict.stderr
 

@@ -141,14 +141,15 @@ def _probe(outside: Outside, *, namespaces: bool) -> dict[str, str]:
     return dict(result.value)
 
 
-def _assert_contained(outside: Outside, results: dict[str, str]) -> None:
-    escaped = {name: results.get(name) for name in _CONTAINED if not str(results.get(name, "")).startswith("blocked")}
-    assert escaped == {}, escaped
-    broken = {name: results.get(name) for name in _STILL_WORKING if results.get(name) != "SUCCEEDED"}
-    assert broken == {}, broken
-    # The request came over a pipe: nothing in the job's folder but what the job itself wrote.
-    assert "request" not in results["own folder holds"], results["own folder holds"]
-    time.sleep(1.5)  # what a lingering process would have waited before writing the marker
+def _assert_contained(outside: Outside, *probed: dict[str, str]) -> None:
+    for results in probed:
+        escaped = {n: results.get(n) for n in _CONTAINED if not str(results.get(n, "")).startswith("blocked")}
+        assert escaped == {}, escaped
+        broken = {name: results.get(name) for name in _STILL_WORKING if results.get(name) != "SUCCEEDED"}
+        assert broken == {}, broken
+        # The request came over a pipe: nothing in the job's folder but what the job itself wrote.
+        assert "request" not in results["own folder holds"], results["own folder holds"]
+    time.sleep(1.5)  # what a lingering process would have waited before writing the marker (after the last probe)
     assert not outside.marker.exists(), outside.marker.read_text()
     assert outside.victim.read_text() == "untouched"
     assert not (outside.root / "outside.txt").exists()
@@ -171,8 +172,7 @@ def test_code_in_a_forked_child_reaches_nothing_outside(outside: Outside) -> Non
     with reusing_interpreter():
         first = _probe(outside, namespaces=True)
         second = _probe(outside, namespaces=False)
-    _assert_contained(outside, first)
-    _assert_contained(outside, second)
+    _assert_contained(outside, first, second)
 
 
 def test_the_child_gets_no_secret_from_the_environment(outside: Outside, monkeypatch: pytest.MonkeyPatch) -> None:

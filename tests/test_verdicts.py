@@ -122,12 +122,16 @@ def test_a_program_whose_modes_disagree_is_named() -> None:
 
 
 @pytest.mark.parametrize("limit", ["1M", "16M"])
-def test_a_memory_limit_too_small_is_named_as_one(grad_mode_reader: dict[str, Path], limit: str) -> None:
+def test_a_memory_limit_too_small_is_named_as_one(
+    grad_mode_reader: dict[str, Path], limit: str, monkeypatch: pytest.MonkeyPatch, fresh_children: None
+) -> None:
     """However the child fails under a tiny limit (a thread that cannot start, native code exiting), the one
     line says it ran out of its memory limit and that --memory-limit raises it."""
     # CUDA hidden: where the child may use CUDA its limit is watched on resident memory instead (named alike).
+    # trt-inline's main in this process; its child a fresh interpreter, as the command starts it.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     wide = str(grad_mode_reader["root"] / "wide.pt2")
-    proc = cli("verify", wide, "--memory-limit", limit, env={"CUDA_VISIBLE_DEVICES": ""})
+    proc = cli("verify", wide, "--memory-limit", limit)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     line = proc.stderr.strip()
     assert "\n" not in line and f"memory limit of {limit[:-1]} MiB" in line, line
