@@ -66,8 +66,17 @@ def to_exported_program(
     # Size-oblivious: an engine's scalar output read back with item() is an unbacked
     # symbol that export equates with an input size; with 0/1 specialisation that
     # equality would narrow a declared Dim(min=1) to 2 in a runtime assert.
-    with compat.backed_size_oblivious():
-        program = compat.export_nonstrict(flat, tuple(arg_inputs or ()), kwarg_inputs or None, dynamic_shapes)
+    try:
+        with compat.backed_size_oblivious():
+            program = compat.export_nonstrict(flat, tuple(arg_inputs or ()), kwarg_inputs or None, dynamic_shapes)
+    except TypeError as exc:
+        if not kwarg_inputs:
+            raise
+        # (torch 2.5's export passes keyword inputs on to the interpreter of a GraphModule, which takes none)
+        raise SaveError(
+            f"torch {torch.__version__} cannot export the flattened module with keyword inputs ({exc}): pass "
+            f"{', '.join(kwarg_inputs)} in arg_inputs, in the order of its parameters"
+        ) from exc
     return drop_provenance(program)
 
 
