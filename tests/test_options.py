@@ -324,6 +324,9 @@ def test_cases_take_the_groups(saved_seed: SavedSeed, tmp_path: Path) -> None:
     assert _comparable(by_groups[0].report) == _comparable(by_keywords[0].report)
 
 
+# A gloo process group in the test's own process: with the rank-set tests (--tensor-parallel, .ci/run), not in a
+# long-lived worker, where torch 2.5's gloo teardown waits forever for its threads.
+@pytest.mark.tensor_parallel
 def test_a_rank_set_takes_the_groups(
     saved_seed: SavedSeed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wire: list[dict[str, Any]]
 ) -> None:
