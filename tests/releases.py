@@ -73,6 +73,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         r"needs a CUDA device, and this machine has none",  # the cuda lane (.ci/cuda)
         r"tests at scale \(1 GiB model, reports at the cap\) run with --memory",  # .ci/run runs them on their own
         r"the torchrun rank-set tests run with --tensor-parallel",  # .ci/run runs them on their own
+        r"the runnable code blocks of README\.md and docs/ run with --docs",  # .ci/run runs them on their own
     ]
     if minor(torch_version) < (2, 9):
         allowed.append(r"writes no payload configs")  # measured on 2.8.0 too
