@@ -282,6 +282,13 @@ def _processes_forked_from_one_interpreter() -> Iterator[None]:
         _forking_interpreters.popitem()[1].close()
 
 
+def _new_file(folder: Path, suffix: str) -> Path:
+    """A new empty file in ``folder`` (its descriptor closed: the child opens it by name, each call)."""
+    descriptor, name = tempfile.mkstemp(prefix="forked-", suffix=suffix, dir=folder)
+    os.close(descriptor)
+    return Path(name)
+
+
 def run_forked(
     code: str,
     arguments: Sequence[str],
@@ -301,8 +308,8 @@ def run_forked(
     ``stdout`` holds both). A run past ``timeout`` seconds ends with ``returncode`` None.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    out = Path(tempfile.mkstemp(prefix="forked-", suffix=".out", dir=folder)[1])
-    err = None if merged else Path(tempfile.mkstemp(prefix="forked-", suffix=".err", dir=folder)[1])
+    out = _new_file(folder, ".out")
+    err = None if merged else _new_file(folder, ".err")
     request = {
         "code": code,
         "argv": list(arguments),
