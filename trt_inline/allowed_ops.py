@@ -18,7 +18,9 @@ ATen operators                  a name of :data:`ALLOWED_ATEN` (``allowed_aten.t
                                 containing ``sparse``, ``nested`` or ``_unsafe`` (but
                                 ``_unsafe_view``); tagged random only in a call
                                 :data:`DRAWS_ONLY_WHEN` says cannot draw; the operators of
-                                :data:`CHECKED_ONLY_WHEN` only with the literal it names;
+                                :data:`CHECKED_ONLY_WHEN` only with the literals they name;
+                                those of :data:`RUN_CHECKS` only with arguments in range,
+                                checked as each call runs (:func:`check_run`);
                                 ``as_strided`` only as a restride (:data:`RESTRIDE_ONLY`);
                                 outputs of :data:`READABLE_OUTPUTS` kernels only where they
                                 hold values
@@ -75,7 +77,9 @@ __all__ = [
     "allowed_now",
     "allows",
     "allowing",
+    "RUN_CHECKS",
     "check_reads",
+    "check_run",
     "check_restride_run",
     "check_target",
     "is_native_engine_op",
@@ -133,16 +137,25 @@ UNINITIALIZED_ATEN = frozenset(
 )  # fmt: skip
 # A gate: the literal (argument, value) pairs a call must pass, any one of them enough.
 Gate = tuple[tuple[str, object], ...]
-# Operators allowed only in a call that passes a literal keeping them to their values: with another they skip the
-# checks of their inputs (and read past them), or update statistics they are given in place although their schema
-# says they write nothing (a program could count its calls, and compute otherwise on the thousandth).
-CHECKED_ONLY_WHEN: dict[str, Gate] = {
-    "aten::segment_reduce": (("unsafe", False),),
-    "aten::isin": (("assume_unique", False),),
-    "aten::batch_norm": (("training", False),),
-    "aten::native_batch_norm": (("training", False),),
-    "aten::instance_norm": (("use_input_stats", False), ("running_mean", None)),
-    "aten::_assert_tensor_metadata": (("stride", None),),
+# Operators allowed only in a call that passes a literal keeping them to their values, each gate of the tuple
+# passed: with another they skip the checks of their inputs (and read past them), or update statistics they are
+# given in place although their schema says they write nothing (a program could count its calls, and compute
+# otherwise on the thousandth). segment_reduce checks ``lengths`` (in part: :data:`RUN_CHECKS` does the rest)
+# unless told ``unsafe``, and never checks ``offsets``. A copy told ``non_blocking`` hands back its result before
+# the copy is done.
+CHECKED_ONLY_WHEN: dict[str, tuple[Gate, ...]] = {
+    "aten::segment_reduce": ((("unsafe", False),), (("offsets", None),), (("indices", None),)),
+    "aten::isin": ((("assume_unique", False),),),
+    "aten::batch_norm": ((("training", False),),),
+    "aten::native_batch_norm": ((("training", False),),),
+    "aten::instance_norm": (
+        (("use_input_stats", False), ("running_mean", None)),
+        (("use_input_stats", False), ("running_var", None)),
+    ),
+    "aten::_assert_tensor_metadata": ((("stride", None),),),
+    "aten::_to_copy": ((("non_blocking", False),),),
+    "aten::to": ((("non_blocking", False),),),
+    "aten::copy": ((("non_blocking", False),),),
 }
 # What a call outside its gate does, per operator of CHECKED_ONLY_WHEN.
 _SKIPS_CHECKS = "which can skip the checks of its inputs and read past them"
@@ -156,6 +169,9 @@ _GATE_REASONS = {
     "aten::_assert_tensor_metadata": (
         "which checks its input's strides (a program could refuse a layout verify does not pass)"
     ),
+    "aten::_to_copy": "which returns before its copy is done unless told to block",
+    "aten::to": "which returns before its copy is done unless told to block",
+    "aten::copy": "which returns before its copy is done unless told to block",
 }
 # as_strided reads its source's storage, not its values: where the storage holds more than the source (an input
 # that is a view of the caller's larger buffer) or holds it in another order (an input laid out channels-last), it
@@ -511,6 +527,217 @@ def check_restride_run(size: Sequence[int], source: torch.Tensor) -> None:
         )
 
 
+# -- arguments checked when the call runs ------------------------------------------------------------------------
+#
+# Operators whose kernels check an index, offset, length or size argument on one path only, or not against the
+# tensor it indexes (read in their CPU and CUDA kernels): each call is checked with the values it is given, just
+# before it runs (:func:`check_run`: the checked call of a graph, every step of a reference engine's program), and
+# refused where the kernel would read or write outside its arguments or return memory it did not write.
+
+
+def _argument(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], name: str) -> Any:
+    try:
+        return compat.op_argument_value(op, tuple(args), kwargs, name)
+    except KeyError:
+        return None
+
+
+def _numel_is(value: Any, count: int) -> bool:
+    return not isinstance(value, torch.Tensor) or value.numel() == count
+
+
+def _ints_of(value: torch.Tensor) -> list[int]:
+    return [int(v) for v in value.reshape(-1).tolist()]
+
+
+def _segment_reduce_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """``lengths`` (the form the gate allows): its batch shape the data's, non-negative, each row summing to the
+    reduced dimension's size (the kernel checks the last two only; a short batch reads past both)."""
+    data, lengths = _argument(op, args, kwargs, "data"), _argument(op, args, kwargs, "lengths")
+    if not isinstance(data, torch.Tensor) or not isinstance(lengths, torch.Tensor):
+        return "no lengths tensor (offsets are never checked)"
+    axis, given = lengths.dim() - 1, _argument(op, args, kwargs, "axis")
+    if type(given) is not int or given % max(1, data.dim()) != axis:
+        return f"axis={given!r} for lengths of {lengths.dim()} dimensions"
+    if axis < 0 or lengths.dtype.is_floating_point or list(lengths.shape[:axis]) != list(data.shape[:axis]):
+        return f"lengths of shape {list(lengths.shape)} for data of shape {list(data.shape)}"
+    if lengths.numel() and (bool((lengths < 0).any()) or bool((lengths.sum(-1) != data.shape[axis]).any())):
+        return "lengths that are negative or do not sum to the reduced dimension"
+    return None
+
+
+def _repeat_interleave_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """A ``repeats`` tensor with ``output_size`` given: the kernel then skips its check that repeats are not
+    negative and writes as the repeats say into a result of ``output_size`` (past it)."""
+    repeats, size = _argument(op, args, kwargs, "repeats"), _argument(op, args, kwargs, "output_size")
+    if not isinstance(repeats, torch.Tensor) or size is None:
+        return None
+    if repeats.numel() and (bool((repeats < 0).any()) or int(repeats.sum()) != int(size)):
+        return f"repeats that are negative or do not sum to its output_size={int(size)}"
+    return None
+
+
+def _embedding_bag_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """``offsets`` (the kernels check only the first and the last): starting at 0, never decreasing, within
+    ``indices``; 1-D indices; per-sample weights one per index (a bag between bad offsets reads past them, or is
+    left as uninitialized memory in the output)."""
+    indices, offsets = _argument(op, args, kwargs, "indices"), _argument(op, args, kwargs, "offsets")
+    weights = _argument(op, args, kwargs, "per_sample_weights")
+    if not isinstance(indices, torch.Tensor) or not isinstance(offsets, torch.Tensor):
+        return "no indices and offsets tensors"
+    if indices.dim() != 1 or offsets.dim() != 1 or indices.dtype.is_floating_point or offsets.dtype.is_floating_point:
+        return f"indices of shape {list(indices.shape)} and offsets of shape {list(offsets.shape)} (1-D each)"
+    if isinstance(weights, torch.Tensor) and list(weights.shape) != list(indices.shape):
+        return f"per_sample_weights of shape {list(weights.shape)} for {indices.numel()} indices"
+    if offsets.numel():
+        steps = offsets[1:] - offsets[:-1]
+        if int(offsets[0]) != 0 or bool((steps < 0).any()) or int(offsets[-1]) > indices.numel():
+            return "offsets that do not start at 0, decrease, or reach past its indices"
+    return None
+
+
+def _batch_norm_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Weight, bias and statistics of the input's channel count (only the composite ``batch_norm`` checks it; the
+    kernels read past shorter ones); statistics given unless it computes them (``no_stats`` needs training)."""
+    data = _argument(op, args, kwargs, "input")
+    if not isinstance(data, torch.Tensor) or data.dim() < 2:
+        return "an input of fewer than 2 dimensions"
+    channels = data.shape[1]
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        if not _numel_is(_argument(op, args, kwargs, name), channels):
+            return f"a {name} of {_argument(op, args, kwargs, name).numel()} values for {channels} channels"
+    if compat.op_overload_name(op) == "no_stats" and _argument(op, args, kwargs, "training") is not True:
+        return "no statistics and training=False (nothing to normalize with)"
+    return None
+
+
+def _lstm_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Every weight, bias and state of the shape the layer count, directions and sizes ask for (the CPU kernel
+    torch picks for float32 checks none, and reads past a short weight or writes past a short state)."""
+    data = _argument(op, args, kwargs, "input" if compat.op_overload_name(op) == "input" else "data")
+    hx, params = _argument(op, args, kwargs, "hx"), _argument(op, args, kwargs, "params")
+    layers, biases = _argument(op, args, kwargs, "num_layers"), _argument(op, args, kwargs, "has_biases")
+    directions = 2 if _argument(op, args, kwargs, "bidirectional") else 1
+    if not (isinstance(data, torch.Tensor) and isinstance(hx, list | tuple) and len(hx) == 2
+            and isinstance(params, list | tuple) and type(layers) is int and layers > 0):  # fmt: skip
+        return "no input, two states and parameters"
+    h0, c0 = hx
+    if not isinstance(h0, torch.Tensor) or not isinstance(c0, torch.Tensor) or h0.dim() != c0.dim():
+        return "states that are not tensors of one rank"
+    hidden, projected = c0.shape[-1], h0.shape[-1]
+    per = 2 + (2 if biases else 0) + (1 if projected != hidden else 0)
+    if len(params) != layers * directions * per:
+        return f"{len(params)} parameters for {layers} layers of {directions} direction(s), {per} each"
+    batch_first = bool(_argument(op, args, kwargs, "batch_first"))
+    if compat.op_overload_name(op) == "input":
+        batched = data.dim() == 3
+        if data.dim() not in (2, 3) or h0.dim() != data.dim():
+            return f"an input of {data.dim()} dimensions and states of {h0.dim()}"
+        batch = [data.shape[0 if batch_first else 1]] if batched else []
+        if list(h0.shape) != [layers * directions, *batch, projected] or list(c0.shape) != [
+            layers * directions,
+            *batch,
+            hidden,
+        ]:
+            return f"states of shapes {list(h0.shape)} and {list(c0.shape)} for input {list(data.shape)}"
+    elif h0.dim() != 3 or h0.shape[0] != layers * directions or list(c0.shape[:2]) != list(h0.shape[:2]):
+        return f"states of shapes {list(h0.shape)} and {list(c0.shape)}"
+    shapes = []
+    for layer in range(layers):
+        width = data.shape[-1] if layer == 0 else directions * projected
+        one = [[4 * hidden, width], [4 * hidden, projected]] + ([[4 * hidden], [4 * hidden]] if biases else [])
+        shapes += (one + ([[projected, hidden]] if projected != hidden else [])) * directions
+    for index, (param, shape) in enumerate(zip(params, shapes, strict=True)):
+        if not isinstance(param, torch.Tensor) or list(param.shape) != shape:
+            given = list(param.shape) if isinstance(param, torch.Tensor) else type(param).__name__
+            return f"parameter {index} of shape {given} where the layer needs {shape}"
+    return None
+
+
+def _grid_sampler_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Modes the kernel knows (it writes nothing for another, and the result is uninitialized memory)."""
+    data = _argument(op, args, kwargs, "input")
+    interpolation, padding = (_argument(op, args, kwargs, n) for n in ("interpolation_mode", "padding_mode"))
+    bicubic = isinstance(data, torch.Tensor) and data.dim() == 4
+    if interpolation not in ((0, 1, 2) if bicubic else (0, 1)) or padding not in (0, 1, 2):
+        return f"interpolation_mode={interpolation!r}, padding_mode={padding!r}"
+    return None
+
+
+def _upsample_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Scales finite, positive and the ones the output size was computed from (``floor(size * scale)``): the
+    kernels map coordinates with ``1 / scale``, and a scale inconsistent with the size reads outside the input."""
+    data = _argument(op, args, kwargs, "self")
+    if data is None:
+        data = _argument(op, args, kwargs, "input")
+    if not isinstance(data, torch.Tensor):
+        return "no input tensor"
+    spatial = list(data.shape[2:])
+    scales = _argument(op, args, kwargs, "scale_factors")
+    if scales is None:
+        named = [n for n in ("scales", "scales_d", "scales_h", "scales_w") if n in compat.op_argument_names(op)]
+        scales = [_argument(op, args, kwargs, n) for n in named] if named else None
+    if scales is None or all(scale is None for scale in scales):
+        return None
+    if len(scales) != len(spatial):
+        return f"{len(scales)} scales for {len(spatial)} spatial dimensions"
+    size = _argument(op, args, kwargs, "output_size")
+    for dim, scale in enumerate(scales):
+        if scale is None:
+            continue
+        if type(scale) not in (int, float) or not math.isfinite(scale) or scale <= 0:
+            return f"scale {scale!r}"
+        if size is not None and int(size[dim]) != math.floor(spatial[dim] * scale):
+            return f"scale {scale!r} for an output of {int(size[dim])} from {spatial[dim]}"
+    return None
+
+
+_UPSAMPLE = (
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+    "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
+)  # fmt: skip
+# The checks :func:`check_run` makes, by operator (each returns why a call may not run, or None).
+RUN_CHECKS: dict[str, Callable[[compat.OpOverload, Sequence[Any], dict[str, Any]], str | None]] = {
+    "aten::segment_reduce": _segment_reduce_run,
+    "aten::repeat_interleave": _repeat_interleave_run,
+    "aten::embedding_bag": _embedding_bag_run,
+    "aten::_embedding_bag": _embedding_bag_run,
+    "aten::native_batch_norm": _batch_norm_run,
+    "aten::_native_batch_norm_legit": _batch_norm_run,
+    "aten::_native_batch_norm_legit_no_training": _batch_norm_run,
+    "aten::_native_batch_norm_legit_functional": _batch_norm_run,
+    "aten::lstm": _lstm_run,
+    "aten::grid_sampler": _grid_sampler_run,
+    "aten::grid_sampler_2d": _grid_sampler_run,
+    **{f"aten::{name}": _upsample_run for name in _UPSAMPLE},
+}
+
+
+def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Raise :class:`RefusedOperatorError` where a call about to run with these values would read or write outside
+    its arguments (:data:`RUN_CHECKS`), or an ``as_strided`` would read other than its source's elements in order
+    (:func:`check_restride_run`); nothing for an operator the caller allowed (``--allow-op``), nor outside any
+    :func:`allowing` block (a program the process compiled itself, as at save: the allow-list is for files)."""
+    if not isinstance(target, compat.OpOverload) or _collectives_allowed.get() is None:
+        return  # (outside any allowing() block: a process running what it compiled itself, or saving it)
+    name = compat.op_schema_name(target) or ""
+    if name == RESTRIDE_ONLY and not allows(name):
+        size, source = _argument(target, args, kwargs, "size"), _argument(target, args, kwargs, "self")
+        if isinstance(source, torch.Tensor) and isinstance(size, list | tuple):
+            check_restride_run(size, source)
+        return
+    check = RUN_CHECKS.get(name)
+    if check is None or allows(name):
+        return
+    why = check(target, args, kwargs)
+    if why is not None:
+        raise RefusedOperatorError(
+            f"calls {qualified_name(target)} with {why}: its kernel would read or write outside its arguments "
+            f"(--allow-op {name} allows it for a trusted file)"
+        )
+
+
 def _draws(op: compat.OpOverload, name: str, call: Call | None) -> str | None:
     """Why a call of random operator ``op`` may draw from the global generator; None where it cannot."""
     quiet = DRAWS_ONLY_WHEN.get(name)
@@ -533,10 +760,9 @@ def _aten_refusal(op: compat.OpOverload, name: str, call: Call | None = None) ->
         return "which writes to its arguments"
     if name in UNINITIALIZED_ATEN:
         return "whose result is uninitialized memory (it could tell a verification from a normal run)"
-    gate = CHECKED_ONLY_WHEN.get(name)
-    why = None if gate is None else _gate(op, call, gate)
-    if why is not None:
-        return f"{_GATE_REASONS[name]} ({why})"
+    whys = [why for gate in CHECKED_ONLY_WHEN.get(name, ()) if (why := _gate(op, call, gate)) is not None]
+    if whys:
+        return f"{_GATE_REASONS[name]} ({'; '.join(dict.fromkeys(whys))})"
     if name == RESTRIDE_ONLY:
         why = _restride_refusal(op, call)
         if why is not None:

@@ -365,6 +365,19 @@ def op_argument_value(target: OpOverload, args: tuple[Any, ...], kwargs: dict[st
     raise KeyError(name)
 
 
+def op_argument_names(target: OpOverload) -> list[str]:
+    """The names of an OpOverload's arguments, in its schema's order."""
+    return [str(argument.name) for argument in target._schema.arguments]
+
+
+def namedtuple_fields(kind: Any) -> tuple[str, ...] | None:
+    """A namedtuple class's field names (its documented ``_fields``); None for anything else."""
+    fields = getattr(kind, "_fields", None)
+    if isinstance(kind, type) and issubclass(kind, tuple) and isinstance(fields, tuple):
+        return tuple(str(name) for name in fields)
+    return None
+
+
 def op_return_types(target: OpOverload) -> list[str]:
     """The declared type of each value an OpOverload returns (``"Tensor"``, ``"List[Tensor]"``, ``"bool"``)."""
     return [str(result.type) for result in target._schema.returns]

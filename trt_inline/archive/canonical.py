@@ -38,7 +38,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import compat, progress
 from trt_inline.archive import program_checks
-from trt_inline.archive.reader import Contents, TensorRecord, passthrough_loader
+from trt_inline.archive.reader import Bases, Contents, TensorRecord, passthrough_loader
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.formats import format_size
 
@@ -72,7 +72,7 @@ class Canonical:
 
         Raises :class:`VerifyInputError` naming the file when torch cannot build it.
         """
-        bases: dict[tuple[int, int], torch.Tensor] = {}
+        bases: Bases = {}
         records = [v for v in (*self.weights.values(), *self.constants.values()) if isinstance(v, TensorRecord)]
         size = format_size(sum({(id(r.view), r.offset): r.nbytes for r in records}.values()))  # aliases once
         progress.report(
@@ -99,7 +99,7 @@ class Canonical:
             ) from exc
 
 
-def _materialize(value: Any, bases: dict[tuple[int, int], torch.Tensor], weights: bool) -> Any:
+def _materialize(value: Any, bases: Bases, weights: bool) -> Any:
     if isinstance(value, TensorRecord):
         return value.tensor(bases, meta=not weights)
     load = passthrough_loader(value)

@@ -11,7 +11,7 @@ its arguments:
 ================================================  ==================================================
 global in the pickle                              what it builds here
 ================================================  ==================================================
-``torch._utils._rebuild_tensor_v2``               a view of a storage record, bounds checked
+``torch._utils._rebuild_tensor_v2``               a tensor over a storage record, bounds checked
 ``torch._utils._rebuild_parameter``               ``torch.nn.Parameter`` of such a tensor
 ``torch._utils._rebuild_meta_tensor_no_storage``  a tensor on the meta device (shape and dtype only)
 ``collections.OrderedDict``                       an empty ``OrderedDict`` (to be filled by items)
@@ -22,9 +22,11 @@ global in the pickle                              what it builds here
 Anything else (another global, ``BUILD``, ``NEWOBJ``, ``INST``, extension
 codes, a persistent id that is not a storage) is :class:`UnsafeArchiveError`,
 and so is anything after the pickle's end (a legacy ``torch.save`` stream is
-several pickles back to back). Tensors are views of the records in the view
-they come from: mapped, not copied. Every string the pickle holds is escaped as
-it is decoded.
+several pickles back to back). Tensors are built as ``torch.load`` builds them:
+one storage per key (from its first mention: a key named again otherwise is
+refused), on the device its location names, each tensor a leaf of its own over
+it; the storage is the record in the view it comes from, mapped, not copied.
+Every string the pickle holds is escaped as it is decoded.
 """
 
 from __future__ import annotations
@@ -71,17 +73,21 @@ class _Dtype:
 
 
 class _Storage:
-    """A storage a persistent id names: its dtype, and the record its bytes are in (loaded once, shared)."""
+    """A storage a persistent id names: its dtype, device, and the record its bytes are in (loaded once, shared
+    by every tensor naming its key, as ``torch.load`` shares it)."""
 
-    def __init__(self, dtype: torch.dtype, numel: int, load: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, dtype: torch.dtype, numel: int, device: str, load: Callable[[], torch.Tensor]) -> None:
         self.dtype = dtype
         self.numel = numel
+        self.device = device
         self._load = load
         self._tensor: torch.Tensor | None = None
 
     def tensor(self) -> torch.Tensor:
         if self._tensor is None:
-            self._tensor = self._load()
+            loaded = self._load()
+            # Where torch.load restores it (no map_location: torch.export.load passes none).
+            self._tensor = loaded if self.device == "cpu" else loaded.to(self.device)
         return self._tensor
 
 
@@ -117,9 +123,12 @@ def _rebuild_tensor(
         raise UnsafeArchiveError(f"a tensor of size {dims} reaching past its storage of {storage.numel} elements")
     if not dims and offset >= storage.numel:
         raise UnsafeArchiveError("a scalar tensor past the end of its storage")
-    base = storage.tensor()
-    tensor = torch.as_strided(base, dims, steps, offset) if base.numel() or not all(dims) else base
-    return tensor.requires_grad_(requires_grad) if requires_grad and tensor.is_floating_point() else tensor
+    if requires_grad and not (storage.dtype.is_floating_point or storage.dtype.is_complex):
+        raise UnsafeArchiveError(f"a {storage.dtype} tensor that requires grad (torch.load refuses it)")
+    # As torch.load builds it: a tensor of its own over the shared storage (not a view of another), a leaf.
+    tensor = torch.empty(0, dtype=storage.dtype, device=storage.device)
+    tensor.set_(storage.tensor().untyped_storage(), offset, dims, steps)
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
 
 
 def _rebuild_meta_tensor(dtype: Any, size: Any, stride: Any, requires_grad: Any, *rest: Any) -> Any:
@@ -345,6 +354,8 @@ def read_torch_save(view: View, where: str) -> Any:
         raise VerifyInputError(f"{where}: written on a machine of another byte order")
     pickle = by_name["data.pkl"]
 
+    storages: dict[str, _Storage] = {}
+
     def storage(pid: Any) -> _Storage:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise UnsafeArchiveError("a persistent id that is not a storage")
@@ -359,14 +370,36 @@ def read_torch_save(view: View, where: str) -> Any:
         if record is None:
             raise UnsafeArchiveError(f"a storage whose record data/{printable(key)} is missing")
         dtype = _storage_dtypes()[kind.name]
+        device = _restored_device(location)
+        known = storages.get(key)
+        if known is not None:
+            # torch.load builds a key's storage from its first mention, and every later one shares it.
+            if (known.dtype, known.numel, known.device) != (dtype, numel, device):
+                raise UnsafeArchiveError(
+                    f"storage data/{printable(key)} is named as {dtype} x {numel} on {device} where it was first "
+                    f"named as {known.dtype} x {known.numel} on {known.device}"
+                )
+            return known
         element = torch.empty((), dtype=dtype).element_size()
         if record.file_size != numel * element:
             raise UnsafeArchiveError(
                 f"storage data/{printable(key)} declares {numel} elements and holds {record.file_size} bytes"
             )
-        return _Storage(dtype, numel, lambda: view.tensor(record.data_offset, record.file_size, dtype))
+        storages[key] = _Storage(dtype, numel, device, lambda: view.tensor(record.data_offset, record.file_size, dtype))
+        return storages[key]
 
     return read_pickle(view.read(pickle.data_offset, pickle.file_size), storage, where)
+
+
+_LOCATION = re.compile(r"^(cpu|cuda(:[0-9]{1,3})?)$")
+
+
+def _restored_device(location: str) -> str:
+    """Where ``torch.load`` (without ``map_location``) puts a storage saved at ``location``: ``cpu`` or a CUDA
+    device (it fails where CUDA is not available, and so does the reading here, when the tensor is built)."""
+    if not _LOCATION.match(location):
+        raise UnsafeArchiveError(f"a storage on device {printable(location)[:40]!r}, not the CPU or a CUDA device")
+    return "cuda:0" if location == "cuda" else location
 
 
 def _no_storages(pid: Any) -> Any:

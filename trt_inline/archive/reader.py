@@ -81,6 +81,11 @@ _MAX_DOCUMENT = 1 << 30
 _ENTRY_NAME = re.compile(r"^[\x20-\x5b\x5d-\x7e]+$")
 
 
+# One base tensor per record, as torch's loader builds it, and the config it was built from:
+# ``{(view, offset): (record, base)}``, shared by every config of one payload.
+Bases = dict[tuple[int, int], tuple["TensorRecord", torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class TensorRecord:
     """A weight or constant as a payload config declares it: a strided view of a raw record, checked."""
@@ -97,35 +102,56 @@ class TensorRecord:
     is_param: bool
     # Why the record cannot hold what its config declares; raised when the data is used (inspect reads none).
     problem: str | None = None
+    # The config's name (``layer.weight``) and the record's entry, for a refusal that names them.
+    name: str = ""
+    entry: str = ""
 
-    def tensor(self, bases: dict[tuple[int, int], torch.Tensor], *, meta: bool = False) -> torch.Tensor:
-        """The tensor (mapped from the file; ``bases`` shares one base per record, so aliases stay aliases).
+    def tensor(self, bases: Bases, *, meta: bool = False) -> torch.Tensor:
+        """The tensor exactly as torch's loader builds it from the file (``torch.export.load``, torch 2.9+).
 
-        ``meta``: its shape and dtype only, on the meta device (nothing of the file read).
+        Torch builds one base tensor per record, from the first config naming it (its dtype, device and
+        ``requires_grad``: ``bases`` keeps it), and makes every config of the record a view of that base
+        (``as_strided``), a parameter wrapping the view with its own ``requires_grad``. So a buffer sharing
+        a record with a parameter that requires grad requires grad too, a view and no leaf, here as there.
+        Configs of one record that disagree in dtype or device are refused (torch would build every one in
+        the first one's). ``meta``: its shape and dtype only, on the meta device (nothing of the file read).
         """
         if meta:
             value = torch.empty_strided(self.sizes, self.strides, dtype=self.dtype, device="meta")
             return torch.nn.Parameter(value, requires_grad=self.requires_grad) if self.is_param else value
         if self.problem is not None:
             raise UnsafeArchiveError(self.problem)
-        if self.nbytes == 0:
-            base = torch.empty(0, dtype=self.dtype)
-        else:
-            key = (id(self.view), self.offset)
-            if key not in bases:
-                bases[key] = self.view.tensor(self.offset, self.nbytes, self.dtype)
-            base = bases[key]
-        if self.device == "meta":
-            value = torch.empty_strided(self.sizes, self.strides, dtype=self.dtype, device="meta")
-        elif base.numel() == 0:
-            value = torch.zeros(self.sizes, dtype=self.dtype)
-        else:
-            value = torch.as_strided(base, self.sizes, self.strides, self.storage_offset)
-        if self.device not in ("cpu", "meta"):
-            value = value.to(self.device)
+        key = (id(self.view), self.offset)
+        if key not in bases:
+            bases[key] = (self, self._base())
+        first, base = bases[key]
+        disagree = [
+            f"{what} {mine} where {first.name!r} says {theirs}"
+            for what, mine, theirs in (("dtype", self.dtype, first.dtype), ("device", self.device, first.device))
+            if mine != theirs
+        ]
+        if disagree:
+            raise UnsafeArchiveError(
+                f"{self.entry}: refused: {printable(self.name)!r} shares the record with {printable(first.name)!r} "
+                f"and declares {'; '.join(disagree)} (torch's loader would build it as the first one declares)"
+            )
+        value = torch.as_strided(base, self.sizes, self.strides, self.storage_offset)
         if self.is_param:
             return torch.nn.Parameter(value, requires_grad=self.requires_grad)
-        return value.requires_grad_(self.requires_grad) if self.requires_grad else value
+        return value
+
+    def _base(self) -> torch.Tensor:
+        """The record's one tensor, as torch's loader builds it from the first config naming it: flat over the
+        record (zeros of the config's shape for an empty one), ``requires_grad`` set, then moved to its device."""
+        if self.nbytes == 0:
+            base = torch.zeros(self.sizes, dtype=self.dtype)
+        else:
+            base = self.view.tensor(self.offset, self.nbytes, self.dtype)
+        if self.requires_grad:
+            base.requires_grad_(True)
+        if self.device != "cpu":
+            base = base.to(self.device)
+        return base
 
 
 @dataclass
@@ -442,13 +468,13 @@ class _Reader:
             if meta["use_pickle"] or meta["tensor_meta"] is None:
                 result[name] = self._pickled_record(record, meta["path_name"], contents)
             else:
-                result[name] = self._record(record, meta["tensor_meta"], meta["is_param"])
+                result[name] = self._record(record, meta["tensor_meta"], meta["is_param"], name)
         for other in self.by_name:
             if other.startswith(folder) and other not in self.claimed and _RECORD.match(other[len(root) :]):
                 self.claimed.add(other)  # a record no config names: never read
         return result
 
-    def _record(self, entry: ZipEntry, meta: dict[str, Any], is_param: bool) -> TensorRecord:
+    def _record(self, entry: ZipEntry, meta: dict[str, Any], is_param: bool, name: str) -> TensorRecord:
         where = self.where(entry.name)
         try:
             dtype = compat.serialized_dtype(meta["dtype"])
@@ -464,7 +490,7 @@ class _Reader:
         problem = _record_problem(entry.file_size, dtype, sizes, strides, offset, device, where)
         return TensorRecord(
             self.view, entry.data_offset, entry.file_size, dtype, sizes, strides, offset,
-            bool(meta["requires_grad"]), device, is_param, problem,
+            bool(meta["requires_grad"]), device, is_param, problem, name, where,
         )  # fmt: skip
 
     def _pickled_record(self, entry: ZipEntry, path_name: str, contents: Contents) -> Any:

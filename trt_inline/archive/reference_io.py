@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from trt_inline.archive.pickles import read_torch_save
 from trt_inline.archive.views import BytesView
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, first_line
 from trt_inline.formats import REFERENCE_IO_FILE
+from trt_inline.output_tree import OutputTree, describe, values
 from trt_inline.scalars import kinds_of
 
 __all__ = [
@@ -82,6 +82,8 @@ class ReferenceIO:
     # "outputs": [...]}, ...], "outputs": [...]} ("" where unknown); None where not recorded
     # (trt_inline.verify.boundaries.provenance).
     provenance: dict[str, Any] | None = None
+    # How a caller reads the outputs (dict keys, nesting, None): None for a file saved before it was kept.
+    output_tree: OutputTree | None = None
 
     def nbytes(self, *, boundaries: bool = True) -> int:
         tensors = [*self.args, *self.kwargs.values(), *self.outputs]
@@ -89,9 +91,10 @@ class ReferenceIO:
         return size + (sum(b.nbytes() for b in self.boundaries or ()) if boundaries else 0)
 
 
-def tensors_only(values: Any, what: str) -> list[torch.Tensor]:
-    """The leaves of ``values`` as CPU tensors; Python numbers (a scalar output) become 0-d tensors."""
-    leaves = pytree.tree_leaves(values)
+def tensors_only(outputs: Any, what: str) -> list[torch.Tensor]:
+    """The values of ``outputs`` as CPU tensors, ``None`` left out (:func:`trt_inline.output_tree.values`: it is
+    structure); Python numbers (a scalar output) become 0-d tensors."""
+    leaves = values(outputs)
     bad = [type(v).__name__ for v in leaves if not isinstance(v, (torch.Tensor, bool, int, float))]
     if bad:
         raise VerifyInputError(f"{what} must be tensors, got {', '.join(sorted(set(bad)))}")
@@ -113,7 +116,8 @@ def capture_reference_io(
         {k: v.detach().cpu() for k, v in kwargs.items()},
         tensors_only(outputs, "outputs"),
         device=str(flat[0].device) if flat else "cpu",
-        output_kinds=kinds_of(pytree.tree_leaves(outputs)),
+        output_kinds=kinds_of(values(outputs)),
+        output_tree=describe(outputs),
     )
 
 
@@ -163,9 +167,15 @@ def reference_from_payload(payload: Any) -> ReferenceIO:
     provenance = payload.get("provenance")
     if provenance is not None and not _is_provenance(provenance):
         raise VerifyInputError("embedded reference I/O: its provenance must be lists of node names")
+    tree = payload.get("output_tree")
+    try:
+        output_tree = None if tree is None else OutputTree.from_plain(tree, len(outputs), "embedded reference I/O")
+    except ValueError as exc:
+        raise VerifyInputError(str(exc)) from None
     return ReferenceIO(
-        list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries, provenance
-    )
+        list(args), {str(k): v for k, v in kwargs.items()}, list(outputs), device, kinds, boundaries, provenance,
+        output_tree,
+    )  # fmt: skip
 
 
 def _is_provenance(value: Any) -> bool:
@@ -193,6 +203,7 @@ def reference_payload(reference: ReferenceIO) -> dict[str, Any]:
         "output_kinds": list(reference.output_kinds),
         **({} if reference.boundaries is None else {"boundaries": plain_boundaries(reference.boundaries)}),
         **({} if reference.provenance is None else {"provenance": reference.provenance}),
+        **({} if reference.output_tree is None else {"output_tree": reference.output_tree.to_plain()}),
     }
 
 

@@ -140,8 +140,6 @@ class _Device:
 
 
 _DEVICE = _Device()
-# Checked on its source each time it runs (allowed_ops.check_restride_run).
-_AS_STRIDED = torch.ops.aten.as_strided.default
 
 
 def _decode_arg(value: Any, num_values: int) -> Any:
@@ -299,9 +297,8 @@ class EngineProgram:
         for step in self.steps:
             args = _substitute(step.args, env, device)
             kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
-            if step.target is _AS_STRIDED:  # allowed only where it reads its source's elements in order
-                size, source = (compat.op_argument_value(_AS_STRIDED, args, kwargs, name) for name in ("size", "self"))
-                allowed_ops.check_restride_run(size, source)
+            # (as_strided only where it reads its source's elements in order; index arguments within range)
+            allowed_ops.check_run(step.target, args, kwargs)
             env.append(step.target(*args, **kwargs))
         return env, device
 

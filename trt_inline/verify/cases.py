@@ -92,9 +92,15 @@ def split_inputs(value: Any) -> tuple[list[Any], dict[str, Any]]:
     raise VerifyInputError('an inputs file holds a tensor, a list of tensors, or {"args": [...], "kwargs": {...}}')
 
 
-def expected_outputs(value: Any) -> list[Any]:
-    """An expected-outputs file holds a tensor or a list/tuple of them (checked to be tensors by ``verify``)."""
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+def expected_outputs(value: Any) -> Any:
+    """An expected-outputs file holds a tensor or a list/tuple of them (checked to be tensors by ``verify``), or
+    the outputs as the program returns them (a dict, nested containers): then kept as they are, so that their
+    structure is compared with the program's (:mod:`trt_inline.output_tree`)."""
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        if all(not isinstance(item, (list, tuple, dict)) for item in value):
+            return list(value)
+        return value
+    return value if isinstance(value, dict) else [value]
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from trt_inline import compat
+from trt_inline import allowed_ops, compat
 from trt_inline.verify.declared import DeclaredValues
 from trt_inline.verify.garbage import Sightings, sights
 
@@ -80,6 +80,11 @@ class CheckedRun(torch.fx.Interpreter):
         if site is not None:
             self.sightings.see(site, before, sights(pytree.tree_leaves(result)))
         return result
+
+    def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # The values each call is given, checked where its kernel would not check them (allowed_ops.check_run).
+        allowed_ops.check_run(target, args, kwargs)
+        return super().call_function(target, args, kwargs)
 
     def see_program(self, inputs: list[Any], outputs: list[Any]) -> None:
         """The program's own outputs, against its inputs (those that depend on no input are not judged)."""

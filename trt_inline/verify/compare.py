@@ -15,6 +15,7 @@ from trt_inline import compat
 from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import RankSetError, RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
+from trt_inline.output_tree import OutputTree, describe, values
 from trt_inline.verify.checked_run import CheckedRun, checking
 from trt_inline.verify.garbage import Sightings
 from trt_inline.verify.report import OutputComparison, describe_value
@@ -154,6 +155,8 @@ class Run:
     sightings: Sightings | None = None
     # Where torch's own operators return other than they declare (:meth:`DeclaredValues.torch_warnings`).
     warnings: list[str] = field(default_factory=list)
+    # How a caller reads the normal call's outputs (:mod:`trt_inline.output_tree`).
+    tree: OutputTree | None = None
 
 
 # The run :func:`run_on` adds where asked: the inputs as a caller may pass them (views into larger buffers, every
@@ -206,6 +209,7 @@ def run_on(
         kwargs = {k: v.to(device) for k, v in kwargs.items()}
 
     checks: list[CheckedRun] = []
+    trees: list[OutputTree] = []
 
     def once(
         mode: Callable[[], contextlib.AbstractContextManager[Any]],
@@ -224,6 +228,8 @@ def run_on(
                 outputs = restored.apart(module(*args, **kwargs))
                 if check is not None:
                     checks.append(check)
+                if checked:
+                    trees.append(describe(outputs))
         except (RankSetError, RefusedOperatorError):
             raise  # (a rank set stopped the run, or a check refused a call: each message names what it is)
         except Exception as exc:
@@ -231,10 +237,11 @@ def run_on(
                 f"the program does not accept the reference inputs ({type(exc).__name__}: {first_line(exc)})"
             ) from exc
         # Detached: a grad-mode run's autograd graph (its saved activations) is freed before the next run.
-        return [o.detach() if isinstance(o, torch.Tensor) else o for o in pytree.tree_leaves(outputs)]
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in values(outputs)]
 
     normal_name, normal = RUN_MODES[0]
     run = Run(once(normal, checked=True))
+    run.tree = trees[0] if trees else None
     if checks:
         run.problems += checks[0].declared.summary()
         run.warnings += checks[0].declared.torch_warnings()

@@ -25,8 +25,9 @@ from trt_inline import allowed_ops
 from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.errors import VerifyInputError
 from trt_inline.isolation import Limits, default_memory_limit
+from trt_inline.output_tree import OutputTree, describe_spec, paired_by_path, structure_problems
 from trt_inline.verify.boundaries import as_boundaries, trace_program
-from trt_inline.verify.compare import ranked
+from trt_inline.verify.compare import compare_output, ranked, tolerance_for
 from trt_inline.verify.localize import (
     Reference,
     Tolerance,
@@ -47,7 +48,7 @@ from trt_inline.verify.options import (
     job_arguments,
 )
 from trt_inline.verify.random_inputs import Draw, draw_inputs
-from trt_inline.verify.report import VerifyReport
+from trt_inline.verify.report import OutputComparison, VerifyReport
 from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import capture_device, report_of_child, save_target, save_tensors
 
@@ -163,6 +164,28 @@ def _rank_outputs(
                             "its last dimension)")  # fmt: skip
 
 
+def _outputs_by_path(
+    report: VerifyReport,
+    outputs: tuple[Sequence[Any], Sequence[Any]],
+    trees: tuple[OutputTree, OutputTree],
+    atol: Tolerance,
+    rtol: Tolerance,
+    stat: str,
+) -> list[OutputComparison]:
+    """The program outputs of A compared with B's at the same path, where the two structure them otherwise (the
+    comparison by position of the last boundary row pairs what a caller reads under different names)."""
+    order = paired_by_path(*trees)
+    if order is None or any(len(values) != len(tree.paths) for values, tree in zip(outputs, trees, strict=True)):
+        return report.outputs
+    comparisons = [
+        compare_output(index, outputs[0][order[index]], want, tolerance_for(atol, index), tolerance_for(rtol, index),
+                       stat)
+        for index, want in enumerate(outputs[1])
+    ]  # fmt: skip
+    report.problems += [comparison.problem for comparison in comparisons if comparison.problem]
+    return comparisons
+
+
 def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     """:func:`diff` in this process (the child's job); with ``save_outputs``, the outputs of both as well."""
     path_a, path_b = arguments["path_a"], arguments["path_b"]
@@ -185,6 +208,9 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
         for path, program in ((path_a, program_a), (path_b, program_b)):
             problems, _ = structural_problems(program)
             report.notes += [f"{Path(path).name}: {problem}" for problem in problems]
+        # What a caller reads: A's outputs under B's names (values are compared in B's order of paths below).
+        tree_a, tree_b = (describe_spec(program.call_spec.out_spec) for program in (program_a, program_b))
+        report.problems += structure_problems(tree_a, tree_b, Path(path_b).name)
         args, kwargs, captured = _inputs(tensors, *opened)
         device = arguments["device"] or captured
         sets: list[tuple[Draw | None, list[torch.Tensor], dict[str, torch.Tensor]]] = [(None, args, kwargs)]
@@ -216,6 +242,10 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                     report.notes.append(how)
             if draw is None:
                 report.outputs = rows[-1].values if trace_a.crash is None else []
+                if tree_a.structure != tree_b.structure and trace_a.crash is None:
+                    report.outputs = _outputs_by_path(
+                        report, (trace_a.outputs, trace_b.outputs), (tree_a, tree_b), atol, rtol, arguments["stat"]
+                    )
                 if arguments.get("top_k") is not None:
                     _rank_outputs(report, trace_a.outputs, trace_b.outputs, arguments["top_k"],
                                   arguments.get("min_top_k_agreement"))  # fmt: skip

@@ -243,7 +243,7 @@ class Reference(OptionGroup):
     by engine (``per_engine``). ``diff`` takes none: its second file is the reference."""
 
     # fmt: off
-    expected: Sequence[torch.Tensor] | None = field(default=None, metadata=declared(
+    expected: Any = field(default=None, metadata=declared(
         "the expected outputs for arg_inputs", used_by=(VERIFY,)))
     expected_module: Callable[..., Any] | None = field(default=None, metadata=declared(
         "a module whose outputs (on arg_inputs, or the embedded inputs) are the expected outputs; with "
@@ -382,7 +382,7 @@ class InputsFields(TypedDict, total=False):
 
 
 class ReferenceFields(TypedDict, total=False):
-    expected: Sequence[torch.Tensor] | None
+    expected: Any
     expected_module: Callable[..., Any] | None
     expected_from: str | os.PathLike[str] | None
     load_boundaries: str | os.PathLike[str] | None

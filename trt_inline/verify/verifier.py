@@ -31,10 +31,11 @@ from trt_inline.archive.reference_io import (
 from trt_inline.archive.views import BytesView
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.distributed.manifest import collectives_of, decode_manifest, program_mismatch, rank_check_problem
-from trt_inline.errors import IsolationError, VerifyInputError, first_line, printable
+from trt_inline.errors import IsolationError, RefusedOperatorError, VerifyInputError, first_line, printable
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.module_state import buffers_restored
+from trt_inline.output_tree import OutputTree, describe, paired_by_path, structure_problems
 from trt_inline.package import load_package
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.checked_run import ProgramInputs
@@ -255,6 +256,7 @@ def verify(
     path = os.fspath(path_or_program)
     label = None
     recorded = None
+    expected_tree: dict[str, Any] | None = None
     expected, expected_module, arg_inputs = reference.expected, reference.expected_module, inputs.arg_inputs
     if expected_module is not None:
         if arg_inputs is None:
@@ -271,9 +273,8 @@ def verify(
             normal_call(),
             buffers_restored(expected_module) as restored,
         ):
-            expected = tensors_only(
-                restored.apart(expected_module(*arg_inputs, **(inputs.kwarg_inputs or {}))), "expected outputs"
-            )
+            returned = restored.apart(expected_module(*arg_inputs, **(inputs.kwarg_inputs or {})))
+            expected, expected_tree = tensors_only(returned, "expected outputs"), describe(returned).to_plain()
         recorded = records if reference.per_engine else None
         label = "module"
     limits = Limits.for_file(path, isolation.timeout, isolation.memory_limit)
@@ -284,6 +285,11 @@ def verify(
         "keep_reference": outputs.save_boundaries is not None,
         "extract": extract is not None,
     }
+    if expected is not None and label is None:
+        arguments["expected_tree"] = _tree_of_given(expected)
+        expected = tensors_only(expected, "expected outputs")
+    elif label is not None:
+        arguments["expected_tree"] = expected_tree
     tensors = {
         "args": None if arg_inputs is None else list(arg_inputs),
         "kwargs": inputs.kwarg_inputs,
@@ -454,6 +460,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             arg_inputs=tensors["args"],
             kwarg_inputs=tensors["kwargs"],
             expected=tensors["expected"],
+            expected_tree=_tree_argument(arguments.get("expected_tree"), tensors["expected"]),
             expected_from=arguments["expected_from"],
             atol=arguments["atol"],
             rtol=arguments["rtol"],
@@ -511,7 +518,7 @@ def _verify_here(
     expected_module: Callable[..., Any] | None,
     arg_inputs: Sequence[torch.Tensor] | None,
     kwarg_inputs: dict[str, torch.Tensor] | None,
-    expected: Sequence[torch.Tensor] | None,
+    expected: Any,
     expected_from: str | os.PathLike[str] | None,
     atol: Tolerance,
     rtol: Tolerance,
@@ -529,6 +536,7 @@ def _verify_here(
     repro: list[Any] | None = None,
     top_k: int | None = None,
     min_top_k_agreement: float | None = None,
+    expected_tree: OutputTree | None = None,
 ) -> VerifyReport:
     """:func:`verify` in this process; ``kept`` receives the outputs, ``kept_reference`` the run with its
     boundaries, ``repro`` the divergent engine or region as a program of its own (for the parent to write)."""
@@ -570,10 +578,12 @@ def _verify_here(
             )
 
         kwargs = dict(kwarg_inputs or {})
+        want_tree: OutputTree | None = None
         if expected is not None:
             if arg_inputs is None and not kwargs:
                 raise VerifyInputError("expected outputs were given without the inputs they belong to")
             args, want = list(arg_inputs or ()), tensors_only(expected, "expected outputs")
+            want_tree = expected_tree if expected_tree is not None else _given_tree(expected)
             report.expected_source = "given"
         elif expected_module is not None:
             if arg_inputs is None and embedded is None:
@@ -585,19 +595,21 @@ def _verify_here(
                 normal_call(),
                 buffers_restored(expected_module) as restored,
             ):
-                want = tensors_only(restored.apart(expected_module(*args, **kwargs)), "expected outputs")
+                returned = restored.apart(expected_module(*args, **kwargs))
+                want, want_tree = tensors_only(returned, "expected outputs"), describe(returned)
             recorded = records if per_engine else None
             report.expected_source = "module"
         elif expected_from is not None:
             newer = _reference_of(expected_from, allow_pickle, allow_native_code)
             if program is not None:
                 _check_signature(program, source, newer, os.fspath(expected_from))
-            args, kwargs, want = newer.args, newer.kwargs, newer.outputs
+            args, kwargs, want, want_tree = newer.args, newer.kwargs, newer.outputs, newer.output_tree
             recorded = newer.boundaries
             report.expected_source = f"from {os.fspath(expected_from)}"
             device = device or capture_device(newer)
         elif embedded is not None:
             args, kwargs, want, report.expected_source = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
+            want_tree = embedded.output_tree
             recorded = embedded.boundaries
             device = device or capture_device(embedded)
         else:
@@ -620,6 +632,8 @@ def _verify_here(
                 # (Not where the program calls collectives: every rank must make the same runs.)
                 layouts = module is None or not collectives_of(module)
                 run = run_on(runnable, args, kwargs, device, layouts=layouts)
+        except RefusedOperatorError:
+            raise  # (a call its values made unsafe to run: refused as the file's operators are, not a crash)
         except VerifyInputError as exc:
             # Inputs the file itself carries (or a run of the compiled module recorded) are not unusable input:
             # a program that raises on them is wrong, and where it raises is found boundary by boundary.
@@ -629,7 +643,7 @@ def _verify_here(
                 raise
             _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc, repro)
             return report
-        got = run.outputs
+        got = _by_path(report, run.outputs, run.tree, want_tree)
         report.problems.extend(run.problems)
         report.notes.extend(run.notes)
         sightings = [run.sightings] if run.sightings is not None else []
@@ -679,6 +693,52 @@ def _verify_here(
             )  # fmt: skip
         report.warnings += garbage_warnings(sightings)
         return report
+
+
+def _given_tree(expected: Any) -> OutputTree | None:
+    """The structure of expected outputs a caller gave: None where they are a tensor or a flat list or tuple of
+    values (nothing says how a caller reads them), else how they are nested (a dict of ``torch.save``)."""
+    plain = _tree_of_given(expected)
+    return None if plain is None else OutputTree(plain["structure"], tuple(plain["paths"]))
+
+
+def _tree_of_given(expected: Any) -> dict[str, Any] | None:
+    """:func:`_given_tree` as it travels to the child (plain data)."""
+    if isinstance(expected, torch.Tensor) or (
+        isinstance(expected, list | tuple)
+        and type(expected) in (list, tuple)
+        and all(not isinstance(value, list | tuple | dict) for value in expected)
+    ):
+        return None
+    return describe(expected).to_plain()
+
+
+def _tree_argument(plain: Any, expected: Sequence[Any] | None) -> OutputTree | None:
+    """The expected outputs' structure the parent sent, checked against the values it sent with it."""
+    if plain is None or expected is None:
+        return None
+    try:
+        return OutputTree.from_plain(plain, len(expected), "the expected outputs")
+    except ValueError as exc:
+        raise VerifyInputError(str(exc)) from None
+
+
+def _by_path(report: VerifyReport, got: list[Any], tree: OutputTree | None, want: OutputTree | None) -> list[Any]:
+    """The program's output values in the reference's order, paired by path (:mod:`trt_inline.output_tree`), its
+    structure held to the reference's (a problem naming the path); where the reference is a flat list of values, a
+    note that names were not checked."""
+    if tree is None:
+        return got
+    if want is None:
+        if tree.named:
+            report.notes.append(
+                "output names were not checked: the reference is a flat list of values, and the program returns "
+                f"{tree.structure[:120]}"
+            )
+        return got
+    report.problems += structure_problems(tree, want)
+    order = paired_by_path(tree, want)
+    return got if order is None else [got[index] for index in order]
 
 
 def _compare_boundaries(
