@@ -717,10 +717,11 @@ RUN_CHECKS: dict[str, Callable[[compat.OpOverload, Sequence[Any], dict[str, Any]
 def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raise :class:`RefusedOperatorError` where a call about to run with these values would read or write outside
     its arguments (:data:`RUN_CHECKS`), or an ``as_strided`` would read other than its source's elements in order
-    (:func:`check_restride_run`); nothing for an operator the caller allowed (``--allow-op``), nor outside any
-    :func:`allowing` block (a program the process compiled itself, as at save: the allow-list is for files)."""
-    if not isinstance(target, compat.OpOverload) or _collectives_allowed.get() is None:
-        return  # (outside any allowing() block: a process running what it compiled itself, or saving it)
+    (:func:`check_restride_run`, wherever it runs); nothing for an operator the caller allowed (``--allow-op``),
+    and no :data:`RUN_CHECKS` outside any :func:`allowing` block (a program the process compiled itself, as at
+    save: the allow-list is for files)."""
+    if not isinstance(target, compat.OpOverload):
+        return
     name = compat.op_schema_name(target) or ""
     if name == RESTRIDE_ONLY and not allows(name):
         size, source = _argument(target, args, kwargs, "size"), _argument(target, args, kwargs, "self")
@@ -728,7 +729,8 @@ def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
             check_restride_run(size, source)
         return
     check = RUN_CHECKS.get(name)
-    if check is None or allows(name):
+    # (Outside any allowing() block a process runs what it compiled itself, or saves it: not a file's call.)
+    if check is None or allows(name) or _collectives_allowed.get() is None:
         return
     why = check(target, args, kwargs)
     if why is not None:
