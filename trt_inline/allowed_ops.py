@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.resources
+import itertools
 import math
 import operator
 import re
@@ -642,6 +643,10 @@ def _lstm_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
             return f"states of shapes {list(h0.shape)} and {list(c0.shape)} for input {list(data.shape)}"
     elif h0.dim() != 3 or h0.shape[0] != layers * directions or list(c0.shape[:2]) != list(h0.shape[:2]):
         return f"states of shapes {list(h0.shape)} and {list(c0.shape)}"
+    else:
+        packed = _packed_problem(op, args, kwargs, h0)
+        if packed is not None:
+            return packed
     shapes = []
     for layer in range(layers):
         width = data.shape[-1] if layer == 0 else directions * projected
@@ -652,6 +657,35 @@ def _lstm_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
             given = list(param.shape) if isinstance(param, torch.Tensor) else type(param).__name__
             return f"parameter {index} of shape {given} where the layer needs {shape}"
     return None
+
+
+def _packed_problem(
+    op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any], state: torch.Tensor
+) -> str | None:
+    """A packed sequence's ``batch_sizes`` (the ``data`` overloads): the kernels read ``batch_sizes[0]`` whatever
+    it holds, and run as many rows of the state as it says (past a state of a smaller batch)."""
+    data, sizes = _argument(op, args, kwargs, "data"), _argument(op, args, kwargs, "batch_sizes")
+    if not isinstance(data, torch.Tensor) or not isinstance(sizes, torch.Tensor):
+        return "no data and batch_sizes tensors"
+    if sizes.dim() != 1 or sizes.dtype != torch.int64 or sizes.device.type != "cpu" or not sizes.numel():
+        return f"batch_sizes of shape {list(sizes.shape)}, {sizes.dtype} on {sizes.device} (1-D int64 on the CPU)"
+    values = _ints_of(sizes)
+    decreasing = all(later <= earlier for earlier, later in itertools.pairwise(values))
+    if min(values) <= 0 or not decreasing or sum(values) != data.shape[0]:
+        return f"batch_sizes that are not positive, non-increasing and summing to the data's {data.shape[0]} rows"
+    if state.dim() != 3 or state.shape[1] != values[0]:
+        return f"a state of shape {list(state.shape)} for batches of up to {values[0]}"
+    return None
+
+
+def _recurrent_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """GRU and RNN layers: their kernels check the shapes of an unpacked call; a packed one's ``batch_sizes`` not."""
+    if compat.op_overload_name(op) != "data":
+        return None
+    state = _argument(op, args, kwargs, "hx")
+    if not isinstance(state, torch.Tensor):
+        return "no state tensor"
+    return _packed_problem(op, args, kwargs, state)
 
 
 def _grid_sampler_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
@@ -708,6 +742,9 @@ RUN_CHECKS: dict[str, Callable[[compat.OpOverload, Sequence[Any], dict[str, Any]
     "aten::_native_batch_norm_legit_no_training": _batch_norm_run,
     "aten::_native_batch_norm_legit_functional": _batch_norm_run,
     "aten::lstm": _lstm_run,
+    "aten::gru": _recurrent_run,
+    "aten::rnn_tanh": _recurrent_run,
+    "aten::rnn_relu": _recurrent_run,
     "aten::grid_sampler": _grid_sampler_run,
     "aten::grid_sampler_2d": _grid_sampler_run,
     **{f"aten::{name}": _upsample_run for name in _UPSAMPLE},

@@ -434,9 +434,11 @@ def _run_rank_set(args: argparse.Namespace) -> int:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from trt_inline.archive.reader import check_path
     from trt_inline.isolation import Limits, run_isolated
 
     trust, isolation = from_flags(Trust, vars(args)), from_flags(Isolation, vars(args))
+    check_path(args.path)  # (said at once, before a child starts)
     limits = Limits.for_file(args.path, isolation.timeout, isolation.memory_limit)
     arguments = {
         "path": args.path,
@@ -635,7 +637,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _quiet(args.debug), progress.printing(_shows_progress(args)):
             code: int = args.run(args)
+            sys.stdout.flush()  # (here, where a reader that left is seen, not at the interpreter's exit)
         return code
+    except BrokenPipeError:
+        # The reader of stdout left (``| head -1``): no traceback, nothing more to write there, and the status of
+        # a program a closed pipe stopped (never 0: the verdict was not all written).
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except Exception as exc:
         _junit_of_error(args, exc)
         if args.debug:

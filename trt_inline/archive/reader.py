@@ -208,23 +208,74 @@ def read_file(
 
     ``mutations``: programs that write to their buffers are accepted (``aten::copy_`` is allowed).
     """
-    file = _existing(path)
-    view = FileView(file)
-    if view.read(0, 4) != b"PK\x03\x04" or not _ends_as_zip(view):
-        raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
+    file, view, entries = _archive(path)
     if view.unmapped_reason is not None:
         progress.report(f"it cannot be mapped here ({view.unmapped_reason}): its records are read instead")
     elif view.read_only:
         progress.report("it is larger than the memory the system commits to a private mapping: mapped read-only")
-    progress.report(f"reading the archive ({format_size(view.size)})")
-    entries = check_layout(view, str(file))
-    if any(folded(e.name).endswith(("/code/__torch__.py", "/constants.pkl")) for e in entries):
-        raise VerifyInputError(
-            f"{file}: a TorchScript archive; verify reads ExportedProgram files and AOTInductor packages"
-        )
     refuse_compressed(entries, str(file))
     reader = _Reader(file, view, entries, allow_pickle, allow_native_code, mutations)
     return reader.read()
+
+
+def check_path(path: str | os.PathLike[str]) -> Path:
+    """The refusals of :func:`read_file` that its zip directory alone decides (no such file, a directory, not a
+    zip archive, a TorchScript archive, a ``torch.save`` file): what the calling process says at once, before a
+    child starts to read the file strictly (which decides again, on the file it opens)."""
+    file, view, _ = _archive(path)
+    view.close()
+    return file
+
+
+def _archive(path: str | os.PathLike[str]) -> tuple[Path, FileView, list[ZipEntry]]:
+    """The file mapped and its zip directory, or a one-line :class:`VerifyInputError` saying what the file is."""
+    file = _existing(path)
+    view = FileView(file)
+    if view.read(0, 4) != b"PK\x03\x04" or not _ends_as_zip(view):
+        raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
+    progress.report(f"reading the archive ({format_size(view.size)})")
+    entries = check_layout(view, str(file))
+    kind = _kind({folded(entry.name) for entry in entries})
+    if kind == "torchscript":
+        raise VerifyInputError(
+            f"{file}: a TorchScript archive; verify reads ExportedProgram files and AOTInductor packages"
+        )
+    if kind == "torch.save":
+        raise VerifyInputError(
+            f"{file}: a torch.save file (tensors or a checkpoint), not a saved program: save the compiled module "
+            "with trt_inline.save or torch_tensorrt.save(..., output_format='exported_program'); tensors are "
+            "given to verify with --inputs/--expected"
+        )
+    return file, view, entries
+
+
+def _kind(names: set[str]) -> str:
+    """What a zip archive of these (case-folded) entry names holds: ``torchscript``, ``torch.save`` (tensors, a
+    checkpoint), ``program`` (an ExportedProgram or a package), or ``zip`` (something else)."""
+    if any(name.endswith(("/code/__torch__.py", "/constants.pkl")) for name in names):
+        return "torchscript"
+    if any("models/" in name or name.endswith("serialized_exported_program.json") for name in names):
+        return "program"
+    if any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+        return "torch.save"
+    return "zip"
+
+
+def is_saved_program(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a zip archive holding a saved program (read with the strict zip reader; False for
+    anything it cannot read): what a tensor-file reader tells a user who gave a ``.pt2`` where tensors go."""
+    try:
+        view = FileView(path)
+    except OSError:
+        return False
+    try:
+        if view.size < 4 or view.read(0, 4) != b"PK\x03\x04" or not _ends_as_zip(view):
+            return False
+        return _kind({folded(entry.name) for entry in check_layout(view, os.fspath(path))}) == "program"
+    except (VerifyInputError, UnsafeArchiveError, ValueError):
+        return False
+    finally:
+        view.close()
 
 
 def _existing(path: str | os.PathLike[str]) -> Path:

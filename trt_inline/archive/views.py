@@ -49,8 +49,16 @@ class View:
         return Window(self, offset, size)
 
 
-def _aligned(offset: int, dtype: torch.dtype) -> bool:
-    return offset % max(1, torch.empty((), dtype=dtype).element_size()) == 0
+# Where torch's loader puts every tensor it reads from a file: a fresh allocation of its own, which torch aligns to
+# 64 bytes. A kernel may take another path by its operand's address (vectorized loads, BLAS blocking): a program
+# comparing two such results could tell a weight at another alignment from the one a normal call gets. So a
+# record is used in place only where its address is so aligned (a mapping starts on a page: its offset in the
+# file), and copied to a fresh allocation otherwise.
+ALIGNMENT = 64
+
+
+def _aligned(offset: int) -> bool:
+    return offset % ALIGNMENT == 0
 
 
 class FileView(View):
@@ -132,7 +140,7 @@ class FileView(View):
         return b"".join(chunks)
 
     def tensor(self, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-        if self.mapped is not None and nbytes and _aligned(offset, dtype):
+        if self.mapped is not None and nbytes and _aligned(offset):
             element = torch.empty((), dtype=dtype).element_size()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a read-only mapping: torch warns that writing is undefined
@@ -186,7 +194,10 @@ class Window(View):
 
 
 def _from_bytes(data: bytes, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor owning a copy of ``data`` (a range that cannot be mapped, or is not aligned for its dtype)."""
-    if not data:
-        return torch.empty(0, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=dtype)
+    """A tensor owning a copy of ``data`` in a fresh allocation, aligned as torch's loader aligns one (a range that
+    cannot be mapped, or is not so aligned in the file)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    tensor = torch.empty(len(data) // element, dtype=dtype)
+    if data:
+        tensor.view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    return tensor

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trt_inline.archive.reader import check_path, is_saved_program
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.verify.options import (
     CASES,
@@ -69,6 +70,13 @@ def load_tensor_file(path: str | os.PathLike[str], what: str) -> Any:
 
     if not os.path.exists(path):
         raise VerifyInputError(f"{what} file {path}: no such file")
+    if os.path.isdir(path):
+        raise VerifyInputError(f"{what} file {path}: is a directory")
+    if is_saved_program(path):
+        raise VerifyInputError(
+            f"{what} file {path} is a saved program, not a torch.save file of tensors: give it as the file to "
+            "verify, or as --expected-from NEW.pt2 (its embedded inputs and outputs become the reference)"
+        )
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:
@@ -213,8 +221,7 @@ def verify_cases(
     source = os.fspath(path)
     # What is wrong with the file is wrong for every case (and the options were checked by gather): said once,
     # before any case runs.
-    if not os.path.isfile(source):
-        raise VerifyInputError(f"{source}: no such file")
+    check_path(source)
     results = []
     for case in read_cases(folder):
         started = time.monotonic()

@@ -23,6 +23,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops
 from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile, open_file
+from trt_inline.archive.reader import check_path
 from trt_inline.errors import VerifyInputError
 from trt_inline.isolation import Limits, default_memory_limit
 from trt_inline.output_tree import OutputTree, describe_spec, paired_by_path, structure_problems
@@ -94,6 +95,8 @@ def diff(
         "args": None if inputs.arg_inputs is None else list(inputs.arg_inputs),
         "kwargs": inputs.kwarg_inputs,
     }
+    for path in (path_a, path_b):
+        check_path(path)  # (said at once, before a child starts: the child reads each file again, strictly)
     if not isolation.isolate:
         result = diff_job(arguments, tensors)
         if save_outputs is not None:

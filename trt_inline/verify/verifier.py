@@ -16,6 +16,7 @@ from torch.export import ExportedProgram
 from trt_inline import allowed_ops, distributed, progress
 from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.archive.pickles import read_torch_save
+from trt_inline.archive.reader import check_path
 from trt_inline.archive.reference_io import (
     EngineBoundary,
     ReferenceIO,
@@ -254,6 +255,7 @@ def verify(
             _write_extract(report, repro or [], extract, trust.allow_native_code)
         return strictly(report, tolerances.strict)
     path = os.fspath(path_or_program)
+    check_path(path)  # (said at once, before a child starts: the child reads the file again, strictly)
     label = None
     recorded = None
     expected_tree: dict[str, Any] | None = None

@@ -1,0 +1,94 @@
+"""What a new user trips on first: unusable paths said at once, in the user's words, before any child starts."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, SavedSeed, python_path
+from test_verify import assert_unusable, cli
+
+from trt_inline import isolation
+
+
+@pytest.fixture
+def no_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any child process started fails the test: the refusal must come first."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a child process was started for an unusable path")
+
+    for name in ("trt_inline.verify.verifier", "trt_inline.verify.diff"):
+        monkeypatch.setattr(importlib.import_module(name), "report_of_child", refuse)
+    monkeypatch.setattr(isolation, "run_isolated", refuse)
+
+
+def _unusable(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model")
+    checkpoint = tmp_path / "checkpoint.pt"
+    torch.save({"weight": torch.ones(2)}, checkpoint)
+    return {
+        "missing": (tmp_path / "missing.pt2", "missing.pt2: no such file"),
+        "directory": (folder, "out: is a directory"),
+        "text": (text, "notes.txt: not a zip archive"),
+        "checkpoint": (checkpoint, "checkpoint.pt: a torch.save file (tensors or a checkpoint), not a saved program"),
+    }
+
+
+@pytest.mark.parametrize("what", ["missing", "directory", "text", "checkpoint"])
+def test_an_unusable_path_is_one_line_before_any_child_starts(
+    what: str, tmp_path: Path, saved_seed: SavedSeed, no_child: None
+) -> None:
+    path, fragment = _unusable(tmp_path)[what]
+    assert_unusable(cli("verify", str(path)), fragment)
+    assert_unusable(cli("inspect", str(path)), fragment)
+    assert_unusable(cli("diff", str(path), str(saved_seed.good)), fragment)
+    assert_unusable(cli("diff", str(saved_seed.good), str(path)), fragment)
+
+
+def test_a_torch_save_file_says_what_to_use_instead(tmp_path: Path, no_child: None) -> None:
+    path, _ = _unusable(tmp_path)["checkpoint"]
+    line = cli("verify", str(path)).stderr.strip()
+    assert "trt_inline.save" in line and "--inputs/--expected" in line, line
+
+
+def test_the_cli_refusal_costs_little_more_than_importing_torch(tmp_path: Path) -> None:
+    """The refusal of a missing path comes from the calling process, right after its imports (no child): its
+    report names no child. (Time is measured by benchmarks/, not asserted here.)"""
+    proc = subprocess.run(
+        [sys.executable, "-m", "trt_inline", "verify", str(tmp_path / "missing.pt2")],
+        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("missing.pt2: no such file"), proc.stderr
+
+
+def test_a_closed_pipe_ends_the_command_without_a_traceback(saved_seed: SavedSeed) -> None:
+    """``trt-inline verify f | head -1``: the reader leaves; no traceback, and the status of a program a closed
+    pipe stopped (141), never a verdict's."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trt_inline", "verify", str(saved_seed.good)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # (before it writes anything: it is still opening the file)
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_saved_program_given_as_inputs_is_named_as_one(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    """A ``.pt2`` where a tensor file goes: said in one line, with where it goes instead (was torch's miniz text)."""
+    good = str(saved_seed.good)
+    proc = cli("verify", good, "--inputs", good, "--expected", good)
+    assert_unusable(proc, f"inputs file {good} is a saved program, not a torch.save file of tensors")
+    assert "--expected-from" in proc.stderr
+    assert_unusable(cli("verify", good, "--inputs", str(tmp_path), "--expected", good), "is a directory")
