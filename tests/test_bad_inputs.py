@@ -108,9 +108,10 @@ VERIFY_CASES: list[tuple[str, Callable[[Files], list[str]], int, str]] = [
     ("truncated 99.9%", _truncated(0.999), 2, "not a zip archive"),
     ("zip that is not a program", _zip_not_a_program, 2, "a zip archive without an ExportedProgram"),
     ("TorchScript archive", _torchscript, 2, "a TorchScript archive"),
-    ("no reference I/O", lambda f: [str(f.bare)], 2, "comparing outputs needs --inputs FILE --expected FILE"),
+    ("no reference I/O", lambda f: [str(f.bare)], 3, "comparing outputs needs --inputs FILE --expected FILE"),
     ("tampered reference I/O", _tampered, 2, "embedded reference I/O refused"),
-    ("inputs without expected", lambda f: [str(f.good), "--inputs", f.data("in.pt", [f.x])], 2, "go together"),
+    ("inputs without expected", lambda f: [str(f.good), "--inputs", f.data("in.pt", [f.x])], 3, "give the expected"),
+    ("expected without inputs", lambda f: [str(f.good), "--expected", f.data("out.pt", [f.x])], 2, "needs --inputs"),
     (
         "inputs file missing",
         lambda f: [str(f.good), "--inputs", "missing.pt", "--expected", "missing.pt"],
@@ -123,14 +124,24 @@ VERIFY_CASES: list[tuple[str, Callable[[Files], list[str]], int, str]] = [
         2,
         "an inputs file holds",
     ),
-    ("wrong number of inputs", _with_inputs("two", lambda f: [f.x, f.x]), 2, "does not accept the reference inputs"),
+    (
+        "wrong number of inputs",
+        _with_inputs("two", lambda f: [f.x, f.x]),
+        2,
+        "does not accept the given inputs: it takes 1 input (x), given 2",
+    ),
     (
         "wrong shape",
         _with_inputs("shape", lambda f: [torch.randn(2, 5, 8, 8)]),
         2,
-        "does not accept the reference inputs",
+        "does not accept the given inputs: input 0 (x) is float32[2, 3, 8, 8], given float32[2, 5, 8, 8]",
     ),
-    ("wrong dtype", _with_inputs("dtype", lambda f: [f.x.to(torch.int64)]), 2, "does not accept the reference inputs"),
+    (
+        "wrong dtype",
+        _with_inputs("dtype", lambda f: [f.x.to(torch.int64)]),
+        2,
+        "does not accept the given inputs: input 0 (x) is float32[2, 3, 8, 8], given int64[2, 3, 8, 8]",
+    ),
     (
         "wrong expected outputs",
         lambda f: [str(f.good), "--inputs", f.data("i.pt", [f.x]), "--expected", f.data("o.pt", [f.x])],
@@ -156,9 +167,10 @@ def test_verify_bad_input(
     assert cli.main(["verify", *args]) == code, case
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err
-    if code == 2:
+    if code in (2, 3):  # (unusable input; UNVERIFIED: nothing compared, what to give said on stderr)
         lines = captured.err.strip().splitlines()
         assert len(lines) == 1 and fragment in lines[0], captured.err
+        assert code == 2 or lines[0].startswith("trt-inline verify: UNVERIFIED: "), lines
     else:
         assert "problem: output 0 is float32[2, 4, 8, 8], expected float32[2, 3, 8, 8]" in captured.out
         assert "problem: the program returns 2 outputs, the reference 1" in captured.out

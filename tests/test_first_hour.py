@@ -92,3 +92,33 @@ def test_a_saved_program_given_as_inputs_is_named_as_one(saved_seed: SavedSeed, 
     assert_unusable(proc, f"inputs file {good} is a saved program, not a torch.save file of tensors")
     assert "--expected-from" in proc.stderr
     assert_unusable(cli("verify", good, "--inputs", str(tmp_path), "--expected", good), "is a directory")
+
+
+def test_inputs_alone_run_the_program_with_the_checks_that_need_no_reference(tmp_path: Path) -> None:
+    """``--inputs`` without ``--expected``: does it run on my input? It runs, its values are held to their
+    declarations and looked at for garbage; nothing is compared, so UNVERIFIED (exit 3), said on stderr."""
+    from test_quiet_lies import _Garbage
+
+    import trt_inline
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    compiled = trt_inline.reference.compile(_Garbage("zeros").eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    path = tmp_path / "zeros.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,), embed_reference=False)
+    torch.save([torch.randn(4, 8)], tmp_path / "mine.pt")
+    proc = cli("verify", str(path), "--inputs", str(tmp_path / "mine.pt"))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(f"UNVERIFIED {path}"), proc.stdout
+    assert "note: ran on the given inputs, with no expected outputs" in proc.stdout
+    assert "out[0] is all zeros on the given inputs, from inputs that are not" in proc.stdout, proc.stdout
+    assert "output names were not checked" not in proc.stdout
+    assert proc.stderr.strip() == (
+        f"trt-inline verify: UNVERIFIED: {path} ran on the inputs in {tmp_path / 'mine.pt'}, with nothing to "
+        "compare its outputs with: give the expected outputs with --expected FILE"
+    )
+    torch.save([torch.randn(4, 9)], tmp_path / "wide.pt")
+    assert_unusable(
+        cli("verify", str(path), "--inputs", str(tmp_path / "wide.pt")),
+        "does not accept the given inputs: input 0 (x) is float32[4, 8], given float32[4, 9]",
+    )

@@ -48,6 +48,7 @@ from trt_inline.verify.options import (
     declared,
     from_flags,
 )
+from trt_inline.verify.report import EXIT_STATUS
 
 __all__ = ["main"]
 
@@ -187,7 +188,8 @@ def _finish(report: Any, args: argparse.Namespace, *, unverified: str | None) ->
     if report.problems:
         return 1
     if unverified is not None and not report.compared:
-        raise VerifyInputError(unverified)
+        print(f"trt-inline {args.command}: UNVERIFIED: {unverified}", file=sys.stderr)
+        return EXIT_STATUS["UNVERIFIED"]
     return 0
 
 
@@ -286,8 +288,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     _check_outputs(args)
     if args.cases is not None:
         return _run_cases(args)
-    if (args.inputs is None) != (args.expected is None):
-        raise VerifyInputError("--inputs and --expected go together")
+    if args.expected is not None and args.inputs is None:
+        raise VerifyInputError("--expected needs --inputs: the inputs the expected outputs were computed from")
     if args.inputs is not None and args.expected_from is not None:
         raise VerifyInputError("--expected-from replaces --inputs/--expected; give one or the other")
     if args.load_boundaries is not None and (args.inputs is not None or args.expected_from is not None):
@@ -297,7 +299,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     arg_inputs = kwarg_inputs = expected = None
     if args.inputs is not None:
         arg_inputs, kwarg_inputs = split_inputs(load_tensor_file(args.inputs, "inputs"))
-        expected = expected_outputs(load_tensor_file(args.expected, "expected"))
+        if args.expected is not None:
+            expected = expected_outputs(load_tensor_file(args.expected, "expected"))
     options = _options(args)
     report = verify(
         args.path,
@@ -311,14 +314,19 @@ def _run_verify(args: argparse.Namespace) -> int:
     return _finish(
         report,
         args,
-        unverified=f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
-        "--inputs FILE --expected FILE or --expected-from NEW.pt2",
+        unverified=(
+            f"{args.path} ran on the inputs in {args.inputs}, with nothing to compare its outputs with: give the "
+            "expected outputs with --expected FILE"
+            if args.inputs is not None
+            else f"{args.path} carries no reference I/O: structural checks passed, comparing outputs needs "
+            "--inputs FILE --expected FILE or --expected-from NEW.pt2"
+        ),
     )
 
 
-# The exit status of a set of cases is its worst case's: as that verdict exits for one file (UNVERIFIED: 2, as a
-# file with nothing to compare; ERROR: 2, unusable input).
-_CASE_EXIT = {"ERROR": 2, "FAIL": 1, "UNVERIFIED": 2, "PASS": 0}
+# The exit status of a set of cases is its worst case's: as that verdict exits for one file (ERROR: 2, unusable
+# input).
+_CASE_EXIT = EXIT_STATUS
 
 
 def _run_cases(args: argparse.Namespace) -> int:

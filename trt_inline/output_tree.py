@@ -47,6 +47,8 @@ class OutputTree:
     @property
     def named(self) -> bool:
         """Whether a caller reads the outputs by more than a position: a dict, a named or nested container."""
+        if self.paths == ("out",):  # one value, returned as it is
+            return False
         return not all(path == f"out[{index}]" for index, path in enumerate(self.paths)) or "None" in self.structure
 
     def to_plain(self) -> dict[str, Any]:

@@ -83,9 +83,14 @@ class RankSetReport:
 
     @property
     def exit_code(self) -> int:
-        if any(row["status"] == "ERROR" for row in self.ranks):
-            return 2
-        return 0 if all(row["status"] == "PASS" for row in self.ranks) else 1
+        from trt_inline.verify.report import EXIT_STATUS
+
+        # The worst rank's: an error, a failure, nothing compared, a pass.
+        statuses = {row["status"] for row in self.ranks}
+        worst = next(
+            status for status in ("ERROR", "FAIL", "UNVERIFIED", "PASS") if status in statuses or status == "PASS"
+        )
+        return EXIT_STATUS[worst]
 
     @property
     def ok(self) -> bool:

@@ -234,7 +234,8 @@ def run_on(
             raise  # (a rank set stopped the run, or a check refused a call: each message names what it is)
         except Exception as exc:
             raise VerifyInputError(
-                f"the program does not accept the reference inputs ({type(exc).__name__}: {first_line(exc)})"
+                f"the program does not accept the {run_name.removeprefix('on the ')} ({type(exc).__name__}: "
+                f"{first_line(exc)})"
             ) from exc
         # Detached: a grad-mode run's autograd graph (its saved activations) is freed before the next run.
         return [o.detach() if isinstance(o, torch.Tensor) else o for o in values(outputs)]

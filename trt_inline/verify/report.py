@@ -15,7 +15,13 @@ import torch
 
 from trt_inline.errors import decoded_text
 
-__all__ = ["MAX_COMPARISONS", "BoundaryRow", "Divergence", "OutputComparison", "VerifyReport", "describe_value"]
+__all__ = [
+    "EXIT_STATUS", "MAX_COMPARISONS", "BoundaryRow", "Divergence", "OutputComparison", "VerifyReport", "describe_value",
+]  # fmt: skip
+
+# What each verdict exits with: UNVERIFIED (nothing wrong found, nothing compared) its own status, apart from
+# unusable input (ERROR).
+EXIT_STATUS = {"PASS": 0, "FAIL": 1, "ERROR": 2, "UNVERIFIED": 3}
 
 # The comparisons (outputs, boundary values, engines run alone) one report may hold: a model's outputs and engine
 # boundaries by the hundred thousand, and a bound on what a parent parses, formats and writes for one child.

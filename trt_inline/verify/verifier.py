@@ -609,6 +609,14 @@ def _verify_here(
             recorded = newer.boundaries
             report.expected_source = f"from {os.fspath(expected_from)}"
             device = device or capture_device(newer)
+        elif arg_inputs is not None or kwargs:
+            # Inputs alone: does it run on them? Its values are held to their declarations and looked at for
+            # garbage; nothing is compared (UNVERIFIED).
+            args, want = list(arg_inputs or ()), None
+            report.notes.append(
+                "ran on the given inputs, with no expected outputs: its values were held to their declarations "
+                "and checked for garbage (all zeros, NaN), its outputs were not compared"
+            )
         elif embedded is not None:
             args, kwargs, want, report.expected_source = embedded.args, embedded.kwargs, embedded.outputs, "embedded"
             want_tree = embedded.output_tree
@@ -628,12 +636,18 @@ def _verify_here(
             runnable = module
         # One rank of a rank set: every rank's checks are done before any collective runs.
         in_process_rank_file = _rank_file_checks(loaded, module)
-        progress.report("running the program on the reference inputs")
+        user_inputs = arg_inputs is not None and report.expected_source in ("given", "module", "none")
+        if user_inputs and program is not None:
+            unlike = _inputs_mismatch(program, args, kwargs, "given")
+            if unlike is not None:
+                raise VerifyInputError(f"{source}: the program does not accept the given inputs: {unlike}")
+        progress.report("running the program on the " + ("given inputs" if user_inputs else "reference inputs"))
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
                 # (Not where the program calls collectives: every rank must make the same runs.)
                 layouts = module is None or not collectives_of(module)
-                run = run_on(runnable, args, kwargs, device, layouts=layouts)
+                run = run_on(runnable, args, kwargs, device, layouts=layouts,
+                             run_name="on the given inputs" if user_inputs else "on the reference inputs")  # fmt: skip
         except RefusedOperatorError:
             raise  # (a call its values made unsafe to run: refused as the file's operators are, not a crash)
         except VerifyInputError as exc:
@@ -641,11 +655,12 @@ def _verify_here(
             # a program that raises on them is wrong, and where it raises is found boundary by boundary.
             own_inputs = recorded is not None or report.expected_source == "embedded"
             rank_file = loaded is not None and loaded.manifest_text is not None
-            if not own_inputs or rank_file or runnable is not module or module is None or is_allocation_failure(exc):
+            if (not own_inputs or rank_file or runnable is not module or module is None or want is None
+                    or is_allocation_failure(exc)):  # fmt: skip
                 raise
             _localize_crash(report, module, recorded, args, kwargs, want, device, atol, rtol, stat, exc, repro)
             return report
-        got = _by_path(report, run.outputs, run.tree, want_tree)
+        got = run.outputs if want is None else _by_path(report, run.outputs, run.tree, want_tree)
         report.problems.extend(run.problems)
         report.notes.extend(run.notes)
         sightings = [run.sightings] if run.sightings is not None else []
@@ -657,6 +672,9 @@ def _verify_here(
             kept.extend(tensors_only(got, "outputs"))
         if kept_reference is not None:
             kept_reference.append(_recorded_run(module, runnable, args, kwargs, device, report.source))
+        if want is None:  # (inputs alone: nothing to compare with)
+            report.warnings += garbage_warnings(sightings)
+            return report
         if len(got) != len(want):
             report.problems.append(f"the program returns {len(got)} outputs, the reference {len(want)}")
         for index, (actual, reference_output) in enumerate(zip(got, want, strict=False)):
@@ -1064,25 +1082,31 @@ def _reference_of(path: str | os.PathLike[str], allow_pickle: bool, allow_native
     return loaded.reference
 
 
-def _check_signature(program: ExportedProgram, source: str, reference: ReferenceIO, reference_source: str) -> None:
-    """One line naming the first difference between a program's inputs/outputs and another file's reference."""
+def _inputs_mismatch(program: ExportedProgram, args: Sequence[Any], kwargs: dict[str, Any], giver: str) -> str | None:
+    """How the first of ``args``/``kwargs`` differs from what the program takes, naming it (``input 0 (x) is
+    float32[2, 3, 8, 8], given float32[2, 5, 8, 8]``); the count first (``it takes 1 input (x), given 2``)."""
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     inputs = [placeholders[name] for name in program.graph_signature.user_inputs if name in placeholders]
-    given = [*reference.args, *reference.kwargs.values()]
-    if len(inputs) != len(given):
-        raise VerifyInputError(
-            f"{source} takes {len(inputs)} inputs, the reference in {reference_source} has {len(given)}"
-        )
-    for index, (node, tensor) in enumerate(zip(inputs, given, strict=True)):
+    values = [*args, *kwargs.values()]
+    if len(inputs) != len(values):
+        names = ", ".join(node.name for node in inputs[:8]) + (", ..." if len(inputs) > 8 else "")
+        plural = "s" if len(inputs) != 1 else ""
+        return f"it takes {len(inputs)} input{plural} ({names}), {giver} {len(values)}"
+    for index, (node, value) in enumerate(zip(inputs, values, strict=True)):
         val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
+        if not isinstance(val, torch.Tensor) or not isinstance(value, torch.Tensor):
             continue
         static = all(isinstance(d, int) for d in val.shape)
-        if val.dtype != tensor.dtype or val.dim() != tensor.dim() or (static and tuple(val.shape) != tensor.shape):
-            raise VerifyInputError(
-                f"{source} input {index} ({node.name}) is {describe_value(val)}, the reference in "
-                f"{reference_source} gives {describe_value(tensor)}"
-            )
+        if val.dtype != value.dtype or val.dim() != value.dim() or (static and tuple(val.shape) != value.shape):
+            return f"input {index} ({node.name}) is {describe_value(val)}, {giver} {describe_value(value)}"
+    return None
+
+
+def _check_signature(program: ExportedProgram, source: str, reference: ReferenceIO, reference_source: str) -> None:
+    """One line naming the first difference between a program's inputs/outputs and another file's reference."""
+    mismatch = _inputs_mismatch(program, reference.args, reference.kwargs, f"the reference in {reference_source} gives")
+    if mismatch is not None:
+        raise VerifyInputError(f"{source} {mismatch.removeprefix('it ')}")
     outputs = len(program.graph_signature.user_outputs)
     if outputs != len(reference.outputs):
         raise VerifyInputError(
