@@ -122,3 +122,35 @@ def test_inputs_alone_run_the_program_with_the_checks_that_need_no_reference(tmp
         cli("verify", str(path), "--inputs", str(tmp_path / "wide.pt")),
         "does not accept the given inputs: input 0 (x) is float32[4, 8], given float32[4, 9]",
     )
+
+
+class _Chain(torch.nn.Module):
+    """Eleven engines (a linear each), a relu left to PyTorch between each two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(11))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        for layer in self.layers[:-1]:
+            x = torch.relu(layer(x))
+        return {"logits": self.layers[-1](x), "hidden": x}
+
+
+def test_inspect_keeps_its_columns_at_any_engine_count_and_sums_up(tmp_path: Path) -> None:
+    import trt_inline
+
+    x = torch.randn(2, 4)
+    compiled = trt_inline.reference.compile(_Chain().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    path = tmp_path / "chain.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,))
+    proc = cli("inspect", str(path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.rstrip("\n").split("\n")
+    assert any(line.startswith("engine 10 ") for line in lines), proc.stdout  # (was "engine 10execute_engine_10")
+    header, rows = lines[0], lines[1:-1]
+    column = header.index("wiring")
+    assert all(row[column - 1] == " " and row[column] != " " for row in rows if len(row) > column), proc.stdout
+    assert any(row.split()[:3] == ["output", "0", "out['logits']"] for row in rows), proc.stdout
+    # (a reference engine keeps its weights in one payload)
+    assert lines[-1].startswith("11 engines, 10 ops left to PyTorch, 1 input, 2 outputs, 11 weights ("), lines[-1]

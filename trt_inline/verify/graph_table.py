@@ -28,6 +28,8 @@ from trt_inline.distributed.manifest import (
 )
 from trt_inline.engines import engine_inputs, engine_submodule_name, is_engine_call
 from trt_inline.errors import printable
+from trt_inline.formats import format_size
+from trt_inline.output_tree import describe_spec
 from trt_inline.verify.report import describe_value
 
 __all__ = ["Region", "Vocabulary", "brief", "describe_file", "describe_program"]
@@ -198,8 +200,10 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
         names = [u.name if u.op != "output" else "OUTPUT" for u in node.users]
         return ", ".join(names) or "(unused)"
 
-    def row(kind: str, name: object, value: str, wiring: str) -> str:
-        return f"{kind:<9}{name!s:<24} {value:<22} {wiring}".rstrip()
+    rows: list[tuple[str, str, str, str]] = []
+
+    def row(kind: str, name: object, value: str, wiring: str) -> tuple[str, str, str, str]:
+        return (kind, str(name), value, wiring)
 
     groups = manifest.group_ranks() if manifest is not None else {}
 
@@ -214,12 +218,7 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
         who = f"ranks {', '.join(map(str, members))}" if members is not None else "members not recorded"
         return f"  [{reduce_op}on group {printable(name)!r}: {who}]"
 
-    lines = []
-    if manifest is not None:
-        lines.append(
-            f"{manifest.describe()} of a tensor-parallel rank set (backend {manifest.backend}, save "
-            f"{manifest.save_id[:12]}, {len(manifest.collectives)} collectives)"
-        )
+    lines = rows
     lines.append(row("kind", "node", "value", "wiring"))
     for node in graph.nodes:
         if node.op == "placeholder" and kinds.get(node.name) == "user input":
@@ -242,9 +241,61 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
             lines.append(row("torch", node.name, _shape(node), wiring))
         elif node.op == "output":
             outputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            paths = _output_paths(program, len(outputs))
             for position, value in enumerate(outputs):
-                lines.append(row(f"output {position}", "", "", f"<- {producer(value)}"))
-    return "\n".join(lines)
+                lines.append(row(f"output {position}", paths[position], "", f"<- {producer(value)}"))
+    table = _aligned(rows)
+    if manifest is not None:
+        table.insert(
+            0,
+            f"{manifest.describe()} of a tensor-parallel rank set (backend {manifest.backend}, save "
+            f"{manifest.save_id[:12]}, {len(manifest.collectives)} collectives)",
+        )
+    return "\n".join([*table, _summary(program, engine_index, rows)])
+
+
+def _aligned(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    """The rows in columns as wide as their widest cell (any number of engines, any name), a space apart."""
+    widths = [max(len(cells[column]) for cells in rows) for column in range(3)]
+    return [
+        (" ".join(cell.ljust(width) for cell, width in zip(cells[:3], widths, strict=True)) + " " + cells[3]).rstrip()
+        for cells in rows
+    ]
+
+
+def _output_paths(program: ExportedProgram, count: int) -> list[str]:
+    """How a caller reads each output (``out['scores']``), where the program's output spec says; else blanks."""
+    try:
+        tree = describe_spec(program.call_spec.out_spec)
+    except Exception:  # (a spec torch cannot unflatten here: the positions alone)
+        return [""] * count
+    return list(tree.paths) if tree.named and len(tree.paths) == count else [""] * count
+
+
+def _summary(
+    program: ExportedProgram, engine_index: dict[torch.fx.Node, int], rows: list[tuple[str, str, str, str]]
+) -> str:
+    """One line: engines, ops left to PyTorch, inputs, outputs, weights (count and size, from their declarations)."""
+    kinds = [cells[0] for cells in rows]
+    weights = [
+        node.meta.get("val")
+        for node in program.graph.nodes
+        if node.op == "placeholder" and _input_kinds(program).get(node.name) in _WEIGHT_KINDS
+    ]
+    nbytes = sum(
+        value.numel() * value.element_size()
+        for value in weights
+        if isinstance(value, torch.Tensor) and all(isinstance(d, int) for d in value.shape)
+    )
+
+    def count(number: int, noun: str) -> str:
+        return f"{number} {noun}{'' if number == 1 else 's'}"
+
+    return (
+        f"{count(len(engine_index), 'engine')}, {count(kinds.count('torch'), 'op')} left to PyTorch, "
+        f"{count(kinds.count('input'), 'input')}, {count(sum(k.startswith('output ') for k in kinds), 'output')}, "
+        f"{count(len(weights), 'weight')} ({format_size(nbytes)})"
+    )
 
 
 _WEIGHT_KINDS = {"parameter", "buffer", "constant tensor", "custom obj"}
