@@ -154,3 +154,13 @@ def test_inspect_keeps_its_columns_at_any_engine_count_and_sums_up(tmp_path: Pat
     assert any(row.split()[:3] == ["output", "0", "out['logits']"] for row in rows), proc.stdout
     # (a reference engine keeps its weights in one payload)
     assert lines[-1].startswith("11 engines, 10 ops left to PyTorch, 1 input, 2 outputs, 11 weights ("), lines[-1]
+
+
+def test_the_child_process_note_is_short_unless_verbose(saved_seed: SavedSeed) -> None:
+    short = cli("verify", str(saved_seed.good))
+    note = next(line for line in short.stdout.splitlines() if "child process" in line)
+    assert note.startswith("  note: run in a child process (sandboxed: ") and "; peak memory " in note, note
+    assert "limits" not in note and len(note) < 160, note
+    verbose = cli("verify", str(saved_seed.good), "--verbose")
+    note = next(line for line in verbose.stdout.splitlines() if "child process" in line)
+    assert "limits 3600 s, 2 GiB; its peak resident memory" in note and "mapped from files" in note, note

@@ -526,7 +526,7 @@ _HELP_ORDER = (
     "--load-boundaries", "--extract", "--ranks", "--atol", "--rtol", "--check-error-stat", "--device",
     "--random-inputs", "--seed", "--save-outputs", "--plot", "--json", "--top-k", "--min-top-k-agreement", "--junit",
     "--allow-pickle", "--allow-native-code", "--allow-op", "--timeout", "--memory-limit", "--progress", "--no-sandbox",
-    "--debug",
+    "--verbose", "--debug",
 )  # fmt: skip
 # The entry points of each command: verify's flags are also those of its modes (--cases DIR, --ranks N).
 _COMMANDS = {"verify": {VERIFY, CASES, RANKS}, "diff": {DIFF}, "inspect": {INSPECT}}

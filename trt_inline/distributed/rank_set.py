@@ -348,7 +348,7 @@ def verify_rank_set(
             tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
             report = report_of_child(
                 "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=options.isolation.sandbox,
-                debug=options.isolation.debug, relay=server,
+                debug=options.isolation.debug, verbose=options.isolation.verbose, relay=server,
             )  # fmt: skip
             report = strictly(report, options.tolerances.strict)
             if not agreement.done:

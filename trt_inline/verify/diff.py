@@ -114,7 +114,7 @@ def diff(
     limits = Limits.for_file(path_a, isolation.timeout, memory_limit)
     return report_of_child(
         "diff", arguments, tensors, limits, where=os.fspath(path_a), files=(os.fspath(path_a), os.fspath(path_b)),
-        sandbox=isolation.sandbox, debug=isolation.debug, save_outputs=save_outputs,
+        sandbox=isolation.sandbox, debug=isolation.debug, verbose=isolation.verbose, save_outputs=save_outputs,
     )  # fmt: skip
 
 

@@ -445,7 +445,8 @@ def localize_partitions(
         else "the node of each saved program computing them (one file did not record the exported nodes at save)"
     )
     how = (
-        f"the files are partitioned differently: this one runs {len(trace.calls)} engine calls, {name} "
+        f"the files are partitioned differently: this one runs {len(trace.calls)} engine "
+        f"call{'' if len(trace.calls) == 1 else 's'}, {name} "
         f"{len(reference.calls)}; compared at the {len(shared)} values both hand between PyTorch and an engine "
         f"(or return), matched by {recorded}"
     )

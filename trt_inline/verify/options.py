@@ -343,6 +343,9 @@ class Isolation(OptionGroup):
     debug: bool = field(default=False, metadata=declared(
         "show tracebacks, torch's warnings and trt_inline's DEBUG log",
         "--debug", action="store_true", before_command=True))
+    verbose: bool = field(default=False, metadata=declared(
+        "say in the report the child process's limits and its memory in full, besides its walls",
+        "--verbose", action="store_true"))
     # fmt: on
 
 
@@ -410,6 +413,7 @@ class IsolationFields(TypedDict, total=False):
     timeout: float | None
     memory_limit: int | str | None
     debug: bool
+    verbose: bool
 
 
 class OutputsFields(TypedDict, total=False):
@@ -457,6 +461,7 @@ class RankSetFields(TolerancesFields, TrustFields, total=False):
     timeout: float | None
     memory_limit: int | str | None
     debug: bool
+    verbose: bool
 
 
 # Each entry point that takes keywords, and their TypedDict.

@@ -304,7 +304,8 @@ def verify(
         save_target(outputs.save_outputs)
     report = report_of_child(
         "verify", arguments, tensors, limits, where=path, files=files, sandbox=isolation.sandbox,
-        debug=isolation.debug, save_outputs=outputs.save_outputs, save_boundaries=outputs.save_boundaries,
+        debug=isolation.debug, verbose=isolation.verbose, save_outputs=outputs.save_outputs,
+        save_boundaries=outputs.save_boundaries,
         repro=repro, read_ahead=path,
     )  # fmt: skip
     if extract is not None:
@@ -333,6 +334,7 @@ def report_of_child(
     save_outputs: str | os.PathLike[str] | None = None,
     save_boundaries: str | os.PathLike[str] | None = None,
     repro: list[Any] | None = None,
+    verbose: bool = False,
     relay: RelayServer | None = None,
     read_ahead: str | None = None,
 ) -> VerifyReport:
@@ -363,11 +365,14 @@ def report_of_child(
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.child_peak_anonymous_bytes, report.child_peak_file_bytes = result.peak_anonymous, result.peak_file
     walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
-    report.notes.append(
-        f"loaded and run in a child process ({walls}; limits {limits.describe()}; its peak resident memory "
-        f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports: "
-        f"{format_size(result.peak_anonymous)} anonymous, {format_size(result.peak_file)} mapped from files)"
-    )
+    if verbose:
+        report.notes.append(
+            f"loaded and run in a child process ({walls}; limits {limits.describe()}; its peak resident memory "
+            f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports: "
+            f"{format_size(result.peak_anonymous)} anonymous, {format_size(result.peak_file)} mapped from files)"
+        )
+    else:
+        report.notes.append(f"run in a child process ({walls}; peak memory {format_size(result.peak_rss)})")
     return report
 
 
@@ -665,7 +670,7 @@ def _verify_here(
         report.notes.extend(run.notes)
         sightings = [run.sightings] if run.sightings is not None else []
         report.warnings += run.warnings
-        progress.report(f"comparing {len(got)} outputs")
+        progress.report(f"comparing {len(got)} output{'' if len(got) == 1 else 's'}")
         if save_outputs is not None:
             save_tensors(tensors_only(got, "outputs"), save_outputs)
         if kept is not None:
