@@ -164,3 +164,25 @@ def test_the_child_process_note_is_short_unless_verbose(saved_seed: SavedSeed) -
     verbose = cli("verify", str(saved_seed.good), "--verbose")
     note = next(line for line in verbose.stdout.splitlines() if "child process" in line)
     assert "limits 3600 s, 2 GiB; its peak resident memory" in note and "mapped from files" in note, note
+
+
+def test_an_operator_named_to_run_in_pytorch_is_kept_from_decomposition(tmp_path: Path) -> None:
+    """``torch_executed_ops=["aten.hardswish.default"]``: before, decomposition turned hardswish into other ops
+    and nothing fell back, silently; now it falls back as itself, and an entry nothing calls is a warning."""
+    import warnings
+
+    import trt_inline
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Hardswish(), torch.nn.Linear(4, 4)).eval()
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        compiled = trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.hardswish.default"])
+    fallbacks = [m for name, m in compiled.named_children() if name.startswith("_run_on_gpu")]
+    called = [n.target for m in fallbacks for n in m.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.hardswish.default in called, called
+    path = tmp_path / "hardswish.pt2"
+    trt_inline.save(compiled, path, arg_inputs=(x,))
+    assert cli("verify", str(path)).returncode == 0
+    with pytest.warns(UserWarning, match="torch_executed_ops entry aten.gelu.default matches no operator the graph"):
+        trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.gelu.default"])

@@ -21,7 +21,7 @@ import inspect
 import sys
 import threading
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -580,6 +580,23 @@ def set_example_inputs(program: torch.export.ExportedProgram, args: tuple[Any, .
         program.example_inputs = (args, kwargs)
     else:
         program._example_inputs = (args, kwargs)
+
+
+def decompose_keeping(exported: Any, keep: Collection[Any]) -> Any:
+    """``exported.run_decompositions()`` to core ATen, but for the operators ``keep`` names (OpOverloads, or
+    packets: each overload), which stay as they are: what Torch-TensorRT does for the operators it is told to run
+    in PyTorch (``torch_executed_ops``), so that a fallback asked for is a fallback of that operator."""
+    default = getattr(torch.export, "default_decompositions", None)
+    if default is not None:  # torch 2.6+
+        table = default()
+    else:
+        from torch._decomp import core_aten_decompositions
+
+        table = dict(core_aten_decompositions())
+    for op in list(table.keys()):
+        if op in keep or getattr(op, "overloadpacket", None) in keep:
+            table.pop(op)
+    return exported.run_decompositions(table)
 
 
 def export_nonstrict(

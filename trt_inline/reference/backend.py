@@ -13,6 +13,7 @@ compile -> save -> load -> compare loop runs without a GPU.
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from torch.utils import _pytree as pytree
 from trt_inline import compat
 from trt_inline.engines import ACC_PREFIX
 from trt_inline.reference.engine import build_engine
-from trt_inline.reference.partition import partition
+from trt_inline.reference.partition import partition, resolve_ops
 
 __all__ = ["compile"]
 
@@ -45,8 +46,13 @@ def compile(
             ``dynamic_shapes``) or an ``ExportedProgram``.
         arg_inputs: example inputs, positionally.
         torch_executed_ops: operators forced to run in PyTorch, as OpOverloads
-            or strings such as ``"torch.ops.aten.relu.default"``.
-        min_block_size: accelerated blocks with fewer nodes fall back.
+            or strings such as ``"torch.ops.aten.relu.default"``; kept from
+            decomposition (as Torch-TensorRT keeps them), and an entry no node
+            calls is a warning naming it.
+        min_block_size: accelerated blocks with fewer nodes fall back. 1 by
+            default, where Torch-TensorRT's is 5: the small models of tests and
+            examples then still get engines between their fallbacks. Pass
+            ``min_block_size=5`` to rehearse the partition TensorRT gets.
         dynamic_shapes: as for ``torch.export.export``.
         scalar_boundaries: let scalar-producing nodes (``sym_size``, SymInt
             arithmetic) into engines, so that scalars cross engine boundaries
@@ -65,9 +71,12 @@ def compile(
         exported = model
     else:
         exported = compat.export_nonstrict(model, tuple(arg_inputs), None, dynamic_shapes)
+    overloads, packets = resolve_ops(torch_executed_ops)
     if not _is_core_aten(exported.graph):
-        exported = exported.run_decompositions()
+        # The operators named to run in PyTorch are kept from decomposition, as Torch-TensorRT keeps them.
+        exported = compat.decompose_keeping(exported, overloads | packets)
     flat = exported.module()
+    _warn_unmatched(flat.graph, overloads, packets)
     if not isinstance(flat, torch.fx.GraphModule):
         raise TypeError(f"ExportedProgram.module() returned a {type(flat).__qualname__}, expected a GraphModule")
 
@@ -97,6 +106,27 @@ def compile(
         setattr(split, name, build_engine(block, name))
     split.recompile()
     return split
+
+
+def _warn_unmatched(graph: torch.fx.Graph, overloads: frozenset[Any], packets: frozenset[Any]) -> None:
+    """A warning for each ``torch_executed_ops`` entry that no node of the graph calls: nothing falls back for it
+    (the model does not call it, or calls another overload)."""
+    called = {node.target for node in graph.nodes if node.op == "call_function"}
+    called_packets = {getattr(target, "overloadpacket", None) for target in called}
+    for op in sorted(overloads - called, key=str):
+        others = sorted(str(t) for t in called if getattr(t, "overloadpacket", None) is op.overloadpacket)
+        also = f" (it calls {', '.join(others)})" if others else ""
+        warnings.warn(
+            f"trt-inline: torch_executed_ops entry {op} matches no operator the graph calls: nothing runs in "
+            f"PyTorch for it{also}",
+            stacklevel=3,
+        )
+    for packet in sorted(packets - called_packets, key=str):
+        warnings.warn(
+            f"trt-inline: torch_executed_ops entry {packet} matches no operator the graph calls: nothing runs in "
+            "PyTorch for it",
+            stacklevel=3,
+        )
 
 
 def _is_core_aten(graph: torch.fx.Graph) -> bool:
