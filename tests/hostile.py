@@ -78,11 +78,21 @@ def read_entries(source: Path) -> dict[str, bytes]:
         return {name: archive.read(name) for name in archive.namelist()}
 
 
-def write_entries(target: Path, entries: list[tuple[str, bytes]] | dict[str, bytes]) -> Path:
+def write_entries(
+    target: Path, entries: list[tuple[str, bytes]] | dict[str, bytes], offsets: dict[str, int] | None = None
+) -> Path:
+    """A stored zip archive of ``entries``, each entry's data at a multiple of 64 bytes in the file as torch's
+    writer lays them out (a local extra field pads the header), or at ``offsets[suffix]`` modulo 64 for an entry
+    whose name ends in ``suffix``."""
     items = list(entries.items()) if isinstance(entries, dict) else entries
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
+    with open(target, "wb") as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
         for name, data in items:
-            archive.writestr(name, data)
+            want = next((r for suffix, r in (offsets or {}).items() if name.endswith(suffix)), 0)
+            start = handle.tell() + 30 + len(name.encode())  # where the data starts with no extra field
+            pad = (want - (start + 4)) % 64
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.extra = struct.pack("<HH", 0x4246, pad) + b"\0" * pad
+            archive.writestr(info, data)
     return target
 
 

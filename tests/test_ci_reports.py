@@ -335,7 +335,7 @@ def test_a_case_the_program_refuses_is_an_error_ranked_first(saved_seed: SavedSe
     assert proc.returncode == 2, proc.stdout + proc.stderr
     document = json.loads(proc.stdout)
     assert [(d["case"], d["status"]) for d in document] == [("wrong", "ERROR"), ("cat", "PASS")]
-    assert "does not accept the reference inputs" in document[0]["error"] and document[1]["report"]["ok"]
+    assert "does not accept the given inputs" in document[0]["error"] and document[1]["report"]["ok"]
     assert proc.stderr.startswith("trt-inline verify: case wrong: ") and proc.stderr.count("\n") == 1
 
 

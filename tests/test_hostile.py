@@ -109,7 +109,7 @@ def test_a_crash_is_one_line_from_a_real_process(saved_seed: SavedSeed, tmp_path
 
 
 def test_good_file_passes_under_a_2gib_limit(saved_seed: SavedSeed, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["verify", str(saved_seed.good), "--memory-limit", "2GiB", "--timeout", "120"]) == 0
+    assert cli.main(["verify", str(saved_seed.good), "--memory-limit", "2GiB", "--timeout", "120", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PASS") and "limits 120 s, 2 GiB" in out
 

@@ -175,7 +175,7 @@ def test_verify_leaves_rng_flags_and_loggers_as_they_were(
         rng = torch.get_rng_state()
         report = verify(saved_seed.good)
         assert report.ok and report.expected_source == "embedded"
-        with pytest.raises(trt_inline.VerifyInputError, match="does not accept the reference inputs"):
+        with pytest.raises(trt_inline.VerifyInputError, match="does not accept the given inputs"):
             verify(saved_seed.good, arg_inputs=wrong_inputs, expected=[torch.zeros(1)])
         # In this process: per-engine (hooks on the compiled module), random inputs, diff.
         local = verify(saved_seed.good, expected_module=saved_seed.compiled, arg_inputs=[saved_seed.x],

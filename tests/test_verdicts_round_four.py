@@ -18,7 +18,7 @@ import pytest
 import torch
 from hostile import _first_value, add_steps, edit_engine, edit_program, read_entries, write_entries
 from junitparser import JUnitXml
-from test_verify import cli
+from test_verify import assert_unusable, cli
 
 import trt_inline
 from trt_inline import allowed_ops
@@ -362,24 +362,6 @@ def test_configs_in_another_order_are_built_as_torch_builds_them(shared: dict[st
     assert built["rows"][5:7] == (False, True) and built["lin.weight"][5:8] == (True, True, True), built
 
 
-def _misaligned(source: Path, target: Path, record: str, remainder: int) -> Path:
-    """``source`` rewritten so that the data of the entry ending in ``record`` starts at an offset of ``remainder``
-    modulo 64 in the file (a local extra field pads its header), every other entry's at 0 modulo 64."""
-    import struct
-    import zipfile
-
-    entries = read_entries(source)
-    with open(target, "wb") as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
-        for name, data in entries.items():
-            want = remainder if name.endswith(record) else 0
-            start = handle.tell() + 30 + len(name.encode())  # where the data would start with no extra field
-            pad = (want - (start + 4)) % 64
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            info.extra = struct.pack("<HH", 0x4246, pad) + b"\0" * pad
-            archive.writestr(info, data)
-    return target
-
-
 def test_a_record_at_any_alignment_is_built_aligned_as_torch_builds_it(shared: dict[str, Path], tmp_path: Path) -> None:
     """torch's loader copies each record into a fresh allocation (64-byte aligned); a kernel may take another path
     by its operand's address. A record placed at 4 modulo 64 in the file: verify copies it to an aligned allocation
@@ -387,7 +369,7 @@ def test_a_record_at_any_alignment_is_built_aligned_as_torch_builds_it(shared: d
     one of this weight: see SECURITY.md). Records at aligned offsets stay mapped."""
     if _config(shared["honest"]) is None:
         pytest.skip(f"torch {torch.__version__} writes no payload configs (weights in one torch.save blob)")
-    shifted = _misaligned(shared["honest"], tmp_path / "shifted.pt2", "data/weights/weight_0", 4)
+    shifted = write_entries(tmp_path / "shifted.pt2", read_entries(shared["honest"]), {"data/weights/weight_0": 4})
     entries = read_entries(shifted)
     assert entries.keys() == read_entries(shared["honest"]).keys()
     built = _agree(shifted)
@@ -613,3 +595,76 @@ def test_an_in_memory_program_with_namedtuple_outputs_is_held_to_its_structure()
     assert ok.problems == [], ok.problems
     report = trt_inline.verify(program, arg_inputs=[x], expected_module=lambda v: {"logits": v + 1, "aux": v * 2})
     assert any("structured otherwise" in p and "_Pair['logits', 'aux']" in p for p in report.problems), report.problems
+
+
+# -- attack round six: diff holds both programs as verify holds one; a config torch cannot build ---------------
+
+
+class _FoldSwitch(torch.nn.Module):
+    """``2 * x`` in grad mode, ``-100 * x`` under no_grad or inference mode: matmul folds a 3-D operand into ``mm``
+    when the other requires grad (a trained model's parameter), and the two paths differ in their bits here."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(values.clone())
+        self.register_buffer("wb", values.clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xt = x.transpose(0, 1)
+        flag = (torch.matmul(xt, self.w * 1) != torch.matmul(xt, self.wb)).any()
+        return torch.where(flag, x * 2, x * -100)
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_diff_holds_both_programs_to_inference_mode_and_layouts(tmp_path: Path) -> None:
+    """PASS before (diff ran each program once, grad mode, contiguous inputs); exit 1 now, as verify."""
+    from test_verdicts import _LayoutSwitch
+
+    from trt_inline.verify.compare import LAYOUT_RUN
+
+    torch.manual_seed(0)
+    values = torch.randn(64, 33) * torch.logspace(0, 6, 64)[torch.randperm(64)][:, None]
+    x = torch.randn(3, 2, 64)
+    switch, honest = tmp_path / "fold.pt2", tmp_path / "twice.pt2"
+    trt_inline.save(torch.export.export(_FoldSwitch(values), (x,)), switch, arg_inputs=(x,))
+    trt_inline.save(torch.export.export(_Twice(), (x,)), honest, arg_inputs=(x,))
+    module = torch.export.load(switch).module()
+    with torch.inference_mode():
+        quiet = module(x)
+    if not torch.equal(module(x), x * 2) or torch.equal(quiet, x * 2):
+        pytest.skip("matmul's two paths give the same bits on this machine's BLAS: no switch to build")
+    torch.save([x], tmp_path / "inputs.pt")
+    proc = cli("diff", str(switch), str(honest), "--inputs", str(tmp_path / "inputs.pt"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "fold.pt2: output 0 differs between a run as a normal call (grad mode on) and a run under" in proc.stdout
+
+    wide = torch.randn(64, 1024)
+    layout, relu = tmp_path / "layout.pt2", tmp_path / "relu.pt2"
+    trt_inline.save(torch.export.export(_LayoutSwitch(), (wide,)), layout, arg_inputs=(wide,))
+    trt_inline.save(torch.export.export(torch.nn.ReLU(), (wide,)), relu, arg_inputs=(wide,))
+    torch.save([wide], tmp_path / "wide.pt")
+    proc = cli("diff", str(layout), str(relu), "--inputs", str(tmp_path / "wide.pt"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"layout.pt2: output 0 differs between a run as a normal call (grad mode on) and a run {LAYOUT_RUN}" in (
+        proc.stdout
+    )
+    assert cli("diff", str(relu), str(relu), "--inputs", str(tmp_path / "wide.pt")).returncode == 0
+
+
+def test_a_config_neither_pickled_nor_described_is_refused(shared: dict[str, Path], tmp_path: Path) -> None:
+    """torch's loader fails on a weights config with ``use_pickle: false`` and no ``tensor_meta``; verify read its
+    record as a pickle and passed the file. Refused now."""
+    if _config(shared["honest"]) is None:
+        pytest.skip(f"torch {torch.__version__} writes no payload configs (weights in one torch.save blob)")
+
+    def undescribed(entries: dict[str, Any]) -> None:
+        entries["rows"]["tensor_meta"] = None
+
+    crafted = _edit_config(shared["honest"], tmp_path / "undescribed.pt2", undescribed)
+    with pytest.raises(Exception, match="tensor_meta"):
+        torch.export.load(crafted)
+    assert_unusable(cli("verify", str(crafted)), "payload config 'rows' is neither pickled nor described")

@@ -547,6 +547,10 @@ def _numel_is(value: Any, count: int) -> bool:
     return not isinstance(value, torch.Tensor) or value.numel() == count
 
 
+def _shape_of(value: torch.Tensor) -> str:
+    return f"{value.dtype} {list(value.shape)}"
+
+
 def _ints_of(value: torch.Tensor) -> list[int]:
     return [int(v) for v in value.reshape(-1).tolist()]
 
@@ -653,9 +657,11 @@ def _lstm_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
         one = [[4 * hidden, width], [4 * hidden, projected]] + ([[4 * hidden], [4 * hidden]] if biases else [])
         shapes += (one + ([[projected, hidden]] if projected != hidden else [])) * directions
     for index, (param, shape) in enumerate(zip(params, shapes, strict=True)):
-        if not isinstance(param, torch.Tensor) or list(param.shape) != shape:
-            given = list(param.shape) if isinstance(param, torch.Tensor) else type(param).__name__
-            return f"parameter {index} of shape {given} where the layer needs {shape}"
+        if not isinstance(param, torch.Tensor) or list(param.shape) != shape or param.dtype != data.dtype:
+            given = _shape_of(param) if isinstance(param, torch.Tensor) else type(param).__name__
+            return f"parameter {index} {given} where the layer needs {data.dtype} {shape}"
+    if h0.dtype != data.dtype or c0.dtype != data.dtype:
+        return f"states of {h0.dtype} and {c0.dtype} for an input of {data.dtype}"
     return None
 
 

@@ -516,8 +516,12 @@ class _Reader:
                 raise VerifyInputError(
                     f"{self.file}: archive entry {printable(record_name)} is declared by a payload config but missing"
                 )
-            if meta["use_pickle"] or meta["tensor_meta"] is None:
+            if meta["use_pickle"]:
                 result[name] = self._pickled_record(record, meta["path_name"], contents)
+            elif meta["tensor_meta"] is None:  # (torch's loader fails on it: no program to build)
+                raise self.refuse(
+                    f"payload config {printable(name)!r} is neither pickled nor described (no tensor_meta)"
+                )
             else:
                 result[name] = self._record(record, meta["tensor_meta"], meta["is_param"], name)
         for other in self.by_name:

@@ -185,6 +185,7 @@ def run_on(
     *,
     layouts: bool = False,
     run_name: str = "on the reference inputs",
+    checked: bool = True,
 ) -> Run:
     """Run ``module`` on the inputs (moved to ``device`` if given) in :func:`isolated_run`, once in each of
     :data:`RUN_MODES`, and require the same bits from each.
@@ -200,7 +201,8 @@ def run_on(
 
     The normal call of a GraphModule is a :func:`~trt_inline.verify.checked_run.checking` call: every value it
     computes is held to its node's declaration (a disagreement is a problem naming the engine or node, the output
-    and both accounts), and its engine and program outputs are sighted (``run_name``, :mod:`.garbage`).
+    and both accounts), and its engine and program outputs are sighted (``run_name``, :mod:`.garbage`);
+    ``checked=False``: the generated code (a caller that has made a checked call on these inputs already).
     """
     if device is not None:
         if isinstance(module, torch.nn.Module):
@@ -241,7 +243,7 @@ def run_on(
         return [o.detach() if isinstance(o, torch.Tensor) else o for o in values(outputs)]
 
     normal_name, normal = RUN_MODES[0]
-    run = Run(once(normal, checked=True))
+    run = Run(once(normal, checked=checked))
     run.tree = trees[0] if trees else None
     if checks:
         run.problems += checks[0].declared.summary()
