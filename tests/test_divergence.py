@@ -163,15 +163,21 @@ def test_an_exported_program_given_to_save_records_its_own_engine_calls(files: F
     assert trt_inline.verify(path, per_engine=True, isolate=False).ok
 
 
-def test_boundary_data_over_the_limit_is_left_out_with_a_warning(files: Files, tmp_path: Path) -> None:
+def test_boundary_data_over_the_limit_refuses_the_save(files: Files, tmp_path: Path) -> None:
+    """Asked for, boundary data is never left out quietly (it was, with a warning, and verify --per-engine then
+    advised saving with it): past the limit the save is refused, naming the size and both ways on."""
     reference = open_file(files.good).reference
-    assert reference is not None
+    assert reference is not None and reference.boundaries is not None
     limit = reference.nbytes(boundaries=False) + 16  # room for the I/O, not for the boundaries
-    with pytest.warns(UserWarning, match="engine boundary data not embedded .* over the limit"):
+    with pytest.raises(SaveError, match=r"engine boundary data \(embed_reference='boundaries'\) takes .* over the "
+                       r"limit of .*: raise reference_limit_bytes, or save with embed_reference=True"):  # fmt: skip
         trt_inline.save(files.compiled, tmp_path / "capped.pt2", arg_inputs=[files.x], embed_reference="boundaries",
                         reference_limit_bytes=limit)  # fmt: skip
-    capped = open_file(tmp_path / "capped.pt2").reference
-    assert capped is not None and capped.boundaries is None and torch.equal(capped.outputs[0], reference.outputs[0])
+    assert not (tmp_path / "capped.pt2").exists()
+    from trt_inline.embedding import DEFAULT_BOUNDARIES_LIMIT_BYTES, reference_limit
+
+    assert reference_limit(None, True) == DEFAULT_BOUNDARIES_LIMIT_BYTES == 1 << 30  # (vit_b_16 at batch 8 fits)
+    assert reference_limit(None, False) == 64 << 20 and reference_limit(5, True) == 5
     with pytest.raises(SaveError, match="embed_reference must be True, False or 'boundaries'"):
         trt_inline.save(files.compiled, tmp_path / "bad.pt2", arg_inputs=[files.x], embed_reference="layers")
     with pytest.raises(SaveError, match="'boundaries' is for ExportedProgram files"):

@@ -186,3 +186,22 @@ def test_an_operator_named_to_run_in_pytorch_is_kept_from_decomposition(tmp_path
     assert cli("verify", str(path)).returncode == 0
     with pytest.warns(UserWarning, match="torch_executed_ops entry aten.gelu.default matches no operator the graph"):
         trt_inline.reference.compile(model, (x,), torch_executed_ops=["aten.gelu.default"])
+
+
+class _DataDependent(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.sum() > 0 else x  # (export cannot trace a branch on a value)
+
+
+def test_a_compile_failure_says_what_trt_inline_was_doing() -> None:
+    """Torch's failure inside reference.compile: one line saying the step and the module, torch's exception chained
+    (was its traceback alone, about 100 lines, with no word of what trt-inline was doing)."""
+    import trt_inline
+
+    with pytest.raises(trt_inline.CompileError) as failed:
+        trt_inline.reference.compile(_DataDependent(), (torch.randn(3),))
+    message = str(failed.value)
+    assert message.startswith("reference.compile: exporting _DataDependent (torch.export, non-strict) failed: "), (
+        message
+    )
+    assert "\n" not in message and failed.value.__cause__ is not None

@@ -34,6 +34,7 @@ core modules             ``passes`` (the inline passes), ``flat_program``, ``eng
 from trt_inline import reference
 from trt_inline.archive import load
 from trt_inline.errors import (
+    CompileError,
     EngineFormatError,
     IncompatibleTorchError,
     InlineError,
@@ -52,6 +53,7 @@ from trt_inline.verify import VerifyReport, diff, verify
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompileError",
     "EngineFormatError",
     "IncompatibleTorchError",
     "InlineError",

@@ -6,8 +6,9 @@ expected outputs) goes into the file as an extra entry encoded by
 kind of value each output is. With ``boundaries=True`` (``embed_reference="boundaries"``)
 the same run also records every engine call's inputs and outputs
 (:mod:`trt_inline.verify.boundaries`), for ``trt-inline verify --per-engine``.
-Above a size limit the boundary data is left out, then the reference I/O too,
-each with a warning that says how to verify without it.
+Above a size limit the reference I/O is left out, with a warning that says how to
+verify without it; boundary data asked for is never left out: past its limit (1 GiB
+by default, what ViT-B/16 needs at batch 8) the save is refused, naming the size.
 """
 
 from __future__ import annotations
@@ -26,9 +27,22 @@ from trt_inline.formats import BOUNDARIES, PACKAGE_INFO_FILE
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.boundaries import provenance, record_program_boundaries, recording
 
-__all__ = ["DEFAULT_REFERENCE_LIMIT_BYTES", "embeds_boundaries", "reference_extra_files"]
+__all__ = [
+    "DEFAULT_BOUNDARIES_LIMIT_BYTES", "DEFAULT_REFERENCE_LIMIT_BYTES", "embeds_boundaries", "reference_extra_files",
+    "reference_limit",
+]  # fmt: skip
 
 DEFAULT_REFERENCE_LIMIT_BYTES = 64 << 20
+# With boundary data asked for (embed_reference="boundaries"): every engine's inputs and outputs, which an ordinary
+# model's take hundreds of MiB of (vit_b_16: 70.4 MiB at batch 1).
+DEFAULT_BOUNDARIES_LIMIT_BYTES = 1 << 30
+
+
+def reference_limit(limit: int | None, boundaries: bool) -> int:
+    """The limit on what a save embeds: the one given, else the default for what was asked for."""
+    if limit is not None:
+        return limit
+    return DEFAULT_BOUNDARIES_LIMIT_BYTES if boundaries else DEFAULT_REFERENCE_LIMIT_BYTES
 
 
 def embeds_boundaries(embed_reference: bool | str) -> bool:
@@ -75,13 +89,13 @@ def reference_extra_files(
         warnings.warn(f"trt-inline: reference I/O not embedded in {target}: {exc}", stacklevel=3)
         return {}
     if reference_io.boundaries is not None and reference_io.nbytes() > limit:
-        warnings.warn(
-            f"trt-inline: engine boundary data not embedded in {target}: with it the reference takes "
-            f"{reference_io.nbytes() / 2**20:.1f} MiB, over the limit of {limit / 2**20:.1f} MiB "
-            "(reference_limit_bytes); raise it for verify --per-engine",
-            stacklevel=3,
+        # Asked for, and not silently left out: verify --per-engine would then advise to save with it.
+        raise SaveError(
+            f"{target}: engine boundary data (embed_reference='boundaries') takes "
+            f"{reference_io.nbytes() / 2**20:.1f} MiB with the reference I/O, over the limit of "
+            f"{limit / 2**20:.1f} MiB: raise reference_limit_bytes, or save with embed_reference=True (no boundary "
+            "data; verify --per-engine then compares with the compiled module)"
         )
-        reference_io.boundaries = None
     size = reference_io.nbytes()
     if size > limit:
         warnings.warn(

@@ -31,6 +31,11 @@ class EngineFormatError(TrtInlineError, ValueError):
     """A reference-engine program string or payload is malformed."""
 
 
+class CompileError(TrtInlineError, RuntimeError):
+    """A compile by the reference backend failed in a step of torch's: the message says which and on what
+    (torch's exception is chained: its traceback follows, or shows with ``--debug``)."""
+
+
 class SaveError(TrtInlineError, ValueError):
     """``trt_inline.save`` was given something it cannot write."""
 

@@ -24,7 +24,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import compat, distributed, formats, package, progress
 from trt_inline.distributed import rank_check
-from trt_inline.embedding import DEFAULT_REFERENCE_LIMIT_BYTES, embeds_boundaries, reference_extra_files
+from trt_inline.embedding import embeds_boundaries, reference_extra_files, reference_limit
 from trt_inline.errors import SaveError
 from trt_inline.flat_program import drop_provenance, exported_program_from_graph, in_signature_order
 from trt_inline.module_state import buffers_restored
@@ -89,7 +89,7 @@ def save(
     dynamic_shapes: Any = None,
     retrace: bool = True,
     embed_reference: bool | str = True,
-    reference_limit_bytes: int = DEFAULT_REFERENCE_LIMIT_BYTES,
+    reference_limit_bytes: int | None = None,
     output_format: str = formats.EXPORTED_PROGRAM,
     declared_mismatch: str = "error",
     embed_rank_check: bool = False,
@@ -107,7 +107,8 @@ def save(
     them out; ``embed_reference="boundaries"`` also records every engine call's
     inputs and outputs in that run, so ``trt-inline verify PATH --per-engine`` can
     say which engine or fallback region diverged. Above ``reference_limit_bytes``
-    the boundary data, then the reference I/O, are left out with a warning.
+    (default 64 MiB, 1 GiB with boundaries) the reference I/O is left out with a warning;
+    boundary data asked for is never left out: past the limit the save raises :class:`SaveError`.
 
     The file is written to a temporary name beside ``path`` and renamed into
     place, so an interrupted save never leaves a truncated file where a good one
@@ -161,7 +162,12 @@ def save(
         progress.report("running the module on the sample inputs for the reference I/O")
         runnable = module.module() if isinstance(module, ExportedProgram) else module
         extra_files = reference_extra_files(
-            runnable, arg_inputs, kwarg_inputs, target, reference_limit_bytes, boundaries=boundaries
+            runnable,
+            arg_inputs,
+            kwarg_inputs,
+            target,
+            reference_limit(reference_limit_bytes, boundaries),
+            boundaries=boundaries,
         )
     if save_id is not None:
         manifest = distributed.manifest_for(program.graph_module, save_id)

@@ -196,13 +196,14 @@ def _reference_io_for_save(module: Any, file_path: str, kwargs: dict[str, Any]) 
     inputs = _tensor_inputs(kwargs)
     if not isinstance(module, torch.fx.GraphModule) or not file_path or inputs is None:
         return {}
+    # A package's engines run inside its compiled code: no boundary of it could be compared.
+    boundaries = embedding.embeds_boundaries(mode) and output_format != formats.AOT_INDUCTOR
     return embedding.reference_extra_files(
         module,
         list(inputs[0]),
         inputs[1],
         Path(file_path),
-        embedding.DEFAULT_REFERENCE_LIMIT_BYTES,
+        embedding.reference_limit(None, boundaries),
         with_output_kinds=output_format == formats.AOT_INDUCTOR,
-        # A package's engines run inside its compiled code: no boundary of it could be compared.
-        boundaries=embedding.embeds_boundaries(mode) and output_format != formats.AOT_INDUCTOR,
+        boundaries=boundaries,
     )

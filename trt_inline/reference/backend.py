@@ -12,9 +12,10 @@ compile -> save -> load -> compare loop runs without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from trt_inline import compat
 from trt_inline.engines import ACC_PREFIX
+from trt_inline.errors import CompileError, first_line
 from trt_inline.reference.engine import build_engine
 from trt_inline.reference.partition import partition, resolve_ops
 
@@ -67,14 +69,17 @@ def compile(
         ``_run_on_acc_N`` (:class:`ReferenceEngine`) and ``_run_on_gpu_N``
         (``GraphModule``) submodules.
     """
+    what = type(model).__name__
+    overloads, packets = resolve_ops(torch_executed_ops)
     if isinstance(model, torch.export.ExportedProgram):
         exported = model
     else:
-        exported = compat.export_nonstrict(model, tuple(arg_inputs), None, dynamic_shapes)
-    overloads, packets = resolve_ops(torch_executed_ops)
+        with _step(f"exporting {what} (torch.export, non-strict)"):
+            exported = compat.export_nonstrict(model, tuple(arg_inputs), None, dynamic_shapes)
     if not _is_core_aten(exported.graph):
         # The operators named to run in PyTorch are kept from decomposition, as Torch-TensorRT keeps them.
-        exported = compat.decompose_keeping(exported, overloads | packets)
+        with _step(f"decomposing {what}'s exported program to core ATen (run_decompositions)"):
+            exported = compat.decompose_keeping(exported, overloads | packets)
     flat = exported.module()
     _warn_unmatched(flat.graph, overloads, packets)
     if not isinstance(flat, torch.fx.GraphModule):
@@ -106,6 +111,15 @@ def compile(
         setattr(split, name, build_engine(block, name))
     split.recompile()
     return split
+
+
+@contextlib.contextmanager
+def _step(doing: str) -> Iterator[None]:
+    """A failure of torch's inside the block as one line saying what trt-inline was doing (torch's chained)."""
+    try:
+        yield
+    except Exception as exc:
+        raise CompileError(f"reference.compile: {doing} failed: {type(exc).__name__}: {first_line(exc)}") from exc
 
 
 def _warn_unmatched(graph: torch.fx.Graph, overloads: frozenset[Any], packets: frozenset[Any]) -> None:
