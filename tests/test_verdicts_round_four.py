@@ -320,14 +320,20 @@ def _edit_config(source: Path, target: Path, edit: Any) -> Path:
     return write_entries(target, entries)
 
 
+def _honest(root: Path, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.Tensor, Path]:
+    """``model`` (in eval mode) saved by trt_inline with its reference I/O on a seeded input of shape [2, 4]."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4)
+    model = model.eval()
+    honest = root / "honest.pt2"
+    trt_inline.save(torch.export.export(model, (x,)), honest, arg_inputs=(x,))
+    return model, x, honest
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("shared_record")
-    torch.manual_seed(0)
-    x = torch.randn(2, 4)
-    model = _SharedRecord().eval()
-    honest = root / "honest.pt2"
-    trt_inline.save(torch.export.export(model, (x,)), honest, arg_inputs=(x,))
+    model, x, honest = _honest(root, _SharedRecord())
     _inputs_and_cases(root, x, [model(x).detach()])
     return {"honest": honest, "root": root}
 
@@ -504,11 +510,7 @@ def _swap_keys(source: Path, target: Path) -> Path:
 @pytest.fixture(scope="module")
 def swapped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("swapped_keys")
-    torch.manual_seed(0)
-    x = torch.randn(2, 4)
-    model = _Detector().eval()
-    honest = root / "honest.pt2"
-    trt_inline.save(torch.export.export(model, (x,)), honest, arg_inputs=(x,))
+    model, x, honest = _honest(root, _Detector())
     with torch.no_grad():
         _inputs_and_cases(root, x, model(x))
     torch.save([x], root / "flat_inputs.pt")
