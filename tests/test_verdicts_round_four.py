@@ -10,6 +10,7 @@ it was not given. Each is now exit 1 or 2 in all five modes: the embedded refere
 from __future__ import annotations
 
 import json
+import operator
 from collections import namedtuple
 from pathlib import Path
 from typing import Any
@@ -670,3 +671,30 @@ def test_a_config_neither_pickled_nor_described_is_refused(shared: dict[str, Pat
     with pytest.raises(Exception, match="tensor_meta"):
         torch.export.load(crafted)
     assert_unusable(cli("verify", str(crafted)), "payload config 'rows' is neither pickled nor described")
+
+
+def test_every_run_checks_the_calls_not_only_the_checked_one() -> None:
+    """The runs in inference mode and on strided inputs are the generated code, not the checked interpreter: a
+    program that handed in-range offsets to the checked run and others to those would have read past them there.
+    Every call of a checked operator is checked however it is reached, inside a file's verification."""
+    from trt_inline.verify.compare import run_on
+
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    table, indices, offsets = (graph.placeholder(name) for name in ("table", "indices", "offsets"))
+    bag = graph.call_function(aten._embedding_bag.default, (table, indices, offsets))
+    graph.output(graph.call_function(operator.getitem, (bag, 0)))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert allowed_ops.run_checks_needed(module)
+    good = [torch.rand(10, 3), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 2, 3])]
+    bad = [good[0], good[1], torch.tensor([0, 3, -2])]
+    with allowed_ops.allowing(()):
+        assert not run_on(module, good, {}, None).problems
+        # (Its CPU kernel reads indices and offsets as dense arrays: given strided views, as the layout run gives
+        # them, it reads the memory between their elements. Refused there, a problem of the run.)
+        strided = run_on(module, good, {}, None, layouts=True).problems
+        assert strided and "indices, offsets or per_sample_weights that are not contiguous" in strided[0], strided
+        with pytest.raises(RefusedOperatorError, match="offsets that do not start at 0"):
+            run_on(module, bad, {}, None, checked=False)  # (the generated code alone: checked all the same)
+        with allowed_ops.checking_each_call(), pytest.raises(RefusedOperatorError):
+            module(*bad)

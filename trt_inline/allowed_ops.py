@@ -577,7 +577,11 @@ def _repeat_interleave_run(op: compat.OpOverload, args: Sequence[Any], kwargs: d
     repeats, size = _argument(op, args, kwargs, "repeats"), _argument(op, args, kwargs, "output_size")
     if not isinstance(repeats, torch.Tensor) or size is None:
         return None
-    if repeats.numel() and (bool((repeats < 0).any()) or int(repeats.sum()) != int(size)):
+    total = int(repeats.sum()) if repeats.numel() else 0
+    data, dim = _argument(op, args, kwargs, "self"), _argument(op, args, kwargs, "dim")
+    if isinstance(data, torch.Tensor) and repeats.numel() == 1:  # (one repeat for every element along dim)
+        total *= data.numel() if dim is None else data.shape[dim]
+    if repeats.numel() and (bool((repeats < 0).any()) or total != int(size)):
         return f"repeats that are negative or do not sum to its output_size={int(size)}"
     return None
 
@@ -594,6 +598,9 @@ def _embedding_bag_run(op: compat.OpOverload, args: Sequence[Any], kwargs: dict[
         return f"indices of shape {list(indices.shape)} and offsets of shape {list(offsets.shape)} (1-D each)"
     if isinstance(weights, torch.Tensor) and list(weights.shape) != list(indices.shape):
         return f"per_sample_weights of shape {list(weights.shape)} for {indices.numel()} indices"
+    # (Its CPU kernel reads them as dense arrays: a strided view is read past its elements.)
+    if not all(t.is_contiguous() for t in (indices, offsets, weights) if isinstance(t, torch.Tensor)):
+        return "indices, offsets or per_sample_weights that are not contiguous (its kernel reads them as if they were)"
     if offsets.numel():
         steps = offsets[1:] - offsets[:-1]
         if int(offsets[0]) != 0 or bool((steps < 0).any()) or int(offsets[-1]) > indices.numel():
@@ -675,6 +682,8 @@ def _packed_problem(
         return "no data and batch_sizes tensors"
     if sizes.dim() != 1 or sizes.dtype != torch.int64 or sizes.device.type != "cpu" or not sizes.numel():
         return f"batch_sizes of shape {list(sizes.shape)}, {sizes.dtype} on {sizes.device} (1-D int64 on the CPU)"
+    if not sizes.is_contiguous():
+        return "batch_sizes that are not contiguous (the kernels read them as if they were)"
     values = _ints_of(sizes)
     decreasing = all(later <= earlier for earlier, later in itertools.pairwise(values))
     if min(values) <= 0 or not decreasing or sum(values) != data.shape[0]:
@@ -755,6 +764,31 @@ RUN_CHECKS: dict[str, Callable[[compat.OpOverload, Sequence[Any], dict[str, Any]
     "aten::grid_sampler_2d": _grid_sampler_run,
     **{f"aten::{name}": _upsample_run for name in _UPSAMPLE},
 }
+
+
+def run_checks_needed(module: Any) -> bool:
+    """Whether ``module`` (a GraphModule) calls an operator of :data:`RUN_CHECKS` itself."""
+    graph = getattr(module, "graph", None)
+    return graph is not None and any(
+        node.op == "call_function"
+        and isinstance(node.target, compat.OpOverload)
+        and compat.op_schema_name(node.target) in RUN_CHECKS
+        for node in graph.nodes
+    )
+
+
+@contextlib.contextmanager
+def checking_each_call() -> Iterator[None]:
+    """Within the block, every call of an operator of :data:`RUN_CHECKS` is checked with its values (as
+    :func:`check_run`) however it is reached: the generated code's runs as the checked call's (a program could
+    otherwise hand in-range arguments to the checked run and others to a run in another mode or layout)."""
+
+    def before(op: compat.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if compat.op_schema_name(op) in RUN_CHECKS:
+            check_run(op, args, kwargs)
+
+    with compat.each_operator_call(before):
+        yield
 
 
 def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:

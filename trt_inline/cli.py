@@ -474,8 +474,16 @@ def _print_text(text: str) -> None:
     _print_lines(text.split("\n"))
 
 
+class _StdoutGone(Exception):
+    """The reader of stdout left (``| head -1``) while the report was written."""
+
+
 def _print_lines(lines: list[str]) -> None:
-    print("\n".join(printable(line) for line in lines))
+    try:
+        print("\n".join(printable(line) for line in lines))
+        sys.stdout.flush()  # (here, where a reader that left is seen, not at the interpreter's exit)
+    except BrokenPipeError:
+        raise _StdoutGone() from None
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -645,9 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _quiet(args.debug), progress.printing(_shows_progress(args)):
             code: int = args.run(args)
-            sys.stdout.flush()  # (here, where a reader that left is seen, not at the interpreter's exit)
         return code
-    except BrokenPipeError:
+    except _StdoutGone:
         # The reader of stdout left (``| head -1``): no traceback, nothing more to write there, and the status of
         # a program a closed pipe stopped (never 0: the verdict was not all written).
         with contextlib.suppress(OSError):

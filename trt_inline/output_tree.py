@@ -27,6 +27,7 @@ __all__ = [
     "OutputTree",
     "describe",
     "describe_spec",
+    "is_flat",
     "paired_by_path",
     "structure_problems",
     "values",
@@ -68,6 +69,14 @@ class OutputTree:
         ):
             raise ValueError(f"{what}: an output structure must be a string and one path per output ({count})")
         return cls(structure, tuple(paths))
+
+
+def is_flat(outputs: Any) -> bool:
+    """Whether ``outputs`` say nothing of how a caller reads them: a value, or a plain list or tuple of values
+    (an ``--expected`` file's usual form; compared by position, names not checked)."""
+    if type(outputs) not in (list, tuple):
+        return not isinstance(outputs, list | tuple | dict)
+    return all(not isinstance(item, list | tuple | dict) for item in outputs)
 
 
 def values(outputs: Any) -> list[Any]:
@@ -141,9 +150,15 @@ def _context(context: Any) -> str:
         return repr(context)
 
 
+def _loosely(structure: str) -> str:
+    """A structure text as a caller indexes it: a list read as a tuple is, an OrderedDict as a dict (a flat
+    ``--expected`` list against a program's tuple, a nested list saved for nested tuples)."""
+    return structure.replace("list(", "tuple(").replace("OrderedDict[", "dict[")
+
+
 def structure_problems(got: OutputTree, want: OutputTree, what: str = "the reference") -> list[str]:
     """Where a program's output structure differs from ``want``'s, each naming the first path it concerns."""
-    if got.structure == want.structure:
+    if _loosely(got.structure) == _loosely(want.structure):
         return []
     missing = [path for path in want.paths if path not in got.paths]
     extra = [path for path in got.paths if path not in want.paths]

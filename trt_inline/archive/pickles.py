@@ -76,7 +76,8 @@ class _Storage:
     """A storage a persistent id names: its dtype, device, and the record its bytes are in (loaded once, shared
     by every tensor naming its key, as ``torch.load`` shares it)."""
 
-    def __init__(self, dtype: torch.dtype, numel: int, device: str, load: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, key: str, dtype: torch.dtype, numel: int, device: str, load: Callable[[], torch.Tensor]) -> None:
+        self.key = key
         self.dtype = dtype
         self.numel = numel
         self.device = device
@@ -87,7 +88,13 @@ class _Storage:
         if self._tensor is None:
             loaded = self._load()
             # Where torch.load restores it (no map_location: torch.export.load passes none).
-            self._tensor = loaded if self.device == "cpu" else loaded.to(self.device)
+            try:
+                self._tensor = loaded if self.device == "cpu" else loaded.to(self.device)
+            except (AssertionError, RuntimeError) as exc:
+                raise VerifyInputError(
+                    f"storage data/{printable(self.key)} is saved on {self.device}, which this machine cannot use "
+                    f"({first_line(exc)})"
+                ) from None
         return self._tensor
 
 
@@ -385,7 +392,9 @@ def read_torch_save(view: View, where: str) -> Any:
             raise UnsafeArchiveError(
                 f"storage data/{printable(key)} declares {numel} elements and holds {record.file_size} bytes"
             )
-        storages[key] = _Storage(dtype, numel, device, lambda: view.tensor(record.data_offset, record.file_size, dtype))
+        storages[key] = _Storage(
+            key, dtype, numel, device, lambda: view.tensor(record.data_offset, record.file_size, dtype)
+        )
         return storages[key]
 
     return read_pickle(view.read(pickle.data_offset, pickle.file_size), storage, where)

@@ -254,10 +254,12 @@ def _kind(names: set[str]) -> str:
     checkpoint), ``program`` (an ExportedProgram or a package), or ``zip`` (something else)."""
     if any(name.endswith(("/code/__torch__.py", "/constants.pkl")) for name in names):
         return "torchscript"
-    if any("models/" in name or name.endswith("serialized_exported_program.json") for name in names):
-        return "program"
-    if any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+    parts = [name.split("/") for name in names]
+    # (torch.save writes <root>/data.pkl, whatever the file is called: models.pt has a root named models)
+    if any(part[1:] == ["data.pkl"] for part in parts):
         return "torch.save"
+    if any(part[1:2] == ["models"] for part in parts) or "serialized_exported_program.json" in names:
+        return "program"
     return "zip"
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from trt_inline.archive.reader import check_path, is_saved_program
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
+from trt_inline.output_tree import is_flat
 from trt_inline.verify.options import (
     CASES,
     CasesFields,
@@ -104,11 +105,9 @@ def expected_outputs(value: Any) -> Any:
     """An expected-outputs file holds a tensor or a list/tuple of them (checked to be tensors by ``verify``), or
     the outputs as the program returns them (a dict, nested containers): then kept as they are, so that their
     structure is compared with the program's (:mod:`trt_inline.output_tree`)."""
-    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        if all(not isinstance(item, (list, tuple, dict)) for item in value):
-            return list(value)
-        return value
-    return value if isinstance(value, dict) else [value]
+    if is_flat(value):
+        return list(value) if isinstance(value, list | tuple) else [value]
+    return value
 
 
 @dataclass

@@ -25,7 +25,7 @@ from trt_inline import allowed_ops
 from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile, open_file
 from trt_inline.archive.reader import check_path
 from trt_inline.distributed.manifest import collectives_of
-from trt_inline.errors import VerifyInputError
+from trt_inline.errors import RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.isolation import Limits, default_memory_limit
 from trt_inline.output_tree import OutputTree, describe_spec, paired_by_path, structure_problems
 from trt_inline.verify.boundaries import as_boundaries, trace_program
@@ -248,8 +248,14 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 # As verify holds a program: the same bits under inference mode, and within tolerance on inputs laid
                 # out as a caller may (each trace above was the checked normal call).
                 for path, module in ((path_a, module_a), (path_b, module_b)):
-                    ran = run_on(module, run_args, run_kwargs, device, layouts=not collectives_of(module),
-                                 checked=False)  # fmt: skip
+                    try:
+                        ran = run_on(module, run_args, run_kwargs, device, layouts=not collectives_of(module),
+                                     checked=False)  # fmt: skip
+                    except RefusedOperatorError:
+                        raise
+                    except VerifyInputError as exc:  # (it ran as the traced call: raising now is a mode of its own)
+                        report.problems.append(f"{Path(path).name}: raises when run again ({first_line(exc)})")
+                        continue
                     report.problems += [f"{Path(path).name}: {problem}" for problem in ran.problems]
             if draw is None:
                 report.outputs = rows[-1].values if trace_a.crash is None else []

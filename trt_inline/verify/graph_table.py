@@ -251,7 +251,7 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
             f"{manifest.describe()} of a tensor-parallel rank set (backend {manifest.backend}, save "
             f"{manifest.save_id[:12]}, {len(manifest.collectives)} collectives)",
         )
-    return "\n".join([*table, _summary(program, engine_index, rows)])
+    return "\n".join([*table, _summary(program, kinds, engine_index, rows)])
 
 
 def _aligned(rows: list[tuple[str, str, str, str]]) -> list[str]:
@@ -273,14 +273,17 @@ def _output_paths(program: ExportedProgram, count: int) -> list[str]:
 
 
 def _summary(
-    program: ExportedProgram, engine_index: dict[torch.fx.Node, int], rows: list[tuple[str, str, str, str]]
+    program: ExportedProgram,
+    input_kinds: dict[str, str],
+    engine_index: dict[torch.fx.Node, int],
+    rows: list[tuple[str, str, str, str]],
 ) -> str:
     """One line: engines, ops left to PyTorch, inputs, outputs, weights (count and size, from their declarations)."""
     kinds = [cells[0] for cells in rows]
     weights = [
         node.meta.get("val")
         for node in program.graph.nodes
-        if node.op == "placeholder" and _input_kinds(program).get(node.name) in _WEIGHT_KINDS
+        if node.op == "placeholder" and input_kinds.get(node.name) in _WEIGHT_KINDS
     ]
     nbytes = sum(
         value.numel() * value.element_size()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from trt_inline.errors import IsolationError, RefusedOperatorError, VerifyInputE
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.module_state import buffers_restored
-from trt_inline.output_tree import OutputTree, describe, paired_by_path, structure_problems
+from trt_inline.output_tree import OutputTree, describe, is_flat, paired_by_path, structure_problems
 from trt_inline.package import load_package
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.checked_run import ProgramInputs
@@ -609,7 +610,7 @@ def _verify_here(
         elif expected_from is not None:
             newer = _reference_of(expected_from, allow_pickle, allow_native_code)
             if program is not None:
-                _check_signature(program, source, newer, os.fspath(expected_from))
+                _check_signature(program, module, source, newer, os.fspath(expected_from))
             args, kwargs, want, want_tree = newer.args, newer.kwargs, newer.outputs, newer.output_tree
             recorded = newer.boundaries
             report.expected_source = f"from {os.fspath(expected_from)}"
@@ -617,6 +618,11 @@ def _verify_here(
         elif arg_inputs is not None or kwargs:
             # Inputs alone: does it run on them? Its values are held to their declarations and looked at for
             # garbage; nothing is compared (UNVERIFIED).
+            if per_engine:
+                raise VerifyInputError(
+                    "--per-engine compares each engine with a reference: give --expected with --inputs, or "
+                    "--expected-from"
+                )
             args, want = list(arg_inputs or ()), None
             report.notes.append(
                 "ran on the given inputs, with no expected outputs: its values were held to their declarations "
@@ -642,8 +648,8 @@ def _verify_here(
         # One rank of a rank set: every rank's checks are done before any collective runs.
         in_process_rank_file = _rank_file_checks(loaded, module)
         user_inputs = arg_inputs is not None and report.expected_source in ("given", "module", "none")
-        if user_inputs and program is not None:
-            unlike = _inputs_mismatch(program, args, kwargs, "given")
+        if user_inputs and module is not None:
+            unlike = _inputs_mismatch(module, args, kwargs, "given")
             if unlike is not None:
                 raise VerifyInputError(f"{source}: the program does not accept the given inputs: {unlike}")
         progress.report("running the program on the " + ("given inputs" if user_inputs else "reference inputs"))
@@ -678,6 +684,9 @@ def _verify_here(
         if kept_reference is not None:
             kept_reference.append(_recorded_run(module, runnable, args, kwargs, device, report.source))
         if want is None:  # (inputs alone: nothing to compare with)
+            if random_inputs:
+                _random_runs(report, program, runnable, (args, kwargs), random_inputs, seed, device, None, atol, rtol,
+                             stat, sightings)  # fmt: skip
             report.warnings += garbage_warnings(sightings)
             return report
         if len(got) != len(want):
@@ -729,13 +738,7 @@ def _given_tree(expected: Any) -> OutputTree | None:
 
 def _tree_of_given(expected: Any) -> dict[str, Any] | None:
     """:func:`_given_tree` as it travels to the child (plain data)."""
-    if isinstance(expected, torch.Tensor) or (
-        isinstance(expected, list | tuple)
-        and type(expected) in (list, tuple)
-        and all(not isinstance(value, list | tuple | dict) for value in expected)
-    ):
-        return None
-    return describe(expected).to_plain()
+    return None if is_flat(expected) else describe(expected).to_plain()
 
 
 def _tree_argument(plain: Any, expected: Sequence[Any] | None) -> OutputTree | None:
@@ -1087,17 +1090,25 @@ def _reference_of(path: str | os.PathLike[str], allow_pickle: bool, allow_native
     return loaded.reference
 
 
-def _inputs_mismatch(program: ExportedProgram, args: Sequence[Any], kwargs: dict[str, Any], giver: str) -> str | None:
-    """How the first of ``args``/``kwargs`` differs from what the program takes, naming it (``input 0 (x) is
-    float32[2, 3, 8, 8], given float32[2, 5, 8, 8]``); the count first (``it takes 1 input (x), given 2``)."""
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    inputs = [placeholders[name] for name in program.graph_signature.user_inputs if name in placeholders]
-    values = [*args, *kwargs.values()]
-    if len(inputs) != len(values):
-        names = ", ".join(node.name for node in inputs[:8]) + (", ..." if len(inputs) > 8 else "")
-        plural = "s" if len(inputs) != 1 else ""
-        return f"it takes {len(inputs)} input{plural} ({names}), {giver} {len(values)}"
-    for index, (node, value) in enumerate(zip(inputs, values, strict=True)):
+def _inputs_mismatch(
+    module: torch.fx.GraphModule, args: Sequence[Any], kwargs: dict[str, Any], giver: str
+) -> str | None:
+    """How the inputs differ from what the program takes, naming the first (``input 0 (x) is float32[2, 3, 8, 8],
+    given float32[2, 5, 8, 8]``); the count where they do not bind to its signature (``it takes 1 input (x), given
+    2``). The inputs are flattened as the program's own call flattens them (keywords by name, containers by its
+    input spec); where that raises, None: the program's own check then speaks."""
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    try:
+        values = ProgramInputs(module).flatten(args, kwargs)
+    except TypeError:  # (the arguments do not bind to its signature: say how many it takes)
+        names = ", ".join(inspect.signature(module.forward).parameters)
+        count = len(inspect.signature(module.forward).parameters)
+        return f"it takes {count} input{'' if count == 1 else 's'} ({names}), {giver} {len(args) + len(kwargs)}"
+    except Exception:
+        return None
+    if len(values) != len(placeholders):
+        return None
+    for index, (node, value) in enumerate(zip(placeholders, values, strict=True)):
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or not isinstance(value, torch.Tensor):
             continue
@@ -1107,9 +1118,16 @@ def _inputs_mismatch(program: ExportedProgram, args: Sequence[Any], kwargs: dict
     return None
 
 
-def _check_signature(program: ExportedProgram, source: str, reference: ReferenceIO, reference_source: str) -> None:
+def _check_signature(
+    program: ExportedProgram,
+    module: torch.fx.GraphModule | None,
+    source: str,
+    reference: ReferenceIO,
+    reference_source: str,
+) -> None:
     """One line naming the first difference between a program's inputs/outputs and another file's reference."""
-    mismatch = _inputs_mismatch(program, reference.args, reference.kwargs, f"the reference in {reference_source} gives")
+    giver = f"the reference in {reference_source} gives"
+    mismatch = None if module is None else _inputs_mismatch(module, reference.args, reference.kwargs, giver)
     if mismatch is not None:
         raise VerifyInputError(f"{source} {mismatch.removeprefix('it ')}")
     outputs = len(program.graph_signature.user_outputs)
