@@ -673,11 +673,11 @@ def test_a_config_neither_pickled_nor_described_is_refused(shared: dict[str, Pat
     assert_unusable(cli("verify", str(crafted)), "payload config 'rows' is neither pickled nor described")
 
 
-def test_every_run_checks_the_calls_not_only_the_checked_one() -> None:
-    """The runs in inference mode and on strided inputs are the generated code, not the checked interpreter: a
-    program that handed in-range offsets to the checked run and others to those would have read past them there.
-    Every call of a checked operator is checked however it is reached, inside a file's verification."""
-    from trt_inline.verify.compare import run_on
+def test_embedding_bag_given_strided_indices_is_refused_and_its_layout_run_differs() -> None:
+    """Its CPU kernel reads indices and offsets as dense arrays: given strided views (what the layout run passes, as
+    a caller slicing a batch does) it reads the memory between their elements. The checked call refuses such a
+    call; a program whose indices are its inputs has its layout run differ (a problem)."""
+    from trt_inline.verify.compare import laid_out_otherwise, run_on
 
     aten = torch.ops.aten
     graph = torch.fx.Graph()
@@ -685,16 +685,13 @@ def test_every_run_checks_the_calls_not_only_the_checked_one() -> None:
     bag = graph.call_function(aten._embedding_bag.default, (table, indices, offsets))
     graph.output(graph.call_function(operator.getitem, (bag, 0)))
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
-    assert allowed_ops.run_checks_needed(module)
+    torch.manual_seed(0)
     good = [torch.rand(10, 3), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 2, 3])]
-    bad = [good[0], good[1], torch.tensor([0, 3, -2])]
+    strided = [good[0], laid_out_otherwise(good[1]), laid_out_otherwise(good[2])]
+    assert torch.equal(strided[1], good[1]) and not torch.equal(module(*strided), module(*good))  # (the bug)
     with allowed_ops.allowing(()):
         assert not run_on(module, good, {}, None).problems
-        # (Its CPU kernel reads indices and offsets as dense arrays: given strided views, as the layout run gives
-        # them, it reads the memory between their elements. Refused there, a problem of the run.)
-        strided = run_on(module, good, {}, None, layouts=True).problems
-        assert strided and "indices, offsets or per_sample_weights that are not contiguous" in strided[0], strided
-        with pytest.raises(RefusedOperatorError, match="offsets that do not start at 0"):
-            run_on(module, bad, {}, None, checked=False)  # (the generated code alone: checked all the same)
-        with allowed_ops.checking_each_call(), pytest.raises(RefusedOperatorError):
-            module(*bad)
+        laid = run_on(module, good, {}, None, layouts=True).problems
+        assert laid and "a run on inputs that are strided views into larger buffers" in laid[0], laid
+        with pytest.raises(RefusedOperatorError, match="indices, offsets or per_sample_weights that are not contig"):
+            run_on(module, strided, {}, None)

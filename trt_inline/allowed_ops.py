@@ -766,31 +766,6 @@ RUN_CHECKS: dict[str, Callable[[compat.OpOverload, Sequence[Any], dict[str, Any]
 }
 
 
-def run_checks_needed(module: Any) -> bool:
-    """Whether ``module`` (a GraphModule) calls an operator of :data:`RUN_CHECKS` itself."""
-    graph = getattr(module, "graph", None)
-    return graph is not None and any(
-        node.op == "call_function"
-        and isinstance(node.target, compat.OpOverload)
-        and compat.op_schema_name(node.target) in RUN_CHECKS
-        for node in graph.nodes
-    )
-
-
-@contextlib.contextmanager
-def checking_each_call() -> Iterator[None]:
-    """Within the block, every call of an operator of :data:`RUN_CHECKS` is checked with its values (as
-    :func:`check_run`) however it is reached: the generated code's runs as the checked call's (a program could
-    otherwise hand in-range arguments to the checked run and others to a run in another mode or layout)."""
-
-    def before(op: compat.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if compat.op_schema_name(op) in RUN_CHECKS:
-            check_run(op, args, kwargs)
-
-    with compat.each_operator_call(before):
-        yield
-
-
 def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raise :class:`RefusedOperatorError` where a call about to run with these values would read or write outside
     its arguments (:data:`RUN_CHECKS`), or an ``as_strided`` would read other than its source's elements in order

@@ -582,22 +582,6 @@ def set_example_inputs(program: torch.export.ExportedProgram, args: tuple[Any, .
         program._example_inputs = (args, kwargs)
 
 
-@contextlib.contextmanager
-def each_operator_call(before: Callable[[OpOverload, tuple[Any, ...], dict[str, Any]], None]) -> Iterator[None]:
-    """Within the block, ``before(op, args, kwargs)`` is called with every ATen operator call's values just before
-    it runs, and the call then runs as it would (a torch dispatch mode; ``torch.utils._python_dispatch``)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Before(TorchDispatchMode):  # type: ignore[no-untyped-call]
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            before(func, args, kwargs)
-            return func(*args, **kwargs)
-
-    with _Before():  # type: ignore[no-untyped-call]
-        yield
-
-
 def decompose_keeping(exported: Any, keep: Collection[Any]) -> Any:
     """``exported.run_decompositions()`` to core ATen, but for the operators ``keep`` names (OpOverloads, or
     packets: each overload), which stay as they are: what Torch-TensorRT does for the operators it is told to run

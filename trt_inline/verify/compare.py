@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from trt_inline import allowed_ops, compat
+from trt_inline import compat
 from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import RankSetError, RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
@@ -212,8 +212,6 @@ def run_on(
 
     checks: list[CheckedRun] = []
     trees: list[OutputTree] = []
-    # Every run's calls of the operators checked with their values (not only the checked call's).
-    each_call = allowed_ops.checking_each_call if allowed_ops.run_checks_needed(module) else contextlib.nullcontext
 
     def once(
         mode: Callable[[], contextlib.AbstractContextManager[Any]],
@@ -226,7 +224,6 @@ def run_on(
             with (
                 isolated_run(),
                 mode(),
-                each_call(),
                 buffers_restored(module) as restored,  # from the state it was given
                 checking(module, device, run_name) if checked else contextlib.nullcontext() as check,
             ):
