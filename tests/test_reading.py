@@ -23,6 +23,7 @@ from hostile import read_entries, write_entries
 
 import trt_inline
 from trt_inline import cli, isolation
+from trt_inline.archive.reader import read_file
 from trt_inline.errors import IsolationError
 
 
@@ -72,10 +73,13 @@ def test_a_loaded_file_runs_on_weights_mapped_from_it(saved_seed: SavedSeed) -> 
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
     constants = [t for t in program.constants.values() if isinstance(t, torch.Tensor) and t.numel()]
     assert constants, "the engines' payloads are constants"
-    ranges = _mapped_from(saved_seed.good)
-    assert ranges, "the file is mapped"
-    outside = [t.shape for t in constants if not any(start <= t.data_ptr() < end for start, end in ranges)]
-    assert outside == [], f"constants read into memory rather than mapped: {outside}"
+    if read_file(saved_seed.good).layout.startswith("PT2 archive (torch 2.9+)"):
+        ranges = _mapped_from(saved_seed.good)
+        assert ranges, "the file is mapped"
+        outside = [t.shape for t in constants if not any(start <= t.data_ptr() < end for start, end in ranges)]
+        assert outside == [], f"constants read into memory rather than mapped: {outside}"
+    else:  # (torch 2.5 ... 2.8 keep them in a torch.save blob their writer does not align: copied, aligned)
+        assert all(t.untyped_storage().data_ptr() % 64 == 0 for t in constants)
 
 
 def _run_with_stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
