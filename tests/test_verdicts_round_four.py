@@ -641,8 +641,9 @@ def test_diff_holds_both_programs_to_inference_mode_and_layouts(tmp_path: Path) 
     with torch.inference_mode():
         quiet = module(x)
     torch.save([x], tmp_path / "inputs.pt")
-    # (Where this machine's BLAS gives matmul's two paths the same bits there is no switch: the layout half holds.)
-    if torch.equal(module(x), x * 2) and not torch.equal(quiet, x * 2):
+    # (Where this machine's BLAS gives matmul's two paths the same bits there is no switch, and the torch 2.5 ... 2.8
+    # layouts pickle this model's parameter with state, which the strict reader refuses: the layout half holds.)
+    if torch.equal(module(x), x * 2) and not torch.equal(quiet, x * 2) and _config(switch) is not None:
         proc = cli("diff", str(switch), str(honest), "--inputs", str(tmp_path / "inputs.pt"))
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert "fold.pt2: output 0 differs between a run as a normal call (grad mode on) and a run under" in (

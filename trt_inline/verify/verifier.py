@@ -1101,8 +1101,10 @@ def _inputs_mismatch(
     try:
         values = ProgramInputs(module).flatten(args, kwargs)
     except TypeError:  # (the arguments do not bind to its signature: say how many it takes)
-        names = ", ".join(inspect.signature(module.forward).parameters)
-        count = len(inspect.signature(module.forward).parameters)
+        parameters = list(inspect.signature(module.forward).parameters)
+        count = len(parameters)
+        # (torch 2.5 names the parameters arg_0 ...: the placeholders keep the model's names where they are as many)
+        names = ", ".join(n.name for n in placeholders) if len(placeholders) == count else ", ".join(parameters)
         return f"it takes {count} input{'' if count == 1 else 's'} ({names}), {giver} {len(args) + len(kwargs)}"
     except Exception:
         return None
