@@ -187,6 +187,7 @@ def _short(text: str, limit: int = 160) -> str:
 def paired_by_path(got: OutputTree, want: OutputTree) -> list[int] | None:
     """For each of ``want``'s values, the index of ``got``'s value at the same path; None where the paths are
     not the same set (then values cannot be paired by path, and are compared by position)."""
-    if sorted(got.paths) != sorted(want.paths) or len(set(got.paths)) != len(got.paths):
+    where = {path: index for index, path in enumerate(got.paths)}
+    if len(where) != len(got.paths) or sorted(where) != sorted(want.paths):
         return None
-    return [got.paths.index(path) for path in want.paths]
+    return [where[path] for path in want.paths]

@@ -209,6 +209,7 @@ def read_file(
     ``mutations``: programs that write to their buffers are accepted (``aten::copy_`` is allowed).
     """
     file, view, entries = _archive(path)
+    progress.report(f"reading the archive ({format_size(view.size)})")  # (here: check_path, in the parent, is silent)
     if view.unmapped_reason is not None:
         progress.report(f"it cannot be mapped here ({view.unmapped_reason}): its records are read instead")
     elif view.read_only:
@@ -233,7 +234,6 @@ def _archive(path: str | os.PathLike[str]) -> tuple[Path, FileView, list[ZipEntr
     view = FileView(file)
     if view.read(0, 4) != b"PK\x03\x04" or not _ends_as_zip(view):
         raise VerifyInputError(f"{file}: not a zip archive (truncated, or not written by torch.export.save)")
-    progress.report(f"reading the archive ({format_size(view.size)})")
     entries = check_layout(view, str(file))
     kind = _kind({folded(entry.name) for entry in entries})
     if kind == "torchscript":

@@ -199,5 +199,7 @@ def _from_bytes(data: bytes, dtype: torch.dtype) -> torch.Tensor:
     element = torch.empty((), dtype=dtype).element_size()
     tensor = torch.empty(len(data) // element, dtype=dtype)
     if data:
-        tensor.view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (read-only bytes: only read here, into the fresh allocation)
+            tensor.view(torch.uint8).copy_(torch.frombuffer(data, dtype=torch.uint8))
     return tensor
