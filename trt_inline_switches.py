@@ -1,10 +1,13 @@
-"""What must be known before ``trt_inline`` itself can be imported: the environment switches and watched modules.
+"""What must be known before ``trt_inline`` itself can be imported: the environment switches, watched modules, ops.
 
 The ``torch.backends`` entry point (:mod:`trt_inline_autoload`) runs while torch
 is still being imported, so it cannot import the ``trt_inline`` package (which
 imports torch); the package's own modules read the same names and the same
-parser from here. This module imports nothing but the standard library, and
-nothing imports back from it: no import circle passes through it.
+parser from here, and the names and schemas of the operators both define (the
+entry point at ``import torch``, the package where the entry point did not run).
+This module imports nothing but the standard library, and it is the lowest floor
+of ``python3 .ci/imports``: it imports nothing of trt-inline, so no import circle
+passes through it.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "CHECK_RANKS_ENV", "COMPILE", "DISABLE_ENV", "EXPORTER", "RANK_CHECK_OP", "checks_ranks", "disabled_by_env",
-    "env_flag",
+    "CHECK_RANKS_ENV", "COMPILE", "DISABLE_ENV", "EXPORTER", "RANK_CHECK_OP", "RANK_CHECK_SCHEMA",
+    "REFERENCE_ENGINE_OP", "REFERENCE_ENGINE_SCHEMA", "checks_ranks", "disabled_by_env", "env_flag",
 ]  # fmt: skip
 
 # The Torch-TensorRT modules whose import the entry point waits for.
@@ -24,9 +27,17 @@ DISABLE_ENV = "TRT_INLINE_DISABLE"
 # TRT_INLINE_CHECK_RANKS=0: a rank file runs and loads on any rank (its embedded check and the patched
 # torch_tensorrt.load's check of its rank manifest both let it through).
 CHECK_RANKS_ENV = "TRT_INLINE_CHECK_RANKS"
-# The operator a rank file calls at the start of its program, with its rank manifest (JSON) as argument: defined
-# by the entry point (trt_inline_autoload), named by the checks in trt_inline.distributed.
+# The operators a saved file may call that only trt-inline defines, each with its schema (the part after the
+# name): defined at import torch by the entry point (trt_inline_autoload), so that torch.export.load finds them in
+# a process that never imports trt_inline, and by the package itself where the entry point did not run
+# (TORCH_DEVICE_BACKEND_AUTOLOAD=0). torch refuses a second definition: whoever comes second keeps the first.
+# The rank check a rank file calls at the start of its program, with its rank manifest (JSON) as argument
+# (trt_inline.distributed.rank_check).
 RANK_CHECK_OP = "trt_inline::check_ranks"
+RANK_CHECK_SCHEMA = "(str manifest) -> ()"
+# The reference backend's engine (trt_inline.reference.engine): its inputs, its weights, its program (JSON).
+REFERENCE_ENGINE_OP = "trt_inline::execute_engine"
+REFERENCE_ENGINE_SCHEMA = "(Tensor[] inputs, Tensor engine, str program) -> Tensor[]"
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")

@@ -116,8 +116,10 @@ class Unavailable(Exception):
 # The files of a release's wheel the tests read (extracted once per release into the cache).
 RELEASE_MEMBERS = (
     "dynamo/_exporter.py", "_compile.py", "dynamo/partitioning/common.py", "dynamo/__init__.py", "dynamo/_refit.py",
-    "dynamo/_compiler.py",
+    "dynamo/_compiler.py", "dynamo/runtime/_serialized_engine_layout.py",
 )  # fmt: skip
+# Members only some releases have (the engine info layout in Python: 2.13+): absent ones are marked as such.
+_OPTIONAL_MEMBERS = ("dynamo/runtime/_serialized_engine_layout.py",)
 
 
 def exporter_imports(source: str) -> str:
@@ -155,6 +157,9 @@ def release_file(version: str, member: str) -> str:
     if SOURCES_OVERRIDE:
         return (Path(SOURCES_OVERRIDE) / member).read_text()
     cached = CACHE / version / member
+    absent = cached.with_name(cached.name + ".absent")
+    if absent.exists():
+        raise FileNotFoundError(f"torch-tensorrt {version} has no {member}")
     if not cached.exists():
         download = CACHE / version / "wheel"
         download.mkdir(parents=True, exist_ok=True)
@@ -170,12 +175,18 @@ def release_file(version: str, member: str) -> str:
                 reason = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
                 raise Unavailable(f"cannot download torch-tensorrt=={version}: {reason}")
         with zipfile.ZipFile(wheels[0]) as wheel:
+            present = set(wheel.namelist())
             for name in RELEASE_MEMBERS:
                 target = CACHE / version / name
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if name in _OPTIONAL_MEMBERS and f"torch_tensorrt/{name}" not in present:
+                    target.with_name(target.name + ".absent").write_text("")
+                    continue
                 target.write_bytes(wheel.read(f"torch_tensorrt/{name}"))
         for wheel_file in wheels:
             wheel_file.unlink()
+    if absent.exists():
+        raise FileNotFoundError(f"torch-tensorrt {version} has no {member}")
     return cached.read_text()
 
 

@@ -30,7 +30,7 @@ from trt_inline.verify.cases import verify_cases
 ENTRY_POINT_FUNCTIONS: dict[str, Any] = {
     opts.VERIFY: verify, opts.DIFF: diff, opts.CASES: verify_cases, opts.RANKS: rank_set.verify_rank_set,
 }  # fmt: skip
-# The fields with no flag: tensors, a module, and isolate=False (a trusted file, in this process).
+# The fields with no flag: tensors, a module, isolate=False (a trusted file, in this process).
 PYTHON_ONLY = {"arg_inputs", "kwarg_inputs", "expected", "expected_module", "isolate"}
 
 

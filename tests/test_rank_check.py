@@ -173,10 +173,22 @@ def test_the_override_lets_the_check_through(monkeypatch: pytest.MonkeyPatch) ->
     assert checked == [MANIFEST.encode()]
 
 
+def test_the_packages_own_kernel_decides_as_the_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rank_check.check_ranks``, the kernel where the entry point did not run (TORCH_DEVICE_BACKEND_AUTOLOAD=0)."""
+    rank_check.check_ranks(MANIFEST.encode())  # no process group: nothing to check
+    with live_group(monkeypatch) as checked:
+        monkeypatch.setenv("TRT_INLINE_CHECK_RANKS", "0")
+        rank_check.check_ranks(MANIFEST.encode())
+        assert checked == []
+        monkeypatch.setenv("TRT_INLINE_CHECK_RANKS", "1")
+        rank_check.check_ranks(MANIFEST.encode())
+    assert checked == [MANIFEST.encode()]
+
+
 def test_the_operator_is_defined_once_per_process() -> None:
     library = trt_inline_autoload._rank_check_library
     assert library is not None  # by the entry point at import torch
-    trt_inline_autoload.register_rank_check()  # (import trt_inline calls it too: again is nothing)
+    trt_inline_autoload.register_rank_check()  # (a second call defines nothing, as import trt_inline did)
     assert trt_inline_autoload._rank_check_library is library
     assert RANK_CHECK_OP == "trt_inline::check_ranks"
     assert rank_check.rank_check_op() in torch.fx.node._side_effectful_functions  # kept by dead-code elimination

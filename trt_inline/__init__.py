@@ -6,9 +6,11 @@ every submodule input to its producer by argument position. ``transform`` runs
 both on a copy and lints the result; ``save`` writes the ExportedProgram;
 ``verify`` checks a saved file; ``diff`` compares two saves engine by engine.
 
-Importing this package registers ``torch.ops.trt_inline.execute_engine``, the op
-of the CPU reference backend (:mod:`trt_inline.reference`), so files saved from
-that backend load after ``import trt_inline``.
+``torch.ops.trt_inline.execute_engine``, the op of the CPU reference backend
+(:mod:`trt_inline.reference`), is defined at ``import torch`` by trt-inline's
+``torch.backends`` entry point, so files saved from that backend load with
+``torch.export.load`` alone; importing this package defines it where that entry
+point did not run (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
 
 Packages, lowest floor first (imports point down only: ``python3 .ci/imports``):
 
@@ -19,7 +21,8 @@ core modules             ``passes`` (the inline passes), ``flat_program``, ``eng
                          (what an engine is), ``scalars``, ``symbolic``, ``attributes``,
                          ``module_state``, ``allowed_ops`` (the operator allow-list),
                          ``package`` (AOTInductor), ``compat`` (torch's private APIs),
-                         ``releases``, ``formats``, ``errors``, ``logs``, ``progress``
+                         ``releases``, ``formats``, ``errors``, ``logs``, ``progress``,
+                         ``output_tree``, ``deployment`` (what an engine needs of a machine)
 :mod:`.reference`        the CPU reference backend
 :mod:`.distributed`      rank sets: manifests, the rank check, the relay, ``verify --ranks``
 :mod:`.isolation`        the sandboxed child process, its limits, the read-ahead
@@ -38,6 +41,7 @@ from trt_inline.errors import (
     EngineFormatError,
     IncompatibleTorchError,
     InlineError,
+    LoadError,
     PatchError,
     SaveError,
     TrtInlineError,
@@ -57,6 +61,7 @@ __all__ = [
     "EngineFormatError",
     "IncompatibleTorchError",
     "InlineError",
+    "LoadError",
     "PatchError",
     "SaveError",
     "TrtInlineError",

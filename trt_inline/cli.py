@@ -1,4 +1,4 @@
-"""``trt-inline`` command line: ``doctor``, ``verify``, ``diff``, ``inspect`` (also ``python -m trt_inline``).
+"""``trt-inline`` command line: ``doctor``, ``verify``, ``diff``, ``inspect``, ``check`` (``python -m trt_inline``).
 
 Errors print one line on stderr and exit 2 (unusable input) or 1 (a check
 failed). Warnings and log records torch emits while loading a file are kept off
@@ -25,11 +25,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trt_inline import progress
-from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
+from trt_inline.errors import IsolationError, TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.logs import debug_to_stderr
 from trt_inline.verify.cases import CaseResult, expected_outputs, load_tensor_file, split_inputs
 from trt_inline.verify.options import (
     CASES,
+    CHECK,
     DIFF,
     ENTRY_POINTS,
     GROUPS,
@@ -165,6 +166,16 @@ def _sandbox_findings() -> list[Finding]:
 
 def _run_doctor(args: argparse.Namespace) -> int:
     findings = doctor()
+    if args.json:
+        from trt_inline.deployment import this_machine
+
+        machine = this_machine()  # (after doctor's sandboxed child: CUDA may initialize here now)
+        document = {
+            "findings": [{"label": f.label, "value": f.value, "ok": f.ok} for f in findings],
+            "machine": machine.to_dict(),
+        }
+        _print_text(json.dumps(document, indent=2))
+        return 0 if all(f.ok for f in findings) else 1
     width = max(len(f.label) for f in findings)
     for finding in findings:
         print(f"{finding.label:<{width}}  {finding.value}")
@@ -444,6 +455,7 @@ def _run_rank_set(args: argparse.Namespace) -> int:
 def _run_inspect(args: argparse.Namespace) -> int:
     from trt_inline.archive.reader import check_path
     from trt_inline.isolation import Limits, run_isolated
+    from trt_inline.verify.engine_needs import infos_of_child
 
     trust, isolation = from_flags(Trust, vars(args)), from_flags(Isolation, vars(args))
     check_path(args.path)  # (said at once, before a child starts)
@@ -458,11 +470,38 @@ def _run_inspect(args: argparse.Namespace) -> int:
         "inspect", arguments, None, limits, where=args.path, files=(args.path,), sandbox=isolation.sandbox,
         imports=trust.allow_pickle, debug=isolation.debug,
     )  # fmt: skip
-    lines = result.value if isinstance(result.value, list) else [str(result.value)]
-    _print_lines([str(line) for line in lines])
+    value = result.value if isinstance(result.value, dict) else {}
+    lines, wire = value.get("lines"), value.get("engines")
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise IsolationError(f"{args.path}: the child process gave a malformed table")
+    engines = infos_of_child(wire, args.path)
+    if args.json:
+        document = {"path": args.path, "lines": [printable(line) for line in lines],
+                    "engines": [info.to_dict() for info in engines]}  # fmt: skip
+        _print_text(json.dumps(document, indent=2))
+    else:
+        _print_lines(lines)
     if result.sandbox is None:
         print("note: opened WITHOUT the OS sandbox (--no-sandbox)", file=sys.stderr)
     return 0
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from trt_inline.deployment import described_machine
+    from trt_inline.verify.engine_needs import check_engines
+
+    trust, isolation = from_flags(Trust, vars(args)), from_flags(Isolation, vars(args))
+    machine = described_machine(args.target) if args.target is not None else None
+    report = check_engines(
+        args.path,
+        machine,
+        allow_pickle=trust.allow_pickle,
+        sandbox=isolation.sandbox,
+        timeout=isolation.timeout,
+        memory_limit=isolation.memory_limit,
+    )
+    _print_text(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
+    return 0 if report.ok else 1
 
 
 def _print_text(text: str) -> None:
@@ -517,7 +556,13 @@ class CommandFlags:
         "draw the per-boundary errors (needs matplotlib: pip install trt-inline[plot])",
         "--plot", used_by=(VERIFY, DIFF), metavar="FILE.png"))
     json: bool = field(default=False, metadata=declared(
-        "print the report as JSON", "--json", used_by=(VERIFY, DIFF, CASES, RANKS), action="store_true"))
+        "print the report as JSON", "--json", used_by=(VERIFY, DIFF, CASES, RANKS, INSPECT, CHECK),
+        action="store_true", help_for={INSPECT: "print the table's lines and what each engine needs as JSON",
+                                       CHECK: "print each engine's needs, the machine and the reasons as JSON"}))
+    target: str | None = field(default=None, metadata=declared(
+        "the deployment machine instead of this one: cc=8.9,platform=linux_x86_64,torch_tensorrt=2.13.0 "
+        "(cc=8.9+9.0 for several GPUs; abi=9 instead of a release; any part left out is not checked), or the "
+        ".json that trt-inline doctor --json wrote there", "--target", used_by=(CHECK,), metavar="DESCRIPTION"))
     junit: str | None = field(default=None, metadata=declared(
         "also write the verdict as a JUnit XML report (what CI systems display): a test case per file and case, "
         "a failure per output or engine boundary that differs",
@@ -532,12 +577,13 @@ class CommandFlags:
 _HELP_ORDER = (
     "--inputs", "--expected", "--expected-from", "--strict", "--cases", "--per-engine", "--save-boundaries",
     "--load-boundaries", "--extract", "--ranks", "--atol", "--rtol", "--check-error-stat", "--device",
-    "--random-inputs", "--seed", "--save-outputs", "--plot", "--json", "--top-k", "--min-top-k-agreement", "--junit",
+    "--random-inputs", "--seed", "--range-ends", "--save-outputs", "--plot", "--json", "--target", "--top-k",
+    "--min-top-k-agreement", "--junit",
     "--allow-pickle", "--allow-native-code", "--allow-op", "--timeout", "--memory-limit", "--progress", "--no-sandbox",
     "--verbose", "--debug",
 )  # fmt: skip
 # The entry points of each command: verify's flags are also those of its modes (--cases DIR, --ranks N).
-_COMMANDS = {"verify": {VERIFY, CASES, RANKS}, "diff": {DIFF}, "inspect": {INSPECT}}
+_COMMANDS = {"verify": {VERIFY, CASES, RANKS}, "diff": {DIFF}, "inspect": {INSPECT}, "check": {CHECK}}
 
 
 def _flags() -> list[tuple[dataclasses.Field[Any], Declaration]]:
@@ -591,6 +637,10 @@ def _parser() -> argparse.ArgumentParser:
     doctor_parser = commands.add_parser(
         "doctor", help="report versions, CUDA, and whether torch_tensorrt.save is patched"
     )
+    doctor_parser.add_argument(
+        "--json", action="store_true",
+        help="print the findings and this machine's description as JSON (what trt-inline check --target reads)",
+    )  # fmt: skip
     doctor_parser.set_defaults(run=_run_doctor)
 
     verify_parser = commands.add_parser(
@@ -618,6 +668,16 @@ def _parser() -> argparse.ArgumentParser:
     inspect_parser.add_argument("path")
     _add_flags(inspect_parser, "inspect")
     inspect_parser.set_defaults(run=_run_inspect)
+
+    check_parser = commands.add_parser(
+        "check",
+        help="will its TensorRT engines run on this machine, or on --target? (read as data, nothing deserialized)",
+        description="Exit 0: every engine's needs (runtime ABI, platform, GPU compute capability) are met. 1: one "
+        "line per engine that would not run. 2: unusable input.",
+    )
+    check_parser.add_argument("path")
+    _add_flags(check_parser, "check")
+    check_parser.set_defaults(run=_run_check)
     return parser
 
 

@@ -46,6 +46,7 @@ from torch.export.graph_signature import CustomObjArgument
 
 from trt_inline import compat, releases
 from trt_inline.errors import InlineError
+from trt_inline_switches import REFERENCE_ENGINE_OP
 
 __all__ = [
     "ACC_PREFIX",
@@ -121,10 +122,10 @@ class EngineOp:
     backend_module: str = __name__
 
 
+# (Its name is shared with the entry point, which defines the op at import torch: trt_inline_switches.)
 REFERENCE_OP = EngineOp(
-    "trt_inline::execute_engine", "reference", engine_arg=1, native_code=False,
-    backend_module="trt_inline.reference.engine",
-)  # fmt: skip
+    REFERENCE_ENGINE_OP, "reference", engine_arg=1, native_code=False, backend_module="trt_inline.reference.engine"
+)
 TENSORRT_OP = EngineOp("tensorrt::execute_engine", "tensorrt", engine_arg=1, native_code=True)
 CROSS_COMPILE_OP = EngineOp(
     "tensorrt::no_op_placeholder_for_execute_engine", "tensorrt", engine_arg=None, native_code=True

@@ -69,6 +69,11 @@ class RefusedOperatorError(UnsafeArchiveError):
     """
 
 
+class LoadError(VerifyInputError):
+    """``trt_inline.load`` cannot load a file here: not a program file, unreadable, or an engine this machine
+    cannot run (a refusal of the strict reader stays an :class:`UnsafeArchiveError`)."""
+
+
 class IsolationError(VerifyInputError):
     """The child process that loads and runs a file was stopped: a limit was hit, or it died on a signal."""
 

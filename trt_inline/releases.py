@@ -98,6 +98,8 @@ class Release:
     lift_persistent: bool = False
     # Python globals a pickled engine object may name in this release's archives (beyond TorchBind classes).
     engine_pickle_globals: tuple[tuple[str, str], ...] = field(default=())
+    # The runtime ABI version its engines are saved with and its runtime loads (only that one): runtime.h.
+    runtime_abi: str = ""
 
     @property
     def minor(self) -> tuple[int, int]:
@@ -132,47 +134,54 @@ RELEASES: tuple[Release, ...] = (
         "2.5.0", "2.5.1", ("gm", "outputs_map"),
         _replaced("inline_trt_modules (outputs_map)", "transform", "lift", "create_trt_exp_program"),
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
+        runtime_abi="6",
     ),
     Release(
         "2.6.1", "2.6.0", _CROSS_COMPILE_FLAG,
         _replaced("inline_trt_modules", "lift", "create_trt_exp_program", f"{_LOADER} (2.6)"),
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
+        runtime_abi="6",
     ),
     Release(
         "2.7.0", "2.7.1", _CROSS_COMPILE, _BY_NAME,
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=False, engine_deepcopy=False,
+        runtime_abi="7",
     ),
     Release(
         "2.8.0", "2.8.0", _CROSS_COMPILE, _BY_NAME,
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
+        runtime_abi="7",
     ),
     Release(
         "2.9.0", "2.9.1", _CROSS_COMPILE, _BY_NAME,
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
+        runtime_abi="7",
     ),
     Release(
         "2.10.0", "2.10.0", _CROSS_COMPILE, _BY_NAME,
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
+        runtime_abi="7",
     ),
     Release(
         "2.11.0", "2.11.0", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=False,
+        runtime_abi="8",
     ),
     Release(
         "2.12.1", "2.12.1", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
-        executorch=True,
+        executorch=True, runtime_abi="9",
     ),
     Release(
         "2.13.0", "2.13.0", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
-        executorch=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
+        executorch=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,), runtime_abi="9",
     ),
     Release(
         "2.14.0", "2.14.1", ("gm", "cross_compile_module", "expose_aliased_mutations"),
         _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program", "export", _LOADER),
         wires_by_name=False, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
-        executorch=True, lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,),
+        executorch=True, lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,), runtime_abi="10",
     ),
 )  # fmt: skip
 

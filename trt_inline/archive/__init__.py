@@ -20,6 +20,8 @@ module              concern
 ``canonical``       the archive torch is given instead of the file, and its loader
 ``reference_io``    the reference inputs, outputs and engine boundaries a save embeds
 ``loading``         opening files: read, canonical, loaded, what runs checked; ``load``
+``engine_info``     what each TensorRT engine of a file needs, read as data (nothing
+                    deserialized)
 ==================  ===================================================================
 
 It imports the floors below it (the core modules, :mod:`trt_inline.isolation`)

@@ -115,6 +115,8 @@ def canonical_archive(contents: Contents) -> Canonical:
     """The canonical archive of what the strict reader checked in one file."""
     if contents.document is None:
         raise VerifyInputError(f"{contents.path}: holds no program to load")
+    if contents.as_data:  # (a document kept as parsed, not rebuilt: never handed to torch)
+        raise AssertionError(f"{contents.path}: read to be described only, and never loaded")
     return Canonical(
         str(contents.path),
         program_checks.canonical_bytes(contents.document),

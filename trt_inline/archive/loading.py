@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,14 +31,15 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, compat, distributed, formats, progress
+from trt_inline import allowed_ops, compat, deployment, distributed, formats, progress
 from trt_inline.archive.canonical import Canonical, canonical_archive
+from trt_inline.archive.engine_info import engine_infos, read_engine_infos
 from trt_inline.archive.program_checks import check_runnable
 from trt_inline.archive.reader import Contents, read_file
 from trt_inline.archive.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
 from trt_inline.archive.views import FileView
 from trt_inline.distributed.manifest import MANIFEST_FILE, decode_manifest
-from trt_inline.errors import VerifyInputError, printable
+from trt_inline.errors import LoadError, RefusedOperatorError, UnsafeArchiveError, VerifyInputError, printable
 from trt_inline.package import output_kinds_of
 
 __all__ = [
@@ -135,12 +136,15 @@ def open_file(
     """
     try:
         with allowed_ops.allowing(allow_ops, native_code=allow_native_code):
-            contents = read_file(
-                path,
-                allow_pickle=allow_pickle,
-                allow_native_code=allow_native_code,
-                mutations=allowed_ops.allows("aten::copy_"),
-            )
+            with _engines_first(path, allow_pickle, allow_native_code):
+                contents = read_file(
+                    path,
+                    allow_pickle=allow_pickle,
+                    allow_native_code=allow_native_code,
+                    mutations=allowed_ops.allows("aten::copy_"),
+                )
+            if allow_native_code:  # (checked before anything deserializes an engine: nothing native has run)
+                _require_runnable_engines(contents)
             view = contents.view if isinstance(contents.view, FileView) else None
             if read_ahead and weights and view is not None and contents.kind == EXPORTED_PROGRAM:
                 view.start_reading_ahead()
@@ -186,8 +190,10 @@ def load(
     file you trust: pickled payloads, TensorRT engines, buffer mutations and every
     registered operator are accepted, and it loads in this process. It reads the
     file with the same strict reader as ``verify`` (a file that reader refuses,
-    ``torch.export.load`` may still read). Raises :class:`VerifyInputError` naming
-    the file.
+    ``torch.export.load`` may still read). Before any TensorRT engine is deserialized, what
+    each needs is checked against this machine (:mod:`trt_inline.deployment`; ``TRT_INLINE_CHECK_ENGINES=0``
+    lets it through). Raises :class:`~trt_inline.errors.LoadError` (one line naming the file) for a file
+    that cannot load here, :class:`UnsafeArchiveError` for one the strict reader refuses.
 
     A rank file of a tensor-parallel save (:mod:`trt_inline.distributed`) loads
     only in a process of the rank, world size and process groups it was saved
@@ -201,17 +207,28 @@ def load(
     follow (reference engines run where their inputs are).
     """
     try:
+        return _load(path, check_ranks, device)
+    except (UnsafeArchiveError, LoadError):
+        raise
+    except VerifyInputError as exc:  # (its words, as a load's error: the file is not loadable here)
+        raise LoadError(str(exc)) from exc
+
+
+def _load(path: str | os.PathLike[str], check_ranks: bool, device: str | torch.device | None) -> ExportedProgram:
+    try:
         target = None if device is None else torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise VerifyInputError(f"{Path(path)}: device {device!r} is not a device ({exc})") from None
     with allowed_ops.allowing((), every_operator=True):
-        contents = read_file(path, allow_pickle=True, allow_native_code=True, mutations=True)
+        with _engines_first(path, True, True):
+            contents = read_file(path, allow_pickle=True, allow_native_code=True, mutations=True)
         if contents.document is None:
             raise VerifyInputError(f"{contents.path}: an AOTInductor package that carries no ExportedProgram")
         manifest_text = contents.extra_text(MANIFEST_FILE)
         manifest = decode_manifest(manifest_text, str(contents.path)) if manifest_text is not None else None
         if manifest is not None and check_ranks:
             distributed.refuse_foreign(manifest, str(contents.path))
+        _require_runnable_engines(contents)
         program = canonical_archive(contents).load(weights=contents.kind == EXPORTED_PROGRAM)
         if not check_ranks:
             distributed.drop_rank_checks(program.graph_module)
@@ -223,6 +240,33 @@ def load(
             except (AssertionError, RuntimeError) as exc:  # torch's words for a device this process cannot use
                 raise VerifyInputError(f"{contents.path}: device {device!r} is not available here ({exc})") from None
         return program
+
+
+@contextlib.contextmanager
+def _engines_first(path: str | os.PathLike[str], allow_pickle: bool, native_code: bool) -> Iterator[None]:
+    """Around reading a file: where its program names an operator this process lacks (a cross-compiled engine's,
+    which only Torch-TensorRT registers), what its engines need is said first if this machine lacks it (the
+    reason it cannot load here), read from the file as data."""
+    try:
+        yield
+    except RefusedOperatorError:
+        if native_code and deployment.checks_engines():
+            infos: list[deployment.EngineInfo] = []
+            with contextlib.suppress(VerifyInputError, ValueError, RecursionError):
+                _, infos = read_engine_infos(path, allow_pickle=allow_pickle)
+            if infos:
+                deployment.require_runnable(infos, deployment.this_machine(), str(Path(path)))
+        raise
+
+
+def _require_runnable_engines(contents: Contents) -> None:
+    """Refuse, before any engine is deserialized, a file with a TensorRT engine this machine cannot run
+    (:mod:`trt_inline.deployment`; ``TRT_INLINE_CHECK_ENGINES=0`` lets it through)."""
+    if not deployment.checks_engines():
+        return
+    infos = engine_infos(contents)
+    if infos:
+        deployment.require_runnable(infos, deployment.this_machine(), str(contents.path))
 
 
 def load_exported_program(

@@ -39,7 +39,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,7 +48,7 @@ from trt_inline.archive.views import View
 from trt_inline.archive.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, decoded_text, first_line, printable
 
-__all__ = ["native_engine", "read_pickle", "read_torch_save"]
+__all__ = ["PickledObject", "native_engine", "read_pickle", "read_torch_save"]
 
 # What a torch.save archive holds besides data.pkl and its records (none of it read but the byte order).
 _MARKERS = frozenset(
@@ -63,6 +63,18 @@ _MARK = object()
 class _Global:
     module: str
     name: str
+
+
+@dataclass(eq=False)  # (identity: one may be a set's item, as an enum member is)
+class PickledObject:
+    """An object a pickle would build, kept as data (``read_pickle(..., objects=True)``): what it names
+    (``module.name`` of its class or reconstructor), the arguments it would be given, and its ``BUILD`` state.
+    Nothing is imported or called to make one."""
+
+    kind: str
+    arguments: tuple[Any, ...] = ()
+    state: Any = None
+    items: list[Any] = field(default_factory=list)  # what APPENDS / SETITEMS added (a list or dict subclass)
 
 
 @dataclass(frozen=True)
@@ -175,10 +187,12 @@ def _refuse_arguments() -> Any:
     raise UnsafeArchiveError("an OrderedDict built from arguments rather than items")
 
 
-def read_pickle(data: bytes, persistent: Callable[[Any], Any], where: str) -> Any:
+def read_pickle(data: bytes, persistent: Callable[[Any], Any], where: str, *, objects: bool = False) -> Any:
     """Evaluate one pickle of plain data and tensors; :class:`UnsafeArchiveError` for anything else.
 
-    ``persistent`` turns a persistent id (a tuple) into its object (a storage).
+    ``persistent`` turns a persistent id (a tuple) into its object (a storage). ``objects``: nothing is built at
+    all: every call or object becomes a :class:`PickledObject` (what it names, as text; tensors too), so that
+    what a pickle describes can be shown (an engine's info, its metadata) without importing or calling anything.
     """
     stream = io.BytesIO(data)
     stack: list[Any] = []
@@ -195,7 +209,7 @@ def read_pickle(data: bytes, persistent: Callable[[Any], Any], where: str) -> An
                 if len(stack) != 1:
                     raise UnsafeArchiveError(f"{where}: refused: a malformed pickle")
                 return stack[0]
-            _step(name, arg, stack, memo, persistent)
+            _step(name, arg, stack, memo, persistent, objects)
             if len(stack) > _MAX_STACK or len(memo) > _MAX_STACK:
                 raise UnsafeArchiveError(f"{where}: refused: a pickle too large to read")
     except UnsafeArchiveError as exc:
@@ -215,8 +229,10 @@ def _pop_mark(stack: list[Any]) -> list[Any]:
     raise ValueError("no mark")
 
 
-def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any], persistent: Callable[[Any], Any]) -> None:
-    """One opcode of the machine (everything but STOP)."""
+def _step(
+    name: str, arg: Any, stack: list[Any], memo: dict[int, Any], persistent: Callable[[Any], Any], objects: bool
+) -> None:
+    """One opcode of the machine (everything but STOP); with ``objects``, objects built as :class:`PickledObject`."""
     if name in ("PROTO", "FRAME"):
         return
     if name == "MARK":
@@ -232,7 +248,8 @@ def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any], persisten
     elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT"):
         stack.append(arg)
     elif name in ("UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"):
-        stack.append(decoded_text(str(arg)))
+        # (kept whole in objects mode, an engine's fields among them: escaped where they are shown)
+        stack.append(str(arg) if objects else decoded_text(str(arg)))
     elif name in ("BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"):
         stack.append(bytes(arg))
     elif name in ("STRING", "BINSTRING", "SHORT_BINSTRING"):
@@ -254,9 +271,12 @@ def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any], persisten
         stack.append(_pop_mark(stack))
     elif name in ("APPEND", "APPENDS"):
         items = [stack.pop()] if name == "APPEND" else _pop_mark(stack)
-        if not isinstance(stack[-1], list):
+        if objects and isinstance(stack[-1], PickledObject):  # (a list subclass: its items kept as data)
+            stack[-1].items.extend(items)
+        elif not isinstance(stack[-1], list):
             raise UnsafeArchiveError("items appended to something other than a list")
-        stack[-1].extend(items)
+        else:
+            stack[-1].extend(items)
     elif name == "EMPTY_DICT":
         stack.append({})
     elif name == "DICT":
@@ -264,6 +284,9 @@ def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any], persisten
         stack.append(dict(zip(items[::2], items[1::2], strict=True)))
     elif name in ("SETITEM", "SETITEMS"):
         items = [stack.pop(-2), stack.pop()] if name == "SETITEM" else _pop_mark(stack)
+        if objects and isinstance(stack[-1], PickledObject):  # (an OrderedDict, a dict subclass: pairs as data)
+            stack[-1].items.extend(zip(items[::2], items[1::2], strict=True))
+            return
         if not isinstance(stack[-1], dict):
             raise UnsafeArchiveError("items set on something other than a dict")
         for key, value in zip(items[::2], items[1::2], strict=True):
@@ -290,7 +313,27 @@ def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any], persisten
             attribute, module = stack.pop(), stack.pop()
             if not isinstance(module, str) or not isinstance(attribute, str):
                 raise UnsafeArchiveError("it imports a global whose name it computes")
-        stack.append(_global(module, attribute))
+        stack.append(_Global(module, attribute) if objects else _global(module, attribute))
+    elif name == "REDUCE" and objects:
+        arguments, function = stack.pop(), stack.pop()
+        if not isinstance(function, _Global):
+            raise UnsafeArchiveError(f"it calls {_describe(function)}")
+        if (function.module, function.name) == _TYPE_TAG and isinstance(arguments, tuple) and arguments:
+            stack.append(arguments[0])  # (TorchScript's tag of a container's element type: the container itself)
+        else:
+            stack.append(PickledObject(f"{function.module}.{function.name}", _arguments(arguments)))
+    elif name in ("NEWOBJ", "NEWOBJ_EX") and objects:
+        if name == "NEWOBJ_EX":
+            stack.pop()  # (keyword arguments: not kept)
+        arguments, cls = stack.pop(), stack.pop()
+        if not isinstance(cls, _Global):
+            raise UnsafeArchiveError(f"it builds an object of {_describe(cls)}")
+        stack.append(PickledObject(f"{cls.module}.{cls.name}", _arguments(arguments)))
+    elif name == "BUILD" and objects:
+        state = stack.pop()
+        if not isinstance(stack[-1], PickledObject):
+            raise UnsafeArchiveError(f"it sets the state of {_describe(stack[-1])}")
+        stack[-1].state = state
     elif name == "REDUCE":
         arguments, function = stack.pop(), stack.pop()
         if not isinstance(function, _Global) or (function.module, function.name) not in _CALLABLES:
@@ -305,8 +348,19 @@ def _step(name: str, arg: Any, stack: list[Any], memo: dict[int, Any], persisten
         raise UnsafeArchiveError(f"it uses the {name} opcode, which builds objects")
 
 
+_TYPE_TAG = ("torch.jit._pickle", "restore_type_tag")
+
+
+def _arguments(value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, tuple):
+        raise UnsafeArchiveError("a call with arguments that are not a tuple")
+    return value
+
+
 def _key(value: Any) -> Any:
-    """A dict key or set item: plain hashable data only."""
+    """A dict key or set item: plain hashable data only (or an object kept as data, by identity)."""
+    if isinstance(value, (PickledObject, _Global)):  # (only ever made by ``objects`` mode)
+        return value
     if isinstance(value, (str, int, float, bool, bytes, type(None))) or (
         isinstance(value, tuple) and all(isinstance(v, (str, int, float, bool, bytes, type(None))) for v in value)
     ):

@@ -183,6 +183,8 @@ class Contents:
     blobs: dict[str, bytes] = field(default_factory=dict)
     # Extra files of others: accounted for, never read, never handed to torch.
     unread: list[str] = field(default_factory=list)
+    # Read only to be described (read_file(as_data=True)): its document was not rebuilt, it must never load.
+    as_data: bool = False
 
     def extra_text(self, name: str) -> str | None:
         """One of trt-inline's extra files as text (UTF-8), or None where the file has none."""
@@ -203,10 +205,15 @@ def read_file(
     allow_pickle: bool = False,
     allow_native_code: bool = False,
     mutations: bool = False,
+    as_data: bool = False,
 ) -> Contents:
     """Read and check ``path``; :class:`VerifyInputError` (unusable) or :class:`UnsafeArchiveError` (refused).
 
     ``mutations``: programs that write to their buffers are accepted (``aten::copy_`` is allowed).
+    ``as_data``: the program is only to be described (what its engines need), never loaded: its document is
+    kept as the strict JSON reader parsed it, not rebuilt against this torch's schema and operators (a
+    cross-compiled program names operators only Torch-TensorRT registers); :mod:`~trt_inline.archive.canonical`
+    refuses such contents.
     """
     file, view, entries = _archive(path)
     progress.report(f"reading the archive ({format_size(view.size)})")  # (here: check_path, in the parent, is silent)
@@ -216,7 +223,10 @@ def read_file(
         progress.report("it is larger than the memory the system commits to a private mapping: mapped read-only")
     refuse_compressed(entries, str(file))
     reader = _Reader(file, view, entries, allow_pickle, allow_native_code, mutations)
-    return reader.read()
+    reader.as_data = as_data
+    contents = reader.read()
+    contents.as_data = as_data
+    return contents
 
 
 def check_path(path: str | os.PathLike[str]) -> Path:
@@ -316,6 +326,7 @@ class _Reader:
         self.allow_pickle = allow_pickle
         self.allow_native_code = allow_native_code
         self.mutations = mutations
+        self.as_data = False
         self.by_name = {entry.name: entry for entry in entries}
         self.claimed: set[str] = set()
 
@@ -495,6 +506,11 @@ class _Reader:
             ) from None
 
     def _document(self, entry: ZipEntry) -> dict[str, Any]:
+        if self.as_data:
+            document = self._json(entry)
+            if not isinstance(document, dict):
+                raise self.refuse(f"archive entry {printable(entry.name)!r} is not a program document")
+            return document
         progress.report(f"checking its program against torch's schema ({format_size(entry.file_size)})")
         return program_checks.canonical_document(self._json(entry), self.file, entry.name, mutations=self.mutations)
 
@@ -693,6 +709,12 @@ def decode_base64(text: str, what: str) -> BytesView:
         return BytesView(base64.b64decode(text.encode("ascii"), validate=True))
     except (binascii.Error, UnicodeEncodeError) as exc:
         raise VerifyInputError(f"{what} is not base64: {decoded_text(str(exc), 120)}") from exc
+
+
+def passthrough_payload(value: Any) -> bytes | None:
+    """The bytes of a payload left to torch as they are (an allowed engine or pickle), None for anything read here
+    (:mod:`trt_inline.archive.engine_info` reads an engine's info out of them as data)."""
+    return value.data if isinstance(value, _Passthrough) else None
 
 
 def passthrough_loader(value: Any) -> Callable[[], Any] | None:

@@ -7,7 +7,8 @@ carry its own check: one call of :data:`RANK_CHECK_OP` as the first node of its
 program, the file's rank manifest (its JSON, as in the archive) the only
 argument. The operator is defined by trt-inline's ``torch.backends`` entry point
 at ``import torch`` (:mod:`trt_inline_autoload`), so ``torch.export.load`` finds
-it in a process that never imports trt-inline. Each run of the program starts
+it in a process that never imports trt-inline, and here where the entry point did
+not run (:func:`check_ranks`, its kernel then). Each run of the program starts
 with it: :func:`check_live` compares this process's rank, world size and the
 members of every group the manifest names with the live process group
 (:func:`~trt_inline.distributed.manifest.live_mismatch`, the comparison
@@ -35,10 +36,10 @@ import os
 import zipfile
 
 import torch
+import torch.distributed as dist
 import torch.fx
 from torch.export import ExportedProgram
 
-import trt_inline_autoload
 from trt_inline import compat, engines, formats
 from trt_inline.distributed.manifest import (
     MANIFEST_FILE,
@@ -49,12 +50,13 @@ from trt_inline.distributed.manifest import (
     rank_check_nodes,
 )
 from trt_inline.errors import RankSetError
-from trt_inline_switches import CHECK_RANKS_ENV, checks_ranks
+from trt_inline_switches import CHECK_RANKS_ENV, RANK_CHECK_SCHEMA, checks_ranks
 
 __all__ = [
     "CHECK_RANKS_ENV",
     "RANK_CHECK_OP",
     "check_live",
+    "check_ranks",
     "drop_rank_checks",
     "insert_rank_check",
     "manifest_text_of",
@@ -63,8 +65,6 @@ __all__ = [
     "wanted",
 ]
 
-# (Defined at import torch by the entry point; again here where autoload is off: TORCH_DEVICE_BACKEND_AUTOLOAD=0.)
-trt_inline_autoload.register_rank_check()
 # A manifest larger than this is no manifest trt-inline wrote (65536 collectives of ~200 bytes at most).
 _MAX_MANIFEST_BYTES = 64 << 20
 
@@ -157,6 +157,23 @@ def check_live(manifest_text: str) -> None:
         raise RankSetError(
             f"{why} (its own check, {RANK_CHECK_OP}, refused to run it; {CHECK_RANKS_ENV}=0 runs it anyway)"
         )
+
+
+def check_ranks(manifest_text: str) -> None:
+    """The operator's kernel where this module defines it. Without a process group it does nothing: verify's
+    sandboxed child has none (and must observe nothing), and a program whose collectives need one fails at its
+    first collective anyway. (The entry point's kernel decides the same way, importing nothing until it checks.)"""
+    if checks_ranks() and dist.is_available() and dist.is_initialized():
+        check_live(manifest_text)
+
+
+def _check_ranks_traced(manifest_text: str) -> None:
+    """Its fake kernel: tracing the program (export, AOTInductor) checks nothing, only running it does."""
+
+
+# Defined at import torch by the entry point (trt_inline_autoload); here where it did not run
+# (TORCH_DEVICE_BACKEND_AUTOLOAD=0), with the same schema.
+compat.define_side_effect_op(RANK_CHECK_OP, RANK_CHECK_SCHEMA, check_ranks, _check_ranks_traced)
 
 
 def manifest_text_of(path: str | os.PathLike[str]) -> str | None:

@@ -62,6 +62,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "inspect": ("trt_inline.verify.verifier", "inspect_job"),
     "diff": ("trt_inline.verify.diff", "diff_job"),
     "sandbox": ("trt_inline.isolation.inside", "sandbox_job"),
+    "needs": ("trt_inline.verify.engine_needs", "needs_job"),
 }
 
 

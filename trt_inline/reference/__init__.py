@@ -2,10 +2,11 @@
 
 ``trt_inline.reference.compile(model, inputs, torch_executed_ops=..., ...)`` gives
 a partitioned module of ``_run_on_acc_N`` engines (:class:`ReferenceEngine`) and
-``_run_on_gpu_N`` fallbacks. Importing this package registers the engine op
-``torch.ops.trt_inline.execute_engine`` (what loading a saved file needs); the
-partitioner, which reaches into ``torch.fx.passes.splitter_base``, is imported
-only when ``compile`` is first used.
+``_run_on_gpu_N`` fallbacks. Importing this package defines the engine op
+``torch.ops.trt_inline.execute_engine`` (what loading a saved file needs) unless
+trt-inline's entry point defined it at ``import torch``; the partitioner, which
+reaches into ``torch.fx.passes.splitter_base``, is imported only when
+``compile`` is first used.
 
 =============  =====================================================================
 module         concern

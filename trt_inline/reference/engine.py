@@ -20,6 +20,14 @@ device cpu", cannot happen by construction).
 Scalars cross the boundary as TensorRT's do: a scalar input (a SymInt,
 SymFloat or SymBool of the block) arrives as a 0-d tensor; a scalar output
 leaves as a 0-d tensor (int64, float64 or bool).
+
+The op is defined once per process, by whoever comes first: trt-inline's
+``torch.backends`` entry point at ``import torch`` (:mod:`trt_inline_autoload`,
+so that ``torch.export.load`` of a saved file works without ``import
+trt_inline``; its kernels call :func:`run_engine` and :func:`run_engine_traced`
+here, importing this module on their first call), or this module where the entry
+point did not run (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``). Its name and schema live
+in :mod:`trt_inline_switches`.
 """
 
 from __future__ import annotations
@@ -45,8 +53,9 @@ from trt_inline.reference.program import (
     encode_spec,
     load_program,
 )
+from trt_inline_switches import REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA
 
-__all__ = ["ReferenceBackend", "ReferenceEngine", "build_engine"]
+__all__ = ["ReferenceBackend", "ReferenceEngine", "build_engine", "run_engine", "run_engine_traced"]
 
 
 class ReferenceBackend(engines.EngineBackend):
@@ -94,8 +103,8 @@ class ReferenceBackend(engines.EngineBackend):
 # ---------------------------------------------------------------------------
 
 
-def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
-    """Run a reference engine: ``program`` over ``inputs`` with weights from ``engine``."""
+def run_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
+    """The op's kernel: run a reference engine, ``program`` over ``inputs`` with weights from ``engine``."""
     outputs = load_program(program).run(inputs, engine)
     # A custom op's outputs may not alias its inputs or each other: a block that
     # returns an input, a weight, or a view of one gets a copy. Like TensorRT's,
@@ -113,8 +122,8 @@ def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, program: s
     return result
 
 
-def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
-    """Shapes from the program's own steps on fake inputs.
+def run_engine_traced(inputs: list[torch.Tensor], engine: torch.Tensor, program: str) -> list[torch.Tensor]:
+    """The op's fake kernel: shapes from the program's own steps on fake inputs.
 
     A scalar input is read with ``item()`` (an unbacked symbol under export),
     never through ``.shape``. Where no output's shape depends on such a symbol
@@ -134,7 +143,7 @@ def _execute_engine_fake(inputs: list[torch.Tensor], engine: torch.Tensor, progr
 
 
 def _contiguous_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous tensor like ``tensor``: what the op returns for each output (see ``_execute_engine``)."""
+    """A fresh contiguous tensor like ``tensor``: what the op returns for each output (see :func:`run_engine`)."""
     return tensor.clone(memory_format=torch.contiguous_format)
 
 
@@ -148,12 +157,8 @@ def _free_symbols(tensors: Sequence[torch.Tensor]) -> set[Any]:
     return symbols
 
 
-execute_engine = compat.define_op(
-    "trt_inline::execute_engine",
-    "(Tensor[] inputs, Tensor engine, str program) -> Tensor[]",
-    _execute_engine,
-    _execute_engine_fake,
-)
+# Defined here unless the entry point defined it at import torch (its kernels then call the two above).
+compat.define_op(REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA, run_engine, run_engine_traced)
 
 
 # ---------------------------------------------------------------------------

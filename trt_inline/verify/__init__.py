@@ -15,6 +15,8 @@ module              concern
 ``garbage``         outputs that look like garbage without a reference (zeros, NaN,
                     constant across runs, the same in every row)
 ``random_inputs``   inputs drawn within a program's declared dynamic ranges
+``range_ends``      the sizes at the ends of those ranges (minimum, maximum, the
+                    optimization point a file records) and the inputs run there
 ``boundaries``      recording engine boundaries from a compiled module, tracing a
                     saved program's run at them
 ``graph_table``     the program's regions by engine, as ``inspect`` prints them
@@ -27,6 +29,8 @@ module              concern
 ``cases``           ``verify --cases DIR``: a folder of (inputs, expected) cases, one
                     verify each, the worst first
 ``junit``           verdicts as a JUnit XML report (``--junit FILE``)
+``engine_needs``    what a file's TensorRT engines need: ``inspect``'s table, ``check``
+                    against this machine or a described one (``--target``)
 ==================  ===================================================================
 
 It is the top floor of reading and checking: it imports :mod:`trt_inline.archive`,

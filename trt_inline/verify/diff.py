@@ -28,6 +28,7 @@ from trt_inline.distributed.manifest import collectives_of
 from trt_inline.errors import RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.isolation import Limits, default_memory_limit
 from trt_inline.output_tree import OutputTree, describe_spec, paired_by_path, structure_problems
+from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import as_boundaries, trace_program
 from trt_inline.verify.compare import compare_output, ranked, run_on, tolerance_for
 from trt_inline.verify.localize import (
@@ -50,6 +51,7 @@ from trt_inline.verify.options import (
     job_arguments,
 )
 from trt_inline.verify.random_inputs import Draw, draw_inputs
+from trt_inline.verify.range_ends import End
 from trt_inline.verify.report import OutputComparison, VerifyReport
 from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import capture_device, report_of_child, save_target, save_tensors
@@ -80,7 +82,9 @@ def diff(
     ``save_boundaries`` or ``extract`` (a :class:`TypeError`).
 
     Inputs: ``arg_inputs`` / ``kwarg_inputs``, else the reference inputs the
-    first file embeds, else the second's. ``random_inputs``: that many more sets
+    first file embeds, else the second's. ``range_ends``: also the sets at the ends
+    of the first program's declared ranges (:mod:`trt_inline.verify.range_ends`;
+    ``"auto"`` by default). ``random_inputs``: that many more sets
     drawn within the first program's declared ranges (``seed``); the comparison
     stops at the first set that diverges. ``report.ok`` is true when every
     boundary of every run agrees within tolerance; ``report.divergence`` names
@@ -217,19 +221,52 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
         report.problems += structure_problems(tree_a, tree_b, Path(path_b).name)
         args, kwargs, captured = _inputs(tensors, *opened)
         device = arguments["device"] or captured
-        sets: list[tuple[Draw | None, list[torch.Tensor], dict[str, torch.Tensor]]] = [(None, args, kwargs)]
+        # Each set of inputs: the inputs above (None), then the ends of A's dynamic ranges, then random draws.
+        sets: list[tuple[End | Draw | None, list[Any], dict[str, Any]]] = [(None, args, kwargs)]
+        plan = range_ends.plan(program_a, (args, kwargs), arguments["seed"], arguments["range_ends"])
+        report.notes += plan.notes
+        sets += [(end, end.draw.args, end.draw.kwargs) for end in plan.ends]
         if arguments["random_inputs"]:
             draws = draw_inputs(program_a, arguments["random_inputs"], arguments["seed"], (args, kwargs))
             sets += [(draw, draw.args, draw.kwargs) for draw in draws]
-        for iteration, (draw, run_args, run_kwargs) in enumerate(sets):
-            with opened[1].reading_ahead():
-                trace_b = trace_program(module_b, run_args, run_kwargs, device)
-            if trace_b.crash is not None:  # the reference of the comparison: a run of it must complete
-                raise VerifyInputError(
-                    f"{path_b}: its program raised at {trace_b.crash.where(trace_b.calls)} ({trace_b.crash.error})"
-                )
-            with opened[0].reading_ahead():
-                trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
+        ends_run: list[End] = []
+        iteration = -1  # (of the random draws)
+        for what, run_args, run_kwargs in sets:
+            end = what if isinstance(what, End) else None
+            draw = what.draw if isinstance(what, End) else what
+            iteration += isinstance(what, Draw)
+            refused = None
+            try:
+                with opened[1].reading_ahead():
+                    trace_b = trace_program(module_b, run_args, run_kwargs, device)
+                if trace_b.crash is not None:
+                    refused = f"raised at {trace_b.crash.where(trace_b.calls)} ({trace_b.crash.error})"
+            except RefusedOperatorError:
+                raise
+            except VerifyInputError as exc:
+                if end is None:
+                    raise
+                refused = f"refused them ({first_line(exc)})"
+            if refused is not None and end is not None:  # (B declares other ranges: nothing to compare with)
+                report.notes.append(f"not compared at the {end.label}: {Path(path_b).name} {refused}")
+                continue
+            if refused is not None:  # the reference of the comparison: a run of it must complete
+                raise VerifyInputError(f"{path_b}: its program {refused}")
+            try:
+                with opened[0].reading_ahead():
+                    trace_a = trace_program(module_a, run_args, run_kwargs, device, as_boundaries(trace_b))
+            except RefusedOperatorError:
+                raise
+            except VerifyInputError as exc:
+                if end is None:
+                    raise
+                # A size A's own ranges declare, which B accepts: A is wrong there.
+                problem = f"{Path(path_a).name} rejected inputs within its declared ranges: {first_line(exc)}"
+                report.range_end_runs.append({"end": end.name, "sizes": end.draw.shapes(), "symbols": end.draw.symbols,
+                                              "ok": False, "problem": problem, "compared": False})  # fmt: skip
+                report.problems.append(f"at the {end.where}: {problem}")
+                ends_run.append(end)
+                continue
             for path, trace in ((path_a, trace_a), (path_b, trace_b)):  # (as structural problems: notes here)
                 report.notes += [
                     note for p in trace.disagreements if (note := f"{Path(path).name}: {p}") not in report.notes
@@ -269,23 +306,31 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 report.boundaries = rows
                 outputs = {"a": trace_a.outputs, "b": trace_b.outputs}
             else:
-                report.random_runs.append(
-                    {
-                        "iteration": iteration - 1,
-                        "sizes": draw.shapes(),
-                        "symbols": draw.symbols,
-                        "ok": divergence is None,
-                        "problem": None if divergence is None else f"first divergence: {divergence.where}",
-                    }
-                )
+                run = {
+                    "sizes": draw.shapes(),
+                    "symbols": draw.symbols,
+                    "ok": divergence is None,
+                    "problem": None if divergence is None else f"first divergence: {divergence.where}",
+                }
+                if end is not None:
+                    ends_run.append(end)
+                    report.range_end_runs.append({"end": end.name, **run, "compared": True})
+                else:
+                    report.random_runs.append({"iteration": iteration, **run})
             if divergence is not None:
                 report.boundaries, report.divergence = rows, divergence
-                if draw is not None:
-                    report.boundaries_on = f"random inputs {iteration - 1} (sizes {draw.shapes()})"
+                on = None
+                if end is not None:
+                    on = f"the {end.where}"
+                elif draw is not None:
+                    on = f"random inputs {iteration} (sizes {draw.shapes()})"
+                if on is not None:
+                    report.boundaries_on = on
                 report.problems += own_error_problems(rows)
-                where = "" if draw is None else f" (random inputs {iteration - 1}, sizes {draw.shapes()})"
-                report.problems.append(f"first divergence{where}: {divergence.where}")
+                report.problems.append(f"first divergence{'' if on is None else f' ({on})'}: {divergence.where}")
                 break
+        if ends_run:
+            report.notes.append(plan.summary("each run by both files and compared boundary by boundary", ends_run))
     if arguments["save_outputs"] is not None:
         return report.to_dict(), {"outputs": outputs}
     return report.to_dict()

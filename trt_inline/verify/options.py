@@ -34,6 +34,7 @@ import torch
 
 from trt_inline.errors import VerifyInputError
 from trt_inline.verify.compare import ERROR_STATS, tolerance_key
+from trt_inline.verify.range_ends import GROWTH, MODES, SMALL_BYTES, modes_checked
 
 __all__ = [
     "CASES",
@@ -42,6 +43,7 @@ __all__ = [
     "ENTRY_POINTS",
     "GROUPS",
     "INSPECT",
+    "CHECK",
     "RANKS",
     "VERIFY",
     "CasesFields",
@@ -77,10 +79,13 @@ __all__ = [
 
 # The entry points an option may be taken by: the functions, and the command line's inspect. ``cases`` and
 # ``ranks`` are verify's modes (``verify --cases DIR``, ``verify --ranks N``): their flags are verify's.
-VERIFY, DIFF, CASES, RANKS, INSPECT = "verify", "diff", "cases", "ranks", "inspect"
-ENTRY_POINTS = (VERIFY, DIFF, CASES, RANKS, INSPECT)
+VERIFY, DIFF, CASES, RANKS, INSPECT, CHECK = "verify", "diff", "cases", "ranks", "inspect", "check"
+ENTRY_POINTS = (VERIFY, DIFF, CASES, RANKS, INSPECT, CHECK)
 # How an entry point is named where it refuses something.
-_FUNCTIONS = {VERIFY: "verify", DIFF: "diff", CASES: "verify_cases", RANKS: "verify_rank_set", INSPECT: "inspect"}
+_FUNCTIONS = {
+    VERIFY: "verify", DIFF: "diff", CASES: "verify_cases", RANKS: "verify_rank_set", INSPECT: "inspect",
+    CHECK: "check_engines",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,7 @@ _BOTH = (VERIFY, DIFF)
 _RUNS = (VERIFY, DIFF, CASES)  # what each case of a folder runs with too, and a rank set does not
 _COMPARED = (VERIFY, DIFF, CASES, RANKS)
 _CHECKED = (VERIFY, CASES, RANKS)  # verify's own checks, which diff does not make
+_LOADED = (VERIFY, DIFF, CASES, RANKS, INSPECT)  # what loads a file's program (check reads its engines' infos only)
 
 
 @dataclass(frozen=True)
@@ -216,8 +222,8 @@ class OptionGroup:
 
 @dataclass(frozen=True)
 class Inputs(OptionGroup):
-    """What the program runs on, and where: given inputs (else the reference inputs a file embeds), that many
-    more runs on random inputs within its declared dynamic ranges, the device."""
+    """What the program runs on, and where: given inputs (else the reference inputs a file embeds), runs at the
+    ends of its declared dynamic ranges, that many more runs on random inputs within them, the device."""
 
     # fmt: off
     arg_inputs: Sequence[torch.Tensor] | None = field(default=None, metadata=declared(
@@ -229,7 +235,13 @@ class Inputs(OptionGroup):
         "(the first at every minimum, the second at every maximum)",
         "--random-inputs", used_by=_RUNS, type=int, metavar="N"))
     seed: int = field(default=0, metadata=declared(
-        "seed of --random-inputs (default 0)", "--seed", used_by=_RUNS, type=int))
+        "seed of --random-inputs and of the values at the ends of the dynamic ranges (default 0)", "--seed",
+        used_by=_RUNS, type=int))
+    range_ends: str = field(default="auto", metadata=declared(
+        "also run at the ends of the program's declared dynamic ranges: every size at its minimum, at its maximum "
+        "and at the optimization point the file records; auto (the default) leaves out an end whose inputs would "
+        f"take more than {GROWTH} times the reference inputs' bytes and more than {SMALL_BYTES >> 20} MiB, all runs "
+        "every end, off none", "--range-ends", used_by=_RUNS, choices=MODES))
     device: str | None = field(default=None, metadata=declared(
         "run on this device, e.g. cuda (default: where the program is)", "--device", used_by=_RUNS))
     # fmt: on
@@ -308,10 +320,10 @@ class Trust(OptionGroup):
     allow_native_code: bool = field(default=False, metadata=declared(
         "load TensorRT engines and run AOTInductor packages (native code from the file); "
         "only for files from a trusted source",
-        "--allow-native-code", action="store_true"))
+        "--allow-native-code", used_by=_LOADED, action="store_true"))
     allow_ops: Sequence[str] = field(default=(), metadata=declared(
         "also allow this operator (ns::op or ns::op.overload; repeatable); only for a file you trust",
-        "--allow-op", action="append", metavar="NAME"))
+        "--allow-op", used_by=_LOADED, action="append", metavar="NAME"))
     # fmt: on
 
     def __post_init__(self) -> None:
@@ -345,7 +357,7 @@ class Isolation(OptionGroup):
         "--debug", action="store_true", before_command=True))
     verbose: bool = field(default=False, metadata=declared(
         "say in the report the child process's limits and its memory in full, besides its walls",
-        "--verbose", action="store_true"))
+        "--verbose", used_by=_LOADED, action="store_true"))
     # fmt: on
 
 
@@ -381,6 +393,7 @@ class InputsFields(TypedDict, total=False):
     kwarg_inputs: dict[str, torch.Tensor] | None
     random_inputs: int
     seed: int
+    range_ends: str
     device: str | None
 
 
@@ -448,6 +461,7 @@ class CasesFields(TolerancesFields, TrustFields, IsolationFields, total=False):
 
     random_inputs: int
     seed: int
+    range_ends: str
     device: str | None
     per_engine: bool
 
@@ -496,8 +510,8 @@ def gather(entry: str, keywords: Mapping[str, Any], **groups: OptionGroup | None
     ``groups``: the groups the entry point takes, by name (``tolerances=...``; None: not given). Raises
     :class:`TypeError` for a keyword that is no field of them, for a group given together with one of its own
     fields as a keyword (which one would win?), and, but for ``cases`` (which says why itself: :func:`untaken`),
-    for a field ``entry`` does not take; :class:`VerifyInputError` for a tolerance, error statistic or top-k
-    that cannot be used.
+    for a field ``entry`` does not take; :class:`VerifyInputError` for a tolerance, error statistic, top-k or
+    ``range_ends`` that cannot be used.
     """
     name = _FUNCTIONS[entry]
     owner = {item.name: group for group in groups for item in fields(_GROUP_NAMES[group])}
@@ -521,6 +535,7 @@ def gather(entry: str, keywords: Mapping[str, Any], **groups: OptionGroup | None
     refused = untaken(options, entry, keywords)
     if refused and entry != CASES:
         raise TypeError(f"{name}() does not take {', '.join(refused)}")
+    modes_checked(options.inputs.range_ends)
     tolerances = options.tolerances
     error_stat_checked(tolerances.check_error_stat)
     top_k_checked(tolerances.top_k, tolerances.min_top_k_agreement)
@@ -573,6 +588,7 @@ def job_arguments(options: Options) -> dict[str, Any]:
         "per_engine": reference.per_engine,
         "random_inputs": inputs.random_inputs,
         "seed": inputs.seed,
+        "range_ends": inputs.range_ends,
         "save_outputs": None if save_outputs is None else os.fspath(save_outputs),
         "allow_pickle": trust.allow_pickle,
         "allow_native_code": trust.allow_native_code,

@@ -23,7 +23,16 @@ from torch.utils import _pytree as pytree
 from trt_inline import compat
 from trt_inline.errors import VerifyInputError
 
-__all__ = ["Draw", "draw_inputs", "size_ranges"]
+__all__ = [
+    "Draw",
+    "draw_at",
+    "draw_inputs",
+    "flat_sample",
+    "range_bound",
+    "shapes_at",
+    "size_ranges",
+    "user_input_values",
+]
 
 _UNBOUNDED_SPAN = 16
 _NO_END = 1 << 62
@@ -46,7 +55,8 @@ class Draw:
         return [list(t.shape) for t in self.inputs]
 
 
-def _user_input_values(program: ExportedProgram) -> list[torch.Tensor]:
+def user_input_values(program: ExportedProgram) -> list[torch.Tensor]:
+    """The declared value (``meta["val"]``) of each user input of the program, in its order."""
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     values = []
     for name in program.graph_signature.user_inputs:
@@ -61,7 +71,7 @@ def size_ranges(
     program: ExportedProgram, sample: Sequence[torch.Tensor | None] | None = None
 ) -> dict[sympy.Symbol, tuple[int, int]]:
     """Each size symbol of the program's inputs and the (min, max) it is drawn in."""
-    values = _user_input_values(program)
+    values = user_input_values(program)
     sample_sizes: dict[sympy.Symbol, int] = {}
     symbols: set[sympy.Symbol] = set()
     for index, val in enumerate(values):
@@ -76,15 +86,15 @@ def size_ranges(
     ranges: dict[sympy.Symbol, tuple[int, int]] = {}
     for symbol in sorted(symbols, key=str):
         bounds = program.range_constraints.get(symbol)
-        lower = _bound(bounds.lower if bounds is not None else None) or 0
-        upper = _bound(bounds.upper if bounds is not None else None)
+        lower = range_bound(bounds.lower if bounds is not None else None) or 0
+        upper = range_bound(bounds.upper if bounds is not None else None)
         if upper is None:
             upper = max(lower, 2 * sample_sizes[symbol]) if symbol in sample_sizes else lower + _UNBOUNDED_SPAN
         ranges[symbol] = (lower, upper)
     return ranges
 
 
-def _bound(value: object) -> int | None:
+def range_bound(value: object) -> int | None:
     """A range's end as an int; None for no end (``int_oo``, or the ``sys.maxsize`` older releases write)."""
     try:
         number = int(value)  # type: ignore[call-overload]
@@ -131,6 +141,44 @@ def _flat_sample(program: ExportedProgram, sample: tuple[Sequence[Any], dict[str
     return [leaf if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
 
 
+def flat_sample(
+    program: ExportedProgram,
+    sample: tuple[Sequence[Any], dict[str, Any]] | Sequence[torch.Tensor] | None,
+) -> list[torch.Tensor | None] | None:
+    """A sample call's inputs, one per program input: from its ``(args, kwargs)``, or one tensor per program input;
+    None without a sample."""
+    if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict):
+        return _flat_sample(program, (sample[0], sample[1]))
+    if sample is not None:
+        return [value if isinstance(value, torch.Tensor) else None for value in sample]
+    return None
+
+
+def shapes_at(program: ExportedProgram, chosen: dict[sympy.Symbol, int]) -> list[list[int]]:
+    """Each program input's shape with every size symbol at the value ``chosen`` gives it (a derived size follows
+    its symbol)."""
+    return [
+        [size if isinstance(size, int) else int(size.node.expr.subs(chosen)) for size in val.shape]
+        for val in user_input_values(program)
+    ]
+
+
+def draw_at(
+    program: ExportedProgram,
+    chosen: dict[sympy.Symbol, int],
+    generator: torch.Generator,
+    sample: list[torch.Tensor | None] | None,
+) -> Draw:
+    """One set of inputs with every size symbol at the value ``chosen`` gives it, the values drawn from ``generator``
+    around the sample's (:func:`flat_sample`)."""
+    inputs = []
+    for index, (val, shape) in enumerate(zip(user_input_values(program), shapes_at(program, chosen), strict=True)):
+        reference = sample[index] if sample is not None and index < len(sample) else None
+        inputs.append(_values(val, shape, reference, generator))
+    args, kwargs = _call_form(program, inputs)
+    return Draw(inputs, {str(s): v for s, v in chosen.items()}, args, kwargs)
+
+
 def draw_inputs(
     program: ExportedProgram,
     count: int,
@@ -141,13 +189,8 @@ def draw_inputs(
     its ``(args, kwargs)``, or one tensor per program input."""
     if count < 1:
         raise VerifyInputError(f"random inputs: the number of draws must be at least 1, got {count}")
-    values = _user_input_values(program)
-    flat_sample: list[torch.Tensor | None] | None = None
-    if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict):
-        flat_sample = _flat_sample(program, (sample[0], sample[1]))
-    elif sample is not None:
-        flat_sample = [value if isinstance(value, torch.Tensor) else None for value in sample]
-    ranges = size_ranges(program, flat_sample)
+    flat = flat_sample(program, sample)
+    ranges = size_ranges(program, flat)
     generator = torch.Generator().manual_seed(seed)
     draws = []
     for iteration in range(count):
@@ -159,11 +202,5 @@ def draw_inputs(
                 chosen[symbol] = upper
             else:
                 chosen[symbol] = int(torch.randint(lower, upper + 1, (1,), generator=generator))
-        inputs = []
-        for index, val in enumerate(values):
-            shape = [size if isinstance(size, int) else int(size.node.expr.subs(chosen)) for size in val.shape]
-            reference = flat_sample[index] if flat_sample is not None and index < len(flat_sample) else None
-            inputs.append(_values(val, shape, reference, generator))
-        args, kwargs = _call_form(program, inputs)
-        draws.append(Draw(inputs, {str(s): v for s, v in chosen.items()}, args, kwargs))
+        draws.append(draw_at(program, chosen, generator, flat))
     return draws

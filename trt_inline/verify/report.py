@@ -16,7 +16,8 @@ import torch
 from trt_inline.errors import decoded_text
 
 __all__ = [
-    "EXIT_STATUS", "MAX_COMPARISONS", "BoundaryRow", "Divergence", "OutputComparison", "VerifyReport", "describe_value",
+    "EXIT_STATUS", "MAX_COMPARISONS", "RANGE_END_NAMES", "BoundaryRow", "Divergence", "OutputComparison",
+    "VerifyReport", "describe_value",
 ]  # fmt: skip
 
 # What each verdict exits with: UNVERIFIED (nothing wrong found, nothing compared) its own status, apart from
@@ -32,6 +33,8 @@ _MAX_ITEMS = 32 * MAX_COMPARISONS
 _MAX_RUNS = 10_000  # random runs (--random-inputs)
 _MAX_INPUTS = 256  # sizes per random run
 _MAX_DIMS = 64
+# The ends of a program's dynamic ranges a run is made at (:mod:`trt_inline.verify.range_ends`), each at most once.
+RANGE_END_NAMES = ("minimum", "maximum", "optimization point")
 
 
 def describe_value(val: Any) -> str:
@@ -225,6 +228,9 @@ class VerifyReport:
     divergence: Divergence | None = None
     # Runs on random inputs (``--random-inputs``): the sizes drawn, and what each run found.
     random_runs: list[dict[str, Any]] = field(default_factory=list)
+    # Runs at the ends of the dynamic ranges (:mod:`trt_inline.verify.range_ends`): which end, its sizes, whether
+    # its outputs were compared with a reference, and what the run found.
+    range_end_runs: list[dict[str, Any]] = field(default_factory=list)
     # What looks like garbage without a reference (all zeros, NaN, constant, the same in every row):
     # :mod:`trt_inline.verify.garbage`. They fail only under ``strict`` (then they are problems too).
     warnings: list[str] = field(default_factory=list)
@@ -261,6 +267,7 @@ class VerifyReport:
             f.name: getattr(self.divergence, f.name) for f in fields(self.divergence)
         }  # fmt: skip
         result["random_runs"] = [dict(run) for run in self.random_runs]
+        result["range_end_runs"] = [dict(run) for run in self.range_end_runs]
         result.update(ok=self.ok, compared=self.compared)
         return result
 
@@ -290,6 +297,14 @@ class VerifyReport:
             lines.append(f"       {output.statistics_text()}")
             if (ranking := output.top_k_text()) is not None:
                 lines.append(f"       {ranking}")
+        for run in self.range_end_runs:
+            sizes = "; ".join(str(s) for s in run["sizes"])
+            symbols = ", ".join(f"{name}={value}" for name, value in run["symbols"].items())
+            lines.append(
+                f"  {'ok  ' if run['ok'] else 'FAIL'} at the {run['end']} ({symbols}; sizes {sizes})"
+                + ("" if run["compared"] else ", not compared")
+                + (f": {run['problem']}" if run.get("problem") else "")
+            )
         for run in self.random_runs:
             sizes = "; ".join(str(s) for s in run["sizes"])
             lines.append(
@@ -319,6 +334,7 @@ _BOUNDARY_FIELDS = {f.name for f in fields(BoundaryRow)} | {"ok", "own_ok"}
 _DIVERGENCE_FIELDS = {f.name for f in fields(Divergence)}
 _REPORT_FIELDS = {f.name for f in fields(VerifyReport)} | {"ok", "compared"}
 _RUN_FIELDS = {"iteration", "sizes", "symbols", "ok", "problem"}
+_RANGE_END_FIELDS = {"end", "sizes", "symbols", "ok", "problem", "compared"}
 
 
 class _Reader:
@@ -462,27 +478,44 @@ class _Reader:
             *(self._texts(data.get(name, []), f"divergence {name}") for name in ("producers", "consumers", "nodes")),
         )
 
+    def _sizes(self, value: Any, what: str) -> list[Any]:
+        """A run's input sizes: one list of dimensions per input (or a text)."""
+        return [
+            [self._integer(d, f"{what} size") for d in self._items(shape, f"{what} sizes", _MAX_DIMS)]
+            if isinstance(shape, list) else self._text(shape, f"{what} sizes")
+            for shape in self._items(value, f"{what} sizes", _MAX_INPUTS)
+        ]  # fmt: skip
+
+    def _symbols(self, value: Any, what: str) -> dict[str, int]:
+        """A run's size symbols and their values."""
+        if not isinstance(value, dict):
+            raise ValueError(f"{what} symbols is not an object")
+        if len(value) > _MAX_INPUTS * _MAX_DIMS:
+            raise ValueError(f"{what} symbols holds {len(value)} symbols, more than {_MAX_INPUTS * _MAX_DIMS}")
+        self._count(len(value))
+        return {self._text(k, f"{what} symbol"): self._integer(v, f"{what} symbol") for k, v in value.items()}
+
     def random_run(self, data: Any) -> dict[str, Any]:
         data = self._fields(data, _RUN_FIELDS, {"iteration", "sizes", "ok"}, "random run")
-        sizes = [
-            [self._integer(d, "random run size") for d in self._items(shape, "random run sizes", _MAX_DIMS)]
-            if isinstance(shape, list) else self._text(shape, "random run sizes")
-            for shape in self._items(data["sizes"], "random run sizes", _MAX_INPUTS)
-        ]  # fmt: skip
-        symbols = data.get("symbols", {})
-        if not isinstance(symbols, dict):
-            raise ValueError("random run symbols is not an object")
-        if len(symbols) > _MAX_INPUTS * _MAX_DIMS:
-            raise ValueError(f"random run symbols holds {len(symbols)} symbols, more than {_MAX_INPUTS * _MAX_DIMS}")
-        self._count(len(symbols))
         return {
             "iteration": self._integer(data["iteration"], "random run iteration"),
-            "sizes": sizes,
-            "symbols": {
-                self._text(k, "random run symbol"): self._integer(v, "random run symbol") for k, v in symbols.items()
-            },
+            "sizes": self._sizes(data["sizes"], "random run"),
+            "symbols": self._symbols(data.get("symbols", {}), "random run"),
             "ok": self._flag(data["ok"], "random run ok"),
             "problem": self._text(data.get("problem"), "random run problem", optional=True),
+        }
+
+    def range_end_run(self, data: Any) -> dict[str, Any]:
+        data = self._fields(data, _RANGE_END_FIELDS, _RANGE_END_FIELDS - {"problem"}, "range end run")
+        if data["end"] not in RANGE_END_NAMES:
+            raise ValueError(f"range end run end is not one of {', '.join(RANGE_END_NAMES)}")
+        return {
+            "end": data["end"],
+            "sizes": self._sizes(data["sizes"], "range end run"),
+            "symbols": self._symbols(data["symbols"], "range end run"),
+            "ok": self._flag(data["ok"], "range end run ok"),
+            "problem": self._text(data.get("problem"), "range end run problem", optional=True),
+            "compared": self._flag(data["compared"], "range end run compared"),
         }
 
     def report(self, data: Any) -> VerifyReport:
@@ -507,6 +540,10 @@ class _Reader:
             divergence=None if divergence is None else self.divergence(divergence),
             random_runs=[
                 self.random_run(run) for run in self._items(data.get("random_runs", []), "random runs", _MAX_RUNS)
+            ],
+            range_end_runs=[
+                self.range_end_run(run)
+                for run in self._items(data.get("range_end_runs", []), "range end runs", len(RANGE_END_NAMES))
             ],
             warnings=self._texts(data.get("warnings", []), "report warnings"),
         )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
 from trt_inline import allowed_ops, distributed, progress
 from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile, open_file
@@ -39,6 +40,7 @@ from trt_inline.isolation import Limits, is_allocation_failure, run_isolated
 from trt_inline.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, describe, is_flat, paired_by_path, structure_problems
 from trt_inline.package import load_package
+from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.checked_run import ProgramInputs
 from trt_inline.verify.compare import (
@@ -75,7 +77,7 @@ from trt_inline.verify.options import (
     top_k_checked,
 )
 from trt_inline.verify.random_inputs import draw_inputs
-from trt_inline.verify.report import VerifyReport, describe_value
+from trt_inline.verify.report import RANGE_END_NAMES, VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
 if sys.version_info >= (3, 11):
@@ -167,7 +169,11 @@ def verify(
     by itself when an output differs and boundary data is at hand.
     ``random_inputs``: that many more runs on inputs drawn within the program's
     declared dynamic ranges (``seed``), each checked to be accepted and to give
-    finite outputs. ``save_outputs``: the program's outputs on the reference
+    finite outputs. ``range_ends``: runs at the ends of those ranges (every size at
+    its minimum, its maximum, the optimization point the file records), ``"auto"``
+    (the default: within a cost rule), ``"all"`` or ``"off"``
+    (:mod:`trt_inline.verify.range_ends`); compared with ``expected_module`` where it is
+    given, else held to the checks that need no reference. ``save_outputs``: the program's outputs on the reference
     inputs, written with ``torch.save`` (plain tensors). ``save_boundaries``:
     this run's inputs, outputs and every engine boundary, written as a
     boundaries file; ``load_boundaries``: such a file (from another machine,
@@ -242,6 +248,7 @@ def verify(
                 per_engine=reference.per_engine,
                 random_inputs=inputs.random_inputs,
                 seed=inputs.seed,
+                range_ends=inputs.range_ends,
                 save_outputs=outputs.save_outputs,
                 allow_pickle=trust.allow_pickle,
                 allow_native_code=trust.allow_native_code,
@@ -287,6 +294,8 @@ def verify(
         "label": label,
         "keep_reference": outputs.save_boundaries is not None,
         "extract": extract is not None,
+        # (expected_module runs here: the child hands back its runs at the ends of the ranges to compare with it)
+        "keep_range_ends": label == "module",
     }
     if expected is not None and label is None:
         arguments["expected_tree"] = _tree_of_given(expected)
@@ -303,12 +312,19 @@ def verify(
     files = (path,) if expected_from is None else (path, os.fspath(expected_from))
     if outputs.save_outputs is not None:
         save_target(outputs.save_outputs)
+    kept_ends: list[dict[str, Any]] | None = [] if label == "module" else None
     report = report_of_child(
         "verify", arguments, tensors, limits, where=path, files=files, sandbox=isolation.sandbox,
         debug=isolation.debug, verbose=isolation.verbose, save_outputs=outputs.save_outputs,
         save_boundaries=outputs.save_boundaries,
-        repro=repro, read_ahead=path,
+        repro=repro, read_ahead=path, range_ends=kept_ends,
     )  # fmt: skip
+    if kept_ends and expected_module is not None and arg_inputs is not None:
+        _compare_range_ends(
+            report, kept_ends, expected_module, (arg_inputs, inputs.kwarg_inputs or {}), inputs.range_ends,
+            normalize_tolerance(tolerances.atol), normalize_tolerance(tolerances.rtol), tolerances.check_error_stat,
+            where=path,
+        )  # fmt: skip
     if extract is not None:
         _write_extract(report, repro or [], extract, trust.allow_native_code)
     return strictly(report, tolerances.strict)
@@ -338,10 +354,12 @@ def report_of_child(
     verbose: bool = False,
     relay: RelayServer | None = None,
     read_ahead: str | None = None,
+    range_ends: list[dict[str, Any]] | None = None,
 ) -> VerifyReport:
     """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost.
 
     ``read_ahead``: the file whose weights the job reads, read ahead by this process (:func:`run_isolated`).
+    ``range_ends``: receives the runs at the ends of the ranges the child handed back (``keep_range_ends``).
 
     The child's report is untrusted: it is read strictly here (:meth:`VerifyReport.from_dict`: each field of its
     type, strings escaped and cut, at most ``MAX_COMPARISONS`` comparisons), and the outputs it hands back
@@ -363,6 +381,8 @@ def report_of_child(
         _save_boundaries_or_say(report, _reference_of_child(handed, where), save_boundaries)
     if repro is not None:
         repro.extend(_repro_of_child(handed, where))
+    if range_ends is not None:
+        range_ends.extend(_range_ends_of_child(handed, where))
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.child_peak_anonymous_bytes, report.child_peak_file_bytes = result.peak_anonymous, result.peak_file
     walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
@@ -431,6 +451,77 @@ def _repro_of_child(handed: dict[str, Any], where: str) -> list[tuple[str, bytes
     return [(printable(e["what"]), e["archive"].numpy().tobytes()) for e in entries]
 
 
+def _range_ends_of_child(handed: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The runs at the ends of the ranges a child handed back (``keep_range_ends``): each the index of its run in
+    the report, its inputs and its outputs, plain tensors; refused otherwise."""
+    entries = handed.get("range_ends", [])
+
+    def plain(entry: Any) -> bool:
+        if not isinstance(entry, dict) or set(entry) != {"index", "args", "kwargs", "outputs"}:
+            return False
+        args, kwargs, outputs = entry["args"], entry["kwargs"], entry["outputs"]
+        return (
+            type(entry["index"]) is int and isinstance(args, list) and isinstance(kwargs, dict)
+            and all(isinstance(k, str) for k in kwargs) and isinstance(outputs, list)
+            and all(isinstance(t, torch.Tensor) for t in (*pytree.tree_leaves((args, kwargs)), *outputs))
+        )  # fmt: skip
+
+    if not isinstance(entries, list) or len(entries) > len(RANGE_END_NAMES) or not all(map(plain, entries)):
+        raise IsolationError(f"{where}: the child process handed back runs at the ends of the ranges that are not "
+                             "plain tensors")  # fmt: skip
+    return entries
+
+
+def _compare_range_ends(
+    report: VerifyReport,
+    entries: list[dict[str, Any]],
+    expected_module: Callable[..., Any],
+    given: tuple[Sequence[Any], dict[str, Any]],
+    mode: str,
+    atol: Tolerance,
+    rtol: Tolerance,
+    stat: str,
+    *,
+    where: str,
+) -> None:
+    """The child's runs at the ends of the ranges compared with ``expected_module``'s outputs on the same inputs,
+    into the report. The inputs come from the child: each must be tensors like the ``given`` inputs (as many, the
+    same dtypes and ranks, on their devices) and, by default, within the cost rule of
+    :mod:`~trt_inline.verify.range_ends`; else the child misbehaved (:class:`IsolationError`)."""
+    given_bytes = sum(t.numel() * t.element_size() for t in pytree.tree_leaves(given) if isinstance(t, torch.Tensor))
+    budget = max(range_ends.GROWTH * given_bytes, range_ends.SMALL_BYTES) if mode == "auto" else None
+    seen: set[int] = set()
+    for entry in entries:
+        leaves, spec = pytree.tree_flatten((entry["args"], entry["kwargs"]))
+        index = entry["index"]
+        # (keywords in the order the child's call has them)
+        same_keywords = set(entry["kwargs"]) == set(given[1])
+        ordered = {key: given[1][key] for key in entry["kwargs"]} if same_keywords else {}
+        given_leaves = pytree.tree_leaves((list(given[0]), ordered))
+        alike = (
+            same_keywords
+            and len(leaves) == len(given_leaves)
+            and all(
+                isinstance(want, torch.Tensor) and got.dtype == want.dtype and got.dim() == want.dim()
+                for got, want in zip(leaves, given_leaves, strict=False)
+            )
+        )
+        size = sum(t.numel() * t.element_size() for t in leaves)
+        if not alike or not 0 <= index < len(report.range_end_runs) or index in seen or (budget and size > budget):
+            raise IsolationError(f"{where}: the child process handed back inputs at the ends of the ranges unlike "
+                                 "the given inputs")  # fmt: skip
+        seen.add(index)
+        moved = [got.to(want.device) for got, want in zip(leaves, given_leaves, strict=True)]
+        args, kwargs = pytree.tree_unflatten(moved, spec)
+        problem = _module_differs(entry["outputs"], expected_module, args, kwargs, atol, rtol, stat)
+        run = report.range_end_runs[index]
+        run.update(compared=True, ok=bool(run["ok"]) and problem is None, problem=problem or run.get("problem"))
+        if problem is not None:
+            symbols = ", ".join(f"{name}={value}" for name, value in run["symbols"].items())
+            report.problems.append(f"at the {run['end']} of its dynamic ranges ({symbols}; sizes {run['sizes']}): "
+                                   f"{problem}")  # fmt: skip
+
+
 def _write_extract(report: VerifyReport, repro: list[Any], folder: str | os.PathLike[str], native_code: bool) -> None:
     """Write what ``extract`` found (or say why nothing) into the report's notes."""
     if not repro:
@@ -459,6 +550,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     kept: list[Any] | None = [] if arguments.get("keep_outputs") else None
     kept_reference: list[ReferenceIO] | None = [] if arguments.get("keep_reference") else None
     repro: list[Any] | None = [] if arguments.get("extract") else None
+    kept_ends: list[dict[str, Any]] | None = [] if arguments.get("keep_range_ends") else None
     with allowed_ops.allowing(
         arguments["allow_ops"], native_code=arguments["allow_native_code"], collectives=rank_relay.client() is not None
     ):
@@ -477,6 +569,7 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             per_engine=arguments["per_engine"],
             random_inputs=arguments["random_inputs"],
             seed=arguments["seed"],
+            range_ends=arguments["range_ends"],
             save_outputs=None,
             allow_pickle=arguments["allow_pickle"],
             allow_native_code=arguments["allow_native_code"],
@@ -486,11 +579,14 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
             repro=repro,
             top_k=arguments.get("top_k"),
             min_top_k_agreement=arguments.get("min_top_k_agreement"),
+            kept_range_ends=kept_ends,
         )
     if arguments["label"]:
         report.expected_source = arguments["label"]
-    if kept is not None or kept_reference or repro:
+    if kept is not None or kept_reference or repro or kept_ends:
         handed: dict[str, Any] = {"outputs": kept or []}
+        if kept_ends:
+            handed["range_ends"] = kept_ends
         if kept_reference:
             handed["reference"] = reference_payload(kept_reference[0])
         if repro:
@@ -502,22 +598,37 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     return report.to_dict()
 
 
-def inspect_job(arguments: dict[str, Any], tensors: Any) -> list[str]:
-    """The ``inspect`` table of a file, line by line, inside the child process (its program loaded without weights)."""
+def inspect_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:
+    """The ``inspect`` table of a file, line by line, and what its TensorRT engines need, inside the child process
+    (its program loaded without weights; its engines' infos read as data first, nothing deserialized)."""
+    from trt_inline.archive.engine_info import read_engine_infos
+    from trt_inline.verify.engine_needs import engine_lines
     from trt_inline.verify.graph_table import describe_file
 
+    _, infos = read_engine_infos(arguments["path"], allow_pickle=arguments["allow_pickle"])
+    needs, engines = engine_lines(infos), [info.to_wire() for info in infos]
+    if infos and not arguments["allow_native_code"]:
+        return {"lines": [*needs, "engines and fallbacks are shown with --allow-native-code: loading the program "
+                          "deserializes its TensorRT engines (native code; only for a file from a trusted source)"],
+                "engines": engines}  # fmt: skip
     # Collectives, and ATen operators verify refuses for what they compute, are shown, not run: inspect runs
     # nothing. What verify would refuse is said first.
     with allowed_ops.allowing((), collectives=True), allowed_ops.showing_refusals() as refused:
-        loaded = open_file(
-            arguments["path"],
-            allow_pickle=arguments["allow_pickle"],
-            allow_native_code=arguments["allow_native_code"],
-            allow_ops=arguments["allow_ops"],
-            weights=False,
-        )
+        try:
+            loaded = open_file(
+                arguments["path"],
+                allow_pickle=arguments["allow_pickle"],
+                allow_native_code=arguments["allow_native_code"],
+                allow_ops=arguments["allow_ops"],
+                weights=False,
+            )
+        except VerifyInputError as exc:  # (its engines' needs are still worth showing: why it does not load here)
+            if not infos:
+                raise
+            return {"lines": [*needs, f"the program was not loaded here: {first_line(exc)}"], "engines": engines}
         table = describe_file(loaded).split("\n")
-    return [f"warning: verify refuses this file: a node or engine step {why}" for why in dict.fromkeys(refused)] + table
+    warnings = [f"warning: verify refuses this file: a node or engine step {why}" for why in dict.fromkeys(refused)]
+    return {"lines": warnings + table + needs, "engines": engines}
 
 
 def _verify_here(
@@ -538,6 +649,7 @@ def _verify_here(
     save_outputs: str | os.PathLike[str] | None,
     allow_pickle: bool,
     allow_native_code: bool,
+    range_ends: str = "auto",
     recorded: list[EngineBoundary] | None = None,
     kept: list[Any] | None = None,
     kept_reference: list[ReferenceIO] | None = None,
@@ -545,9 +657,11 @@ def _verify_here(
     top_k: int | None = None,
     min_top_k_agreement: float | None = None,
     expected_tree: OutputTree | None = None,
+    kept_range_ends: list[dict[str, Any]] | None = None,
 ) -> VerifyReport:
     """:func:`verify` in this process; ``kept`` receives the outputs, ``kept_reference`` the run with its
-    boundaries, ``repro`` the divergent engine or region as a program of its own (for the parent to write)."""
+    boundaries, ``repro`` the divergent engine or region as a program of its own (for the parent to write),
+    ``kept_range_ends`` the runs at the ends of the ranges (for the parent to compare with its module)."""
     with contextlib.ExitStack() as cleanup:
         loaded: LoadedFile | None = None
         program: ExportedProgram | None
@@ -683,7 +797,14 @@ def _verify_here(
             kept.extend(tensors_only(got, "outputs"))
         if kept_reference is not None:
             kept_reference.append(_recorded_run(module, runnable, args, kwargs, device, report.source))
+        rank_file = (
+            in_process_rank_file
+            or rank_relay.client() is not None
+            or (loaded is not None and loaded.manifest_text is not None)
+        )
         if want is None:  # (inputs alone: nothing to compare with)
+            _range_end_runs(report, program, runnable, (args, kwargs), range_ends, seed, device, run.outputs, None,
+                            atol, rtol, stat, sightings, rank_file=rank_file)  # fmt: skip
             if random_inputs:
                 _random_runs(report, program, runnable, (args, kwargs), random_inputs, seed, device, None, atol, rtol,
                              stat, sightings)  # fmt: skip
@@ -719,6 +840,9 @@ def _verify_here(
                     raise
                 # Asked for nothing more than outputs: their mismatch stands, with why engines could not be compared.
                 report.notes.append(f"engine by engine comparison not possible: {exc}")
+        _range_end_runs(report, program, runnable, (args, kwargs), range_ends, seed, device, run.outputs,
+                        expected_module, atol, rtol, stat, sightings, rank_file=rank_file,
+                        kept=kept_range_ends)  # fmt: skip
         if random_inputs:
             _random_runs(
                 report, program, runnable, (args, kwargs), random_inputs, seed, device, expected_module, atol, rtol,
@@ -1021,16 +1145,7 @@ def _random_runs(
             elif bad:
                 problem = f"NaN or Inf in output {', '.join(bad)}"
             elif expected_module is not None:
-                with normal_call(), buffers_restored(expected_module) as restored:
-                    want = tensors_only(restored.apart(expected_module(*draw.args, **draw.kwargs)), "expected outputs")
-                differ = [
-                    c.problem
-                    for i, (got, ref) in enumerate(zip(outputs, want, strict=False))
-                    if (c := compare_output(i, got, ref, tolerance_for(atol, i), tolerance_for(rtol, i), stat)).problem
-                ]
-                if len(outputs) != len(want):
-                    differ.append(f"{len(outputs)} outputs, the module {len(want)}")
-                problem = "; ".join(p for p in differ if p) or None
+                problem = _module_differs(outputs, expected_module, draw.args, draw.kwargs, atol, rtol, stat)
         run = {"iteration": iteration, "sizes": draw.shapes(), "symbols": draw.symbols}
         report.random_runs.append({**run, "ok": problem is None, "problem": problem})
         if problem is not None:
@@ -1043,6 +1158,147 @@ def _random_runs(
         "give finite outputs, nothing more: one file has no reference outputs for them, so a wrong value (a fault "
         "that shows only at other sizes) passes; trt-inline diff A B --random-inputs N compares two files on them"
     )
+
+
+def _module_differs(
+    outputs: Sequence[Any],
+    expected_module: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    atol: Tolerance,
+    rtol: Tolerance,
+    stat: str,
+) -> str | None:
+    """How ``outputs`` differ from what ``expected_module`` returns for the same inputs; None where they agree."""
+    with normal_call(), buffers_restored(expected_module) as restored:
+        want = tensors_only(restored.apart(expected_module(*args, **kwargs)), "expected outputs")
+    differ = [
+        c.problem
+        for i, (got, ref) in enumerate(zip(outputs, want, strict=False))
+        if (c := compare_output(i, got, ref, tolerance_for(atol, i), tolerance_for(rtol, i), stat)).problem
+    ]
+    if len(outputs) != len(want):
+        differ.append(f"{len(outputs)} outputs, the module {len(want)}")
+    return "; ".join(p for p in differ if p) or None
+
+
+def _range_end_runs(
+    report: VerifyReport,
+    program: ExportedProgram | None,
+    runnable: Callable[..., Any],
+    sample: tuple[Sequence[Any], dict[str, Any]],
+    mode: str,
+    seed: int,
+    device: str | None,
+    baseline: Sequence[Any],
+    expected_module: Callable[..., Any] | None,
+    atol: Tolerance,
+    rtol: Tolerance,
+    stat: str,
+    sightings: list[Sightings],
+    *,
+    rank_file: bool,
+    kept: list[dict[str, Any]] | None = None,
+) -> None:
+    """Runs at the ends of the program's declared dynamic ranges (:mod:`~trt_inline.verify.range_ends`), beside the
+    run on ``sample`` whose outputs were ``baseline``.
+
+    Each run's values are held to their declarations and its sightings appended to ``sightings``
+    (:func:`~trt_inline.verify.garbage.garbage_warnings`). Its outputs are compared with ``expected_module`` (in
+    this process) where given; with ``kept`` (a child whose parent has the module) its inputs and outputs are
+    appended there for the parent to compare (:func:`_compare_range_ends`); else NaN or Inf in an output that had
+    none on ``sample`` is a problem.
+    """
+    if program is None or mode == "off" or not range_ends.is_dynamic(program):
+        return  # (a package without its program has no ranges to read; a static program has no ends)
+    if rank_file or (isinstance(runnable, torch.nn.Module) and collectives_of(runnable)):
+        # (every rank would have to make the same runs, and a TensorRT engine's collectives are inside its plan)
+        why = "the file is one rank of a rank set" if rank_file else "the program calls collectives"
+        report.notes.append(f"not run at the ends of its dynamic ranges: {why}, whose ranks would all have to make "
+                            "the same runs")  # fmt: skip
+        return
+    plan = range_ends.plan(program, sample, seed, mode)
+    report.notes += plan.notes
+    made: list[range_ends.End] = []
+    for index, end in enumerate(plan.ends):
+        progress.report("running at the ends of the dynamic ranges", (index + 1, len(plan.ends)))
+        draw = end.draw
+        problem = None
+        try:
+            run_name = f"on the inputs at the {end.name} of its dynamic ranges"
+            ran = run_on(runnable, draw.args, draw.kwargs, device, run_name=run_name)
+        except RefusedOperatorError:
+            raise  # (a call its values made unsafe to run: refused as the file's operators are)
+        except VerifyInputError as exc:
+            if is_allocation_failure(exc):  # (the limit of this process, not the program: said, not failed)
+                report.notes.append(f"not run at the {end.label}: out of memory ({first_line(exc)})")
+                continue
+            problem = f"rejected inputs within its declared ranges: {exc}"
+        else:
+            report.warnings += [w for w in ran.warnings if w not in report.warnings]
+            report.notes += [n for n in ran.notes if n not in report.notes]
+            if ran.sightings is not None:
+                sightings.append(ran.sightings)
+            if ran.problems:
+                problem = "; ".join(ran.problems)
+            elif expected_module is not None:
+                problem = _module_differs(ran.outputs, expected_module, draw.args, draw.kwargs, atol, rtol, stat)
+            elif kept is not None:
+                outputs = tensors_only(ran.outputs, "outputs")
+                kept.append({"index": len(report.range_end_runs), "args": draw.args, "kwargs": draw.kwargs,
+                             "outputs": outputs})  # fmt: skip
+            else:
+                problem = _new_nonfinite(ran.outputs, baseline)
+        made.append(end)
+        report.range_end_runs.append({
+            "end": end.name, "sizes": draw.shapes(), "symbols": draw.symbols, "ok": problem is None,
+            "problem": problem, "compared": expected_module is not None,
+        })  # fmt: skip
+        if problem is not None:
+            report.problems.append(f"at the {end.where}: {problem}")
+    if made:
+        how = _range_ends_checked(report.expected_source, expected_module is not None, kept is not None)
+        report.notes.append(plan.summary(how, made))
+
+
+def _range_ends_checked(expected_source: str, compared: bool, handed_back: bool) -> str:
+    """How the runs at the ends of the ranges were checked, and why not compared where they were not."""
+    if compared:
+        return "each compared with expected_module"
+    if handed_back:
+        return "each compared with expected_module in the calling process, on the inputs and outputs handed back"
+    if expected_source == "embedded":
+        why = "the file records outputs at its reference inputs alone"
+    elif expected_source.startswith("from "):
+        why = f"{expected_source.removeprefix('from ')} records outputs at its reference inputs alone"
+    elif expected_source == "given":
+        why = "the expected outputs given are those of the given inputs alone"
+    else:
+        why = "there are no expected outputs"
+    return (
+        "each checked against its declarations, for garbage, and for NaN or Inf where its outputs on the reference "
+        f"inputs have none; not compared: {why} (trt-inline diff A B compares two saves there, expected_module a "
+        "module)"
+    )
+
+
+def _new_nonfinite(outputs: Sequence[Any], baseline: Sequence[Any]) -> str | None:
+    """NaN or Inf in an output where the same output on the reference inputs had none (an infinity may be a value,
+    a mask of -inf, where it is one there too); None where there is none."""
+    found = []
+    for index, value in enumerate(outputs):
+        if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
+            continue
+        before = baseline[index] if index < len(baseline) else None
+        if not isinstance(before, torch.Tensor) or not (before.is_floating_point() or before.is_complex()):
+            before = None
+        for kind, test in (("NaN", torch.isnan), ("Inf", torch.isinf)):
+            if bool(test(value).any()) and not (before is not None and bool(test(before).any())):
+                found.append(f"{kind} in output {index}")
+    problems = [f"{', '.join(found)}, where its outputs on the reference inputs have none"] if found else []
+    if len(outputs) != len(baseline):
+        problems.append(f"{len(outputs)} outputs, {len(baseline)} on the reference inputs")
+    return "; ".join(problems) or None
 
 
 def _finite(value: Any) -> bool:

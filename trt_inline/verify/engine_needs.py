@@ -1,0 +1,144 @@
+"""What a file's TensorRT engines need, shown (``inspect``) and checked against a machine (``trt-inline check``).
+
+The engine infos are read in the sandboxed child, as every file is
+(:func:`needs_job`: :mod:`trt_inline.archive.engine_info`, nothing
+deserialized), handed back as data and read strictly here
+(:meth:`~trt_inline.deployment.EngineInfo.from_wire`); the checks
+(:mod:`trt_inline.deployment`) run in this process, against this machine or a
+described one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from trt_inline.deployment import EngineInfo, Machine, engine_problems, releases_of_abi
+from trt_inline.errors import IsolationError
+from trt_inline.formats import format_size
+
+__all__ = ["CheckReport", "check_engines", "engine_lines", "needs_job"]
+
+
+def needs_job(arguments: dict[str, Any], tensors: Any) -> list[dict[str, Any]]:
+    """The engine infos of a file, inside the child process (``check``)."""
+    from trt_inline.archive.engine_info import read_engine_infos
+
+    _, infos = read_engine_infos(arguments["path"], allow_pickle=bool(arguments["allow_pickle"]))
+    return [info.to_wire() for info in infos]
+
+
+def infos_of_child(value: Any, where: str) -> list[EngineInfo]:
+    """The engine infos a child handed back, read strictly."""
+    if not isinstance(value, list) or len(value) > 4096:
+        raise IsolationError(f"{where}: the child process handed back engine infos that are not a list")
+    try:
+        return [EngineInfo.from_wire(item) for item in value]
+    except ValueError as exc:
+        raise IsolationError(f"{where}: the child process handed back a malformed engine info ({exc})") from None
+
+
+def engine_lines(infos: list[EngineInfo]) -> list[str]:
+    """``inspect``'s table of what each engine needs: one row per engine, aligned, then its bindings and flags."""
+    if not infos:
+        return []
+    header = ("engine", "runtime ABI (releases)", "built on", "hw-compatible", "platform", "output allocator",
+              "multi-device", "plan")  # fmt: skip
+    rows = [header]
+    for info in infos:
+        device = info.device
+        found = releases_of_abi(info.abi)
+        rows.append((
+            info.where,
+            f"{info.abi} ({found[0]}{' ... ' + found[-1] if len(found) > 1 else ''})" if found else f"{info.abi} (?)",
+            device.describe() if device is not None else (info.fields.get("device") or "?"),
+            _yes(info.flag("hardware_compatible")),
+            info.platform or "?",
+            _yes(info.flag("output_allocator")),
+            _yes(info.flag("multi_device")),
+            format_size(info.engine_bytes),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["what each engine needs (read from the file as data; nothing deserialized):"]
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+              for row in rows]  # fmt: skip
+    for info in infos:
+        settings = info.metadata.get("settings", {}) if isinstance(info.metadata, dict) else {}
+        flags = ", ".join(f"{key}={value}" for key, value in settings.items()) if isinstance(settings, dict) else ""
+        lines.append(
+            f"  {info.where}: inputs {', '.join(info.inputs) or '-'}; outputs {', '.join(info.outputs) or '-'}; "
+            f"metadata {info.metadata_note or 'none'}{'; ' + flags if flags else ''}"
+        )
+        lines += [f"  {info.where}: {problem}" for problem in info.problems]
+    return lines
+
+
+def _yes(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "no"
+
+
+@dataclass
+class CheckReport:
+    """``trt-inline check``: each engine, what would keep it from running on ``machine``, what was not checked."""
+
+    path: str
+    machine: Machine
+    engines: list[EngineInfo] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_text(self) -> str:
+        if not self.engines:
+            return f"{self.path}: no TensorRT engine: nothing of it depends on {self.machine.what}'s GPU or runtime"
+        unchecked = self.machine.unchecked()
+        tail = f" (not checked: {', '.join(unchecked)}: not described)" if unchecked else ""
+        count = len(self.engines)
+        engines = "its engine" if count == 1 else f"its {count} engines"
+        if self.ok:
+            return f"{self.path}: {engines} can run on {self.machine.what}{tail}"
+        reasons = "1 reason" if len(self.problems) == 1 else f"{len(self.problems)} reasons"
+        summary = f"{self.path}: {reasons} {engines} would not run on {self.machine.what}{tail}"
+        return "\n".join([*self.problems, summary])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "machine": self.machine.to_dict(),
+            "ok": self.ok,
+            "engines": [info.to_dict() for info in self.engines],
+            "problems": self.problems,
+            "unchecked": self.machine.unchecked(),
+        }
+
+
+def check_engines(
+    path: str | os.PathLike[str],
+    machine: Machine | None = None,
+    *,
+    allow_pickle: bool = False,
+    sandbox: bool = True,
+    timeout: float | None = None,
+    memory_limit: int | str | None = None,
+) -> CheckReport:
+    """Whether every TensorRT engine of ``path`` would run on ``machine`` (default: this one), read in a
+    sandboxed child and checked here, before anything native runs anywhere."""
+    from trt_inline.archive.reader import check_path
+    from trt_inline.deployment import this_machine
+    from trt_inline.isolation import Limits, run_isolated
+
+    where = os.fspath(path)
+    check_path(where)
+    arguments = {"path": where, "allow_pickle": allow_pickle}
+    limits = Limits.for_file(where, timeout, memory_limit)
+    result = run_isolated(
+        "needs", arguments, None, limits, where=where, files=(where,), sandbox=sandbox, imports=allow_pickle
+    )
+    infos = infos_of_child(result.value, where)
+    target = machine if machine is not None else this_machine()  # (after the child: nothing forks from here on)
+    report = CheckReport(where, target, infos)
+    report.problems = [problem for info in infos for problem in engine_problems(info, target)]
+    return report
