@@ -147,6 +147,39 @@ def python_path(*first: str | Path) -> str:
     return os.pathsep.join(dict.fromkeys([*map(str, first), str(REPO), *given]))
 
 
+# How the tests start processes of their own:
+# - new_interpreter: ``python ARGS`` started anew, for what happens while an interpreter starts (``import torch``
+#   and its entry points, the hash seed, what start-up prints), for the ``trt-inline`` command and the scripts as
+#   users run them, and for jobs (torchrun) that are processes of their own by nature;
+# - run_forked (and run_forked_each, load_runs_in_fresh_process): code that needs only a process of its own,
+#   forked from a clean interpreter of this test worker that has imported torch and nothing else it would not;
+# - the package's own ``reusing_interpreter`` (the fixture below) forks the verify/inspect/diff children only:
+#   its interpreter runs the sandboxed child's entry point and nothing else, so no test code goes through it.
+
+
+def new_interpreter(
+    *arguments: str | Path,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 600,
+    merged: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGUMENTS`` (``-c CODE ...``, ``-m MODULE ...`` or a script) in a new interpreter: its exit status,
+    stdout and stderr as text (stderr into stdout with ``merged``). ``env``: its whole environment (None: this
+    process's). Past ``timeout`` seconds it is killed and ``subprocess.TimeoutExpired`` raised.
+    """
+    return subprocess.run(
+        [sys.executable, *map(str, arguments)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
+
+
 # Loads each saved file in a process that has imported nothing but torch and the
 # named modules, runs it on each stored input set and writes the outputs back. An
 # AOTInductor package is loaded with trt_inline.package.load_package.
@@ -341,6 +374,64 @@ def run_forked(
     return subprocess.CompletedProcess(["python", "-c", code, *arguments], status, stdout, stderr)
 
 
+# Runs `code` once per argument list, each time in a fork of one process that has imported the modules `code`
+# imports first anyway: what a new `python -c code args` gives, without those imports per case. (For modules on a
+# path of the test's own, a package built in tmp_path: the worker's interpreter cannot import them beforehand.)
+_FORKS = """
+import importlib, json, os, sys, traceback
+import torch
+
+code, argument_lists = sys.argv[1], json.loads(sys.argv[2])
+for name in sys.argv[3:]:
+    importlib.import_module(name)
+results = []
+for arguments in argument_lists:
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        sys.argv = ["-c", *arguments]
+        status = 0
+        try:
+            exec(compile(code, "<case>", "exec"), {"__name__": "__main__"})
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        output = pipe.read()
+    results.append([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), output])
+print(json.dumps(results))
+"""
+
+
+def run_forked_each(
+    code: str,
+    argument_lists: Sequence[Sequence[str]],
+    folder: Path,
+    *,
+    env: dict[str, str],
+    imports: Sequence[str],
+    preload: Sequence[str] = (),
+    path: Sequence[str | Path] = (),
+) -> list[tuple[int, str]]:
+    """:func:`run_forked` of ``code`` for each of ``argument_lists``, stdout and stderr together: ``[(exit status,
+    output)]``. The child :func:`run_forked` forks imports ``imports`` (modules on ``path``) once, then forks a child
+    of its own for each argument list.
+    """
+    arguments = [code, json.dumps([list(a) for a in argument_lists]), *imports]
+    proc = run_forked(_FORKS, arguments, folder, env=env, preload=preload, path=path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [(status, output) for status, output in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
 def load_runs_in_fresh_process(
     tmp_path: Path,
     paths: Sequence[Path],
@@ -467,3 +558,37 @@ def saved_and_loaded(program: torch.export.ExportedProgram) -> torch.export.Expo
     loaded.graph_module.graph.lint()
     assert [n.name for n in loaded.graph.nodes if n.op == "call_module"] == []
     return loaded
+
+
+def assert_loads_bitwise(
+    compiled: torch.fx.GraphModule,
+    program: torch.export.ExportedProgram,
+    input_sets: Sequence[Sequence[torch.Tensor]],
+    *,
+    equal_nan: bool = False,
+) -> torch.export.ExportedProgram:
+    """``program`` through :func:`saved_and_loaded`: on each of ``input_sets`` its outputs are ``compiled``'s,
+    bitwise (NaN equal to NaN with ``equal_nan``). Returns the loaded program."""
+    loaded = saved_and_loaded(program)
+    run = loaded.module()
+    for inputs in input_sets:
+        with torch.no_grad():
+            expected, actual = compiled(*inputs), run(*inputs)
+        assert len(actual) == len(expected)
+        for got, want in zip(actual, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=equal_nan)
+    return loaded
+
+
+def engine_calls(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The calls of reference engines in ``program``'s graph, in graph order."""
+    return [node for node in program.graph.nodes if node.target is torch.ops.trt_inline.execute_engine.default]
+
+
+def engine_label(program: torch.export.ExportedProgram, index: int = 0) -> str:
+    """The submodule engine ``index``'s call names by its engine attribute (``_run_on_acc_5`` of
+    ``_run_on_acc_5_engine``), as reports name the engine."""
+    lifted = {spec.arg.name: str(spec.target) for spec in program.graph_signature.input_specs if spec.target}
+    label = trt_inline.engines.engine_submodule_name(engine_calls(program)[index], lifted)
+    assert label is not None and label.startswith("_run_on_acc_"), label
+    return label

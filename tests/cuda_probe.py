@@ -66,9 +66,14 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     (work / "tmp").mkdir()
     os.environ.update(isolation.process.child_environment(work))  # as a child gets them: TMPDIR its own folder, ...
     tempfile.tempdir = None
+    from trt_inline.messages import encode
+    from trt_inline.verify.jobs import InspectRequest
+    from trt_inline.verify.options import Trust
+
     request = {
         "job": ["trt_inline.verify.verifier", "inspect_job"],
-        "arguments": {"path": file, "allow_pickle": False, "allow_native_code": allow_native_code, "allow_ops": []},
+        "arguments": encode(InspectRequest.of(file, Trust(allow_native_code=allow_native_code))),
+        "native_code": allow_native_code,
         "memory": 2 << 30,
         "mapped": os.path.getsize(file),
         "files": [file],

@@ -8,10 +8,16 @@ peak memory.
 
 The traps: a marker file that code from the file would create, a secret file
 that a read would leak into the output, a victim file that a write would change.
+
+The other test files craft their files with the same helpers: reading, editing
+and writing archive entries (:func:`rewrite`, :class:`Plant`, :func:`torch_saved`)
+and the unusable files (:func:`truncated`, :func:`torchscript_archive`,
+:func:`tampered_reference_io`).
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -19,13 +25,14 @@ import pickle
 import struct
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trt_inline.archive import REFERENCE_IO_FILE
 from trt_inline.formats import PACKAGE_INFO_FILE
 
 SECRET = "s3cr3t-token-0f-the-user"
@@ -58,7 +65,12 @@ class Traps:
         return found
 
 
-class _Plant:
+# ---------------------------------------------------------------------------
+# Editing archives
+# ---------------------------------------------------------------------------
+
+
+class Plant:
     """Unpickled, it creates the marker file: the proof that code from the file ran."""
 
     def __init__(self, marker: Path) -> None:
@@ -68,14 +80,38 @@ class _Plant:
         return (os.system, (f"touch {self.marker}",))
 
 
-# ---------------------------------------------------------------------------
-# Editing archives
-# ---------------------------------------------------------------------------
+def torch_saved(value: object) -> bytes:
+    """``value`` as ``torch.save`` writes it."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def entry_named(names: Iterable[str], *suffixes: str) -> str:
+    """The first of ``names`` (an archive's entries) that ends with one of ``suffixes`` (the archive's root folder
+    differs between torch releases)."""
+    return next(name for name in names if name.endswith(suffixes))
+
+
+def model_json_entry(entries: dict[str, bytes]) -> str:
+    """The serialized program: ``models/model.json`` (torch 2.6+), ``serialized_exported_program.json`` (2.5)."""
+    return entry_named(entries, "models/model.json", "serialized_exported_program.json")
+
+
+def sample_inputs_entry(entries: dict[str, bytes]) -> str:
+    """The sample inputs, which torch.export.load unpickles: ``serialized_example_inputs.pt`` on torch 2.5."""
+    return entry_named(entries, "/data/sample_inputs/model.pt", "serialized_example_inputs.pt")
 
 
 def read_entries(source: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(source) as archive:
         return {name: archive.read(name) for name in archive.namelist()}
+
+
+def reference_io_text(source: Path) -> str:
+    """The reference I/O a save embedded (``extra/trt_inline_reference_io.b64``): to save again with a program."""
+    with zipfile.ZipFile(source) as archive:
+        return archive.read(entry_named(archive.namelist(), f"/{REFERENCE_IO_FILE}")).decode()
 
 
 def write_entries(
@@ -96,15 +132,10 @@ def write_entries(
     return target
 
 
-def _model_json(entries: dict[str, bytes]) -> str:
-    """The serialized program: ``models/model.json`` (torch 2.6+), ``serialized_exported_program.json`` (2.5)."""
-    return next(name for name in entries if name.endswith(("models/model.json", "serialized_exported_program.json")))
-
-
 def edit_program(source: Path, target: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
     """Rewrite the serialized ExportedProgram (``models/model.json``) with ``edit``."""
     entries = read_entries(source)
-    name = _model_json(entries)
+    name = model_json_entry(entries)
     document = json.loads(entries[name])
     edit(document)
     entries[name] = json.dumps(document).encode()
@@ -138,6 +169,38 @@ def add_steps(program: dict[str, Any], *steps: tuple[Any, ...]) -> None:
 def _first_value(program: dict[str, Any]) -> int:
     """Reference number of the step results appended next."""
     return int(program["inputs"]) + len(program["weights"]) + len(program["steps"])
+
+
+def rewrite(source: Path, target: Path, edit: Callable[[dict[str, bytes]], None]) -> Path:
+    """Copy an archive entry by entry, letting ``edit`` change the {name: bytes} map (order kept)."""
+    entries = read_entries(source)
+    edit(entries)
+    return write_entries(target, entries)
+
+
+# ---------------------------------------------------------------------------
+# Unusable files the other tests share
+# ---------------------------------------------------------------------------
+
+
+def truncated(source: Path, target: Path, fraction: float) -> Path:
+    """The first ``fraction`` of ``source``'s bytes."""
+    data = source.read_bytes()
+    target.write_bytes(data[: int(len(data) * fraction)])
+    return target
+
+
+def torchscript_archive(target: Path) -> Path:
+    """A TorchScript archive (``torch.jit.save``): a zip file, but no ExportedProgram."""
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(target))
+    return target
+
+
+def tampered_reference_io(source: Path, target: Path, marker: Path) -> Path:
+    """``source`` with its reference I/O replaced by a pickle that would create ``marker`` if unpickled."""
+    payload = base64.b64encode(pickle.dumps({"version": 1, "args": [Plant(marker)]})).decode()
+    torch.export.save(torch.export.load(source), target, extra_files={REFERENCE_IO_FILE: payload})
+    return target
 
 
 # ---------------------------------------------------------------------------
@@ -232,32 +295,21 @@ def _tensorrt_engine(good: Path, out: Path, traps: Traps) -> Path:
     return edit_program(good, out, edit)
 
 
-def _torch_saved(value: object) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _sample_inputs(entries: dict[str, bytes]) -> str:
-    """The sample inputs, which torch.export.load unpickles: ``serialized_example_inputs.pt`` on torch 2.5."""
-    return next(name for name in entries if name.endswith(("sample_inputs/model.pt", "serialized_example_inputs.pt")))
-
-
 def _legacy_stream(good: Path, out: Path, traps: Traps) -> Path:
     """Sample inputs as a legacy torch.save stream: the magic number's pickle first, the payload later."""
     entries = read_entries(good)
     buffer = io.BytesIO()
-    torch.save(_Plant(traps.marker), buffer, _use_new_zipfile_serialization=False)
-    entries[_sample_inputs(entries)] = buffer.getvalue()
+    torch.save(Plant(traps.marker), buffer, _use_new_zipfile_serialization=False)
+    entries[sample_inputs_entry(entries)] = buffer.getvalue()
     return write_entries(out, entries)
 
 
 def _duplicate_names(good: Path, out: Path, traps: Traps) -> Path:
     """Two sample-input entries: torch's reader takes the first (planted), Python's zipfile the last (benign)."""
     entries = read_entries(good)
-    name = _sample_inputs(entries)
+    name = sample_inputs_entry(entries)
     planted = io.BytesIO()
-    torch.save(_Plant(traps.marker), planted)
+    torch.save(Plant(traps.marker), planted)
     items = [(n, d) for n, d in entries.items() if n != name]
     import warnings
 
@@ -270,8 +322,8 @@ def _two_central_directories(good: Path, out: Path, traps: Traps) -> Path:
     """A second archive appended whose end record points at the first one's directory offsets, shifted."""
     planted_entries = read_entries(good)
     planted = io.BytesIO()
-    torch.save(_Plant(traps.marker), planted)
-    planted_entries[_sample_inputs(planted_entries)] = planted.getvalue()
+    torch.save(Plant(traps.marker), planted)
+    planted_entries[sample_inputs_entry(planted_entries)] = planted.getvalue()
     evil = write_entries(out.with_suffix(".evil"), planted_entries).read_bytes()
     benign = good.read_bytes()
     out.write_bytes(evil + benign)  # zipfile reads the benign archive as "prepended data" + archive
@@ -285,7 +337,7 @@ def _bytes_between_entries(good: Path, out: Path, traps: Traps) -> Path:
     end = data.rfind(b"PK\x05\x06")
     cd_offset = struct.unpack("<I", data[end + 16 : end + 20])[0]
     hidden = io.BytesIO()
-    torch.save(_Plant(traps.marker), hidden)
+    torch.save(Plant(traps.marker), hidden)
     padding = hidden.getvalue()
     tail = data[cd_offset:]
     new_offset = cd_offset + len(padding)
@@ -304,7 +356,7 @@ def _bytes_between_entries(good: Path, out: Path, traps: Traps) -> Path:
 def _program_in_utf16(good: Path, out: Path, traps: Traps) -> Path:
     """A program this check and torch's reader would decode differently: refused, not left to torch."""
     entries = read_entries(good)
-    name = _model_json(entries)
+    name = model_json_entry(entries)
     entries[name] = entries[name].decode().encode("utf-16")
     return write_entries(out, entries)
 
@@ -357,7 +409,7 @@ def _split_zip_bomb(good: Path, out: Path, traps: Traps) -> Path:
 def _escape_in_entry_name(good: Path, out: Path, traps: Traps) -> Path:
     entries = read_entries(good)
     planted = io.BytesIO()
-    torch.save(_Plant(traps.marker), planted)
+    torch.save(Plant(traps.marker), planted)
     entries[f"archive/extra/{ESCAPE}.pkl"] = planted.getvalue()
     return write_entries(out, entries)
 
@@ -387,7 +439,7 @@ def _escape_in_package_entry(good: Path, out: Path, traps: Traps) -> Path:
 
 def _deep_nesting(good: Path, out: Path, traps: Traps) -> Path:
     entries = read_entries(good)
-    entries[_model_json(entries)] = b"[" * 200_000 + b"]" * 200_000
+    entries[model_json_entry(entries)] = b"[" * 200_000 + b"]" * 200_000
     return write_entries(out, entries)
 
 
@@ -412,10 +464,10 @@ def _zip(entries: list[tuple[str, bytes]]) -> bytes:
 def _case_folded_pickle(good: Path, out: Path, traps: Traps) -> Path:
     """Sample inputs whose torch.save archive holds ``DATA.PKL`` (planted) beside ``data.pkl``: miniz finds either."""
     entries = read_entries(good)
-    name = _sample_inputs(entries)
+    name = sample_inputs_entry(entries)
     nested = _nested_entries(entries[name])
     root = nested[0][0].partition("/")[0]
-    planted = dict(_nested_entries(_torch_saved(_Plant(traps.marker))))
+    planted = dict(_nested_entries(torch_saved(Plant(traps.marker))))
     evil = next(data for entry, data in planted.items() if entry.endswith("/data.pkl"))
     entries[name] = _zip([(f"{root}/DATA.PKL", evil), *nested])
     return write_entries(out, entries)
@@ -424,17 +476,15 @@ def _case_folded_pickle(good: Path, out: Path, traps: Traps) -> Path:
 def _case_folded_entry(good: Path, out: Path, traps: Traps) -> Path:
     """A second sample-inputs entry, named as the first but for case, holding a planted pickle."""
     entries = read_entries(good)
-    name = _sample_inputs(entries)
+    name = sample_inputs_entry(entries)
     folder, slash, base = name.rpartition("/")
-    return write_entries(
-        out, [(f"{folder}{slash}{base.upper()}", _torch_saved(_Plant(traps.marker))), *entries.items()]
-    )
+    return write_entries(out, [(f"{folder}{slash}{base.upper()}", torch_saved(Plant(traps.marker))), *entries.items()])
 
 
 def _second_program(good: Path, out: Path, traps: Traps) -> Path:
     """``models/evil.JSON``: torch deserializes it as a program too, sympifying its size expressions."""
     entries = read_entries(good)
-    name = _model_json(entries)
+    name = model_json_entry(entries)
     document = json.loads(entries[name])
     document["range_constraints"][f"__import__('os').system('touch {traps.marker}')"] = {"min_val": 2, "max_val": 8}
     folder = name.rpartition("/")[0] or "models"  # torch 2.5 ... 2.7 keep their program at the top level
@@ -445,14 +495,14 @@ def _second_program(good: Path, out: Path, traps: Traps) -> Path:
 def _older_layout(good: Path, out: Path, traps: Traps) -> Path:
     """torch 2.7's layout, whose loader unpickles ``serialized_constants.json`` with ``weights_only=False``."""
     entries = read_entries(good)
-    document = entries[_model_json(entries)]
+    document = entries[model_json_entry(entries)]
     return write_entries(
         out,
         [
             ("serialized_exported_program.json", document),
-            ("serialized_state_dict.pt", _torch_saved({})),
-            ("serialized_constants.json", pickle.dumps(_Plant(traps.marker))),
-            ("serialized_example_inputs.pt", entries[_sample_inputs(entries)]),
+            ("serialized_state_dict.pt", torch_saved({})),
+            ("serialized_constants.json", pickle.dumps(Plant(traps.marker))),
+            ("serialized_example_inputs.pt", entries[sample_inputs_entry(entries)]),
             ("version", b"8.20"),
         ],
     )
@@ -465,7 +515,7 @@ def _opaque_object(good: Path, out: Path, traps: Traps) -> Path:
     config = next((n for n in entries if n.endswith("_constants_config.json")), None)
     if config is None:
         name = next(n for n in entries if n.endswith(("data/constants/model.pt", "serialized_constants.pt")))
-        entries[name] = _torch_saved(_Plant(traps.marker))
+        entries[name] = torch_saved(Plant(traps.marker))
         return write_entries(out, entries)
     document = json.loads(entries[config])
     document["config"]["planted"] = {
@@ -475,7 +525,7 @@ def _opaque_object(good: Path, out: Path, traps: Traps) -> Path:
         "tensor_meta": None,
     }
     entries[config] = json.dumps(document).encode()
-    entries[f"{config.rpartition('/')[0]}/opaque_obj_0"] = pickle.dumps(_Plant(traps.marker))
+    entries[f"{config.rpartition('/')[0]}/opaque_obj_0"] = pickle.dumps(Plant(traps.marker))
     return write_entries(out, entries)
 
 

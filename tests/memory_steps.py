@@ -136,10 +136,12 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
 
             def action() -> Any:
                 from trt_inline.isolation import Limits, run_isolated
+                from trt_inline.verify.jobs import InspectRequest
+                from trt_inline.verify.options import Trust
 
-                arguments = {"path": str(path), "allow_pickle": False, "allow_native_code": False, "allow_ops": []}
+                request = InspectRequest.of(str(path), Trust())
                 limits = Limits.for_file(path, None, None)
-                return run_isolated("inspect", arguments, None, limits, where=str(path), files=(str(path),))
+                return run_isolated("inspect", request, None, limits, where=str(path), files=(str(path),))
 
         else:
 

@@ -6,9 +6,7 @@ The CLI runs in-process here (``trt_inline.cli.main``), so the table stays fast;
 
 from __future__ import annotations
 
-import base64
 import os
-import pickle
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SavedSeed
+from hostile import tampered_reference_io, torchscript_archive, truncated
 from models import ConvBnRelu
 
 import trt_inline
 from trt_inline import cli, reference
-from trt_inline.archive import REFERENCE_IO_FILE
 
 
 @dataclass
@@ -49,11 +47,7 @@ def files(saved_seed: SavedSeed) -> Files:
 
 
 def _truncated(fraction: float) -> Callable[[Files], list[str]]:
-    def make(f: Files) -> list[str]:
-        data = f.good.read_bytes()
-        return [f.written(f"truncated_{fraction}.pt2", data[: int(len(data) * fraction)])]
-
-    return make
+    return lambda f: [str(truncated(f.good, f.root / f"truncated_{fraction}.pt2", fraction))]
 
 
 def _zip_not_a_program(f: Files) -> list[str]:
@@ -64,21 +58,11 @@ def _zip_not_a_program(f: Files) -> list[str]:
 
 
 def _torchscript(f: Files) -> list[str]:
-    path = f.root / "script.pt"
-    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(path))
-    return [str(path)]
-
-
-class _Exploit:
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, ("echo exploited > exploited.txt",))
+    return [str(torchscript_archive(f.root / "script.pt"))]
 
 
 def _tampered(f: Files) -> list[str]:
-    path = f.root / "tampered.pt2"
-    payload = base64.b64encode(pickle.dumps({"version": 1, "args": [_Exploit()]})).decode()
-    torch.export.save(torch.export.load(f.good), path, extra_files={REFERENCE_IO_FILE: payload})
-    return [str(path)]
+    return [str(tampered_reference_io(f.good, f.root / "tampered.pt2", f.root / "exploited"))]
 
 
 def _with_inputs(name: str, inputs: Callable[[Files], object]) -> Callable[[Files], list[str]]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from conftest import SavedSeed, as_list
-from hostile import read_entries, write_entries
+from hostile import model_json_entry, read_entries, write_entries
 from models import ConvBnRelu, scalar_cases
 from test_scalars import compile_case
 
@@ -25,11 +24,9 @@ from trt_inline.archive.views import FileView
 
 
 def _program_entry(path: Path) -> tuple[str, bytes]:
-    with zipfile.ZipFile(path) as archive:
-        name = next(
-            n for n in archive.namelist() if n.endswith(("models/model.json", "serialized_exported_program.json"))
-        )
-        return name, archive.read(name)
+    entries = read_entries(path)
+    name = model_json_entry(entries)
+    return name, entries[name]
 
 
 def test_what_torch_loads_is_the_canonical_archive(

@@ -4,8 +4,6 @@ back with junitparser, a JUnit XML parser as CI systems use."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import re
@@ -20,8 +18,8 @@ from hypothesis import strategies as st
 from junitparser import Error, Failure, JUnitXml, Skipped
 from report_probe import report_of
 from test_compare_exact import DTYPES, _differ, _from_bytes
+from test_verify import cli
 
-from trt_inline.cli import main as cli_main
 from trt_inline.errors import VerifyInputError
 from trt_inline.verify import VerifyReport, verify
 from trt_inline.verify.cases import CaseResult, read_cases, worst_first
@@ -289,11 +287,8 @@ def test_cases_folder_worst_first_with_junit(saved_seed: SavedSeed, cases: Path,
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in this process (its child process still loads the file)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main([*args, "--memory-limit", "2GiB"])
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    """The CLI in this process (its child process still loads the file), ``diff`` too under a 2 GiB limit."""
+    return cli(*args, "--memory-limit", "2GiB")
 
 
 def test_an_unusable_case_is_one_line_naming_it(saved_seed: SavedSeed, cases: Path, tmp_path: Path) -> None:

@@ -16,13 +16,20 @@ import getpass
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed, as_list, load_runs_in_fresh_process, max_abs_diff, python_path
+from conftest import (
+    REPO,
+    SavedSeed,
+    as_list,
+    load_runs_in_fresh_process,
+    max_abs_diff,
+    new_interpreter,
+    python_path,
+)
 from models import RELU, ConvBnRelu, ScalarCase, TransformerBlock, scalar_cases
 from test_scalars import scalar_crossings
 
@@ -39,8 +46,7 @@ GELU = "torch.ops.aten.gelu.default"
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=python_path(TESTS))
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    return new_interpreter("-c", code, env=dict(os.environ, PYTHONPATH=python_path(TESTS)), timeout=300)
 
 
 # ---------------------------------------------------------------------------
@@ -268,10 +274,7 @@ cuda = pytest.mark.cuda
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=python_path())
-    return subprocess.run(
-        [sys.executable, "-m", "trt_inline", *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO
-    )
+    return new_interpreter("-m", "trt_inline", *args, env=dict(os.environ, PYTHONPATH=python_path()), cwd=REPO)
 
 
 @cuda

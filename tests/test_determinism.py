@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
-import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, python_path
+from conftest import REPO, new_interpreter, python_path
+from hostile import read_entries
 
 _SAVE = textwrap.dedent(
     """
@@ -36,11 +34,6 @@ _SAVE = textwrap.dedent(
 )
 
 
-def _entries(path: Path) -> dict[str, bytes]:
-    with zipfile.ZipFile(path) as archive:
-        return {name: archive.read(name) for name in archive.namelist()}
-
-
 @pytest.mark.parametrize("seeds", [("0", "1", "12345")])
 def test_saved_files_do_not_depend_on_hash_seed(tmp_path: Path, seeds: tuple[str, ...]) -> None:
     outputs = []
@@ -48,13 +41,7 @@ def test_saved_files_do_not_depend_on_hash_seed(tmp_path: Path, seeds: tuple[str
         folder = tmp_path / f"hashseed_{seed}"
         folder.mkdir()
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=python_path())
-        proc = subprocess.run(
-            [sys.executable, "-c", _SAVE, str(REPO / "tests"), str(folder)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
+        proc = new_interpreter("-c", _SAVE, REPO / "tests", folder, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs.append(proc.stdout)
     assert "execute_engine" in outputs[0]
@@ -62,9 +49,9 @@ def test_saved_files_do_not_depend_on_hash_seed(tmp_path: Path, seeds: tuple[str
 
     first = tmp_path / f"hashseed_{seeds[0]}"
     for path in sorted(first.glob("*.pt2")):
-        reference = _entries(path)
+        reference = read_entries(path)
         for seed in seeds[1:]:
-            other = _entries(tmp_path / f"hashseed_{seed}" / path.name)
+            other = read_entries(tmp_path / f"hashseed_{seed}" / path.name)
             assert sorted(other) == sorted(reference), path.name
             # Only torch.save's serialization id may differ between runs; today it does not either.
             differing = [n for n in reference if reference[n] != other[n] and not n.endswith("serialization_id")]

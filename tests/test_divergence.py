@@ -14,22 +14,20 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 import warnings
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import releases
 import torch
-from conftest import REPO
+from conftest import REPO, engine_calls, engine_label, new_interpreter
+from hostile import reference_io_text
 from models import Chain, CrossedHalves, HalfOverflow
 from test_verify import assert_unusable, cli
 
 import trt_inline
-from trt_inline import engines, formats
+from trt_inline import formats
 from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.archive.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.errors import SaveError, VerifyInputError
@@ -56,16 +54,6 @@ class Files:
     relu_fallbacks: list[str]
 
 
-def _extra(path: Path) -> str:
-    with zipfile.ZipFile(path) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(REFERENCE_IO_FILE))
-        return archive.read(name).decode()
-
-
-def _engine_nodes(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
-    return [n for n in program.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default]
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     root = tmp_path_factory.mktemp("divergence")
@@ -86,13 +74,13 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
 def _engine_fault(files: Files, engine: int) -> Path:
     """The good file with the first weight tensor of one engine's payload moved by 0.05, its boundary data kept."""
     program = torch.export.load(files.good)
-    node = _engine_nodes(program)[engine]
+    node = engine_calls(program)[engine]
     weight = json.loads(node.args[2])["weights"][0]
     constant = next(s.target for s in program.graph_signature.input_specs if s.arg.name == node.args[1].name)
     payload = program.constants[constant]
     payload[weight["offset"] : weight["offset"] + weight["nbytes"]].view(torch.float32).add_(0.05)
     path = files.root / f"fault_engine_{engine}.pt2"
-    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(files.good)})
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: reference_io_text(files.good)})
     return path
 
 
@@ -104,7 +92,7 @@ def _fallback_fault(files: Files) -> Path:
     relus[1].target = torch.ops.aten.sigmoid.default
     program.graph_module.recompile()
     path = files.root / "fault_fallback.pt2"
-    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(files.good)})
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: reference_io_text(files.good)})
     return path
 
 
@@ -484,12 +472,12 @@ def test_blame_goes_to_the_engine_whose_own_small_error_a_later_engine_amplifies
     good = tmp_path / "good.pt2"
     trt_inline.save(compiled, good, arg_inputs=[x], embed_reference="boundaries")
     program = torch.export.load(good)
-    first = _engine_nodes(program)[0]
+    first = engine_calls(program)[0]
     bias = next(w for w in json.loads(first.args[2])["weights"] if w["shape"] == [8])
     constant = next(s.target for s in program.graph_signature.input_specs if s.arg.name == first.args[1].name)
     program.constants[constant][bias["offset"] : bias["offset"] + bias["nbytes"]].view(torch.float32).add_(6e-5)
     path = tmp_path / "amplified.pt2"
-    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(good)})
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: reference_io_text(good)})
 
     report = trt_inline.verify(path, isolate=False, per_engine=True)
     rows = {row.boundary.split(" (")[0] + " " + row.boundary.rsplit(" ", 1)[1]: row for row in report.boundaries}
@@ -509,13 +497,13 @@ def _with_program_edit(files: Files, name: str, edit: object) -> Path:
     edit(program)  # type: ignore[operator]
     program.graph_module.recompile()
     path = files.root / name
-    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: _extra(files.good)})
+    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: reference_io_text(files.good)})
     return path
 
 
 def test_a_crash_after_an_engine_returns_other_shapes_names_that_engine(files: Files) -> None:
     def reorder_outputs(program: torch.export.ExportedProgram) -> None:
-        node = _engine_nodes(program)[0]
+        node = engine_calls(program)[0]
         text = json.loads(node.args[2])
         assert text["outputs"] == [6, 7]
         text["outputs"] = [4, 6]  # the whole [3, 8] product first, then one half: other order, other shapes
@@ -564,7 +552,7 @@ def test_a_fallback_region_that_raises_is_named_with_its_exception(files: Files)
 
 def test_an_engine_that_raises_on_inputs_that_agree_is_the_divergence(files: Files) -> None:
     def bad_split(program: torch.export.ExportedProgram) -> None:
-        node = _engine_nodes(program)[1]
+        node = engine_calls(program)[1]
         text = json.loads(node.args[2])
         split = next(step for step in text["steps"] if step["target"] == "aten::split_with_sizes.default")
         split["args"][1] = [4, 5]  # sums to 9 of 8: the engine raises whatever it is given
@@ -625,12 +613,12 @@ def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: P
     coarse, fine = tmp_path / "coarse.pt2", tmp_path / "fine.pt2"
     for path, fallback in ((coarse, ["aten.relu.default"]), (fine, ["aten.relu.default", "aten.sigmoid.default"])):
         trt_inline.save(trt_inline.reference.compile(model, (x,), torch_executed_ops=fallback), path, arg_inputs=[x])
-    assert [len(_engine_nodes(torch.export.load(p))) for p in (coarse, fine)] == [3, 4]  # the partitions differ
+    assert [len(engine_calls(torch.export.load(p))) for p in (coarse, fine)] == [3, 4]  # the partitions differ
 
     # Each save recorded which exported node each engine input and output is (where a fallback of the compiled
     # module computes or reads it): layers[2]'s product (addmm_2) is engine 1's output in one, engine 2's in the
     # other; the sigmoid only one of them leaves to PyTorch is an engine input there.
-    provenance = [decode_reference_io(_extra(p)).provenance for p in (coarse, fine)]
+    provenance = [decode_reference_io(reference_io_text(p)).provenance for p in (coarse, fine)]
     assert provenance[0] is not None and provenance[1] is not None
     assert [(e["inputs"], e["outputs"]) for e in provenance[0]["engines"]] == [
         ([""], ["addmm"]), (["relu"], ["addmm_2"]), (["relu_1"], [""])
@@ -648,17 +636,17 @@ def test_diff_of_two_partitions_of_one_model_compares_where_both_cut(tmp_path: P
 
     # The fine file with its third engine (layers[2]) changed: named at that engine's output, the finest cut.
     program = torch.export.load(fine)
-    third = _engine_nodes(program)[2]
+    third = engine_calls(program)[2]
     weight = json.loads(third.args[2])["weights"][0]
     constant = next(s.target for s in program.graph_signature.input_specs if s.arg.name == third.args[1].name)
     program.constants[constant][weight["offset"] : weight["offset"] + weight["nbytes"]].view(torch.float32).add_(0.05)
     changed, unrecorded = tmp_path / "fine_changed.pt2", tmp_path / "fine_changed_unrecorded.pt2"
-    torch.export.save(program, changed, extra_files={REFERENCE_IO_FILE: _extra(fine)})
+    torch.export.save(program, changed, extra_files={REFERENCE_IO_FILE: reference_io_text(fine)})
     diverged = trt_inline.diff(coarse, changed, isolate=False)
     assert diverged.divergence is not None and diverged.divergence.kind == "partition", diverged.to_text()
     assert diverged.divergence.where == "addmm_2 (engine 1 out[0])", diverged.to_text()
     assert "the last value both cut at that agrees is relu: what computes addmm_2" in diverged.divergence.detail
-    assert f"in {changed}: engine 2 ({_engine_label(program, 2)})" in diverged.divergence.detail
+    assert f"in {changed}: engine 2 ({engine_label(program, 2)})" in diverged.divergence.detail
     assert cli("diff", str(coarse), str(changed)).returncode == 1
     # Without that record (a file saved by torch alone) the values are matched by the saved programs' own node
     # names, and engine outputs not at all: the finest shared cut is what both leave to PyTorch.
@@ -698,14 +686,6 @@ def test_diff_of_partitions_matches_values_by_the_exported_node_not_the_saved_na
     assert report.boundaries[0].values[0].dtype == "float32"
 
 
-def _engine_label(program: torch.export.ExportedProgram, index: int) -> str:
-    """The submodule an engine call's engine attribute names (``_run_on_acc_5`` of ``_run_on_acc_5_engine``)."""
-    lifted = {spec.arg.name: str(spec.target) for spec in program.graph_signature.input_specs if spec.target}
-    label = engines.engine_submodule_name(_engine_nodes(program)[index], lifted)
-    assert label is not None
-    return label
-
-
 def test_extract_writes_the_divergent_engine_as_a_repro_that_fails_alone(files: Files, tmp_path: Path) -> None:
     path = _engine_fault(files, engine=1)
     folder = tmp_path / "repro"
@@ -713,12 +693,12 @@ def test_extract_writes_the_divergent_engine_as_a_repro_that_fails_alone(files: 
     assert proc.returncode == 1 and f"engine 1 ({files.engines[1]}) extracted" in proc.stdout, proc.stdout
     repro = folder / "repro.pt2"
     program = torch.export.load(repro)
-    assert len(_engine_nodes(program)) == 1 and len(program.graph_signature.user_inputs) == 2  # that engine alone
+    assert len(engine_calls(program)) == 1 and len(program.graph_signature.user_inputs) == 2  # that engine alone
     alone = trt_inline.verify(repro, isolate=False).to_dict()
     assert not alone["ok"] and alone["divergence"]["where"] == f"engine 0 ({files.engines[1]})", alone
     own = next(row for row in alone["boundaries"] if row["own"])
     assert max(v["max_abs_diff"] for v in own["own"]) > 0.1  # the same fault, on the same recorded inputs
-    script = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, cwd=REPO)
+    script = new_interpreter(folder / "repro.py", cwd=REPO)
     assert script.returncode == 1, script.stdout + script.stderr
     assert f"first divergence: engine 0 ({files.engines[1]})" in script.stdout and "sandboxed" in script.stdout
     # A good file: nothing to extract, said so; a folder that cannot be one is refused before the run.
@@ -749,12 +729,12 @@ def test_extract_writes_a_diverging_fallback_region_as_a_repro_that_fails_alone(
     good = tmp_path / "good.pt2"
     trt_inline.save(compiled, good, arg_inputs=[x], embed_reference="boundaries")
     program = torch.export.load(good)
-    assert len(_engine_nodes(program)) == 2
+    assert len(engine_calls(program)) == 2
     (mul,) = [n for n in program.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
     mul.target = torch.ops.aten.div.Tensor  # the region between the engines now divides by the buffer
     program.graph_module.recompile()
     fault = tmp_path / "fault.pt2"
-    torch.export.save(program, fault, extra_files={REFERENCE_IO_FILE: _extra(good)})
+    torch.export.save(program, fault, extra_files={REFERENCE_IO_FILE: reference_io_text(good)})
 
     folder = tmp_path / "repro"
     proc = cli("verify", str(fault), "--extract", str(folder))
@@ -762,7 +742,7 @@ def test_extract_writes_a_diverging_fallback_region_as_a_repro_that_fails_alone(
     assert "first divergence: fallback region relu, mul, add (feeding engine 1 in[0])" in proc.stdout, proc.stdout
     assert "fallback region relu, mul, add extracted with its recorded inputs and outputs" in proc.stdout
     repro = torch.export.load(folder / "repro.pt2")  # that region alone: its ops, reading x and engine 0's output
-    assert not _engine_nodes(repro)
+    assert not engine_calls(repro)
     ops = [n.target for n in repro.graph.nodes if n.op == "call_function"]
     assert ops == [torch.ops.aten.relu.default, torch.ops.aten.div.Tensor, torch.ops.aten.add.Tensor], ops
     assert len(repro.graph_signature.user_inputs) == 2 and len(repro.graph_signature.inputs_to_buffers) == 1
@@ -772,11 +752,11 @@ def test_extract_writes_a_diverging_fallback_region_as_a_repro_that_fails_alone(
     fed = next(r for r in whole["boundaries"] if re.match(r"engine 1 \(\w+\) inputs$", r["boundary"]))
     alone = trt_inline.verify(folder / "repro.pt2").to_dict()
     assert not alone["ok"] and alone["outputs"][0]["max_abs_diff"] == fed["values"][0]["max_abs_diff"] > 0.1
-    script = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True, text=True, cwd=REPO)
+    script = new_interpreter(folder / "repro.py", cwd=REPO)
     assert script.returncode == 1 and "DIFF output 0" in script.stdout, script.stdout + script.stderr
     # The good file's region, extracted by hand the same way, agrees with what was recorded.
     module = trt_inline.load(good).module()
-    recorded = decode_reference_io(_extra(good))
+    recorded = decode_reference_io(reference_io_text(good))
     assert recorded.boundaries is not None
     archive = region_repro(module, (1, 0), recorded.boundaries, [x], recorded.outputs)
     (tmp_path / "region.pt2").write_bytes(archive)

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from hostile import reference_io_text
 from models import CrossedHalves
 from test_verify import cli
 
@@ -141,10 +141,8 @@ def test_per_engine_replay_names_the_changed_engine(saved: Saved, tmp_path: Path
     assert constant == f"{saved.engine_names[1]}_engine"
     payload = program.constants[constant]
     payload[weight["offset"] : weight["offset"] + weight["nbytes"]].view(torch.float32).add_(0.05)
-    with zipfile.ZipFile(saved.path) as archive:
-        extra = archive.read(next(n for n in archive.namelist() if n.endswith(REFERENCE_IO_FILE))).decode()
     faulty = tmp_path / "fault.pt2"
-    torch.export.save(program, faulty, extra_files={REFERENCE_IO_FILE: extra})
+    torch.export.save(program, faulty, extra_files={REFERENCE_IO_FILE: reference_io_text(saved.path)})
     proc = cli("verify", str(faulty), "--per-engine")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"first divergence: engine 1 ({saved.engine_names[1]})\n" in proc.stdout, proc.stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import base64
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import new_interpreter, run_forked
 from hostile import read_entries, write_entries
 from releases import Unavailable, release_file
 
@@ -167,7 +169,8 @@ torch.library.register_fake("tensorrt::no_op_placeholder_for_execute_engine")(
 
 def cross_compiled(tmp_path: Path, fields: list[str], name: str = "cross.pt2") -> Path:
     """A cross-compiled program (what ``cross_compile_module=True`` saves): its engine's info as the text
-    arguments of Torch-TensorRT's placeholder op, exported in a process that defines the op as the release does."""
+    arguments of Torch-TensorRT's placeholder op, exported in a process of its own (forked from a clean interpreter:
+    conftest.run_forked) that defines the op as the release does."""
     path = tmp_path / name
     script = (
         _STAND_IN_OP
@@ -180,7 +183,7 @@ class M(torch.nn.Module):
 torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), __import__("sys").argv[1])
 """
     )
-    proc = subprocess.run([sys.executable, "-c", script, str(path), str(len(fields))], capture_output=True, text=True)
+    proc = run_forked(script, [str(path), str(len(fields))], tmp_path, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return path
 
@@ -196,6 +199,15 @@ def no_deserializing(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
             raise AssertionError(f"an engine was about to be deserialized: {value.path_name}")
 
     monkeypatch.setattr(canonical, "passthrough_loader", refuse)
+    load = canonical.Canonical.load
+
+    def refuse_blobs(self: canonical.Canonical, *args: Any, **kwargs: Any) -> Any:
+        if self.blobs:  # (torch 2.5 ... 2.8: an engine inside the constants blob torch would unpickle)
+            asked.extend(self.blobs)
+            raise AssertionError(f"an engine was about to be deserialized: {sorted(self.blobs)}")
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(canonical.Canonical, "load", refuse_blobs)
     yield asked
 
 
@@ -245,6 +257,7 @@ def test_each_mismatch_is_refused_before_deserialization(
     tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch, no_deserializing: list[str]
 ) -> None:
     engine, machine, expected = MISMATCHES[case]
+    engine = dict(engine)  # (the table is shared by the tests)
     abi = engine.pop("abi", "9")
     path = with_engine(tmp_path, python_engine_pickle(fields_for(abi, **engine)))
     _, infos = read_engine_infos(path)
@@ -295,7 +308,7 @@ def test_patched_torch_tensorrt_load_checks_before_the_stock_load(
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trt_inline", *args], capture_output=True, text=True, timeout=300)
+    return new_interpreter("-m", "trt_inline", *args, timeout=300)
 
 
 def test_check_target_names_each_engine_that_would_not_run(tmp_path: Path) -> None:
@@ -383,3 +396,21 @@ def test_load_raises_a_load_error(tmp_path: Path) -> None:
         with pytest.raises(trt_inline.LoadError, match=words) as raised:
             trt_inline.load(path)
         assert isinstance(raised.value, VerifyInputError) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("case", sorted(MISMATCHES))
+def test_check_target_on_each_mismatch(tmp_path: Path, case: str) -> None:
+    """``check --target`` describing the machine of each mismatch: exit 1 and the engine's line; the machine the
+    engine was built for: exit 0."""
+    engine, machine, expected = MISMATCHES[case]
+    engine = dict(engine)
+    abi = engine.pop("abi", "9")
+    path = with_engine(tmp_path, python_engine_pickle(fields_for(abi, **engine)))
+    release = machine.get("release", "2.13.0")
+    target = f"cc={machine.get('cc', '8.9')},platform=linux_x86_64,torch_tensorrt={release}"
+    proc = _cli("check", str(path), "--target", target)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert expected.split(", this machine")[0] in proc.stdout, proc.stdout
+    built_for = f"cc=8.9,platform={engine.get('platform', 'linux_x86_64')},abi={abi}"
+    fits = _cli("check", str(path), "--target", built_for)
+    assert fits.returncode == 0 and "can run on the target" in fits.stdout, fits.stdout + fits.stderr

@@ -12,10 +12,10 @@ import base64
 import collections
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import new_interpreter
 from test_engine_needs import FIELDS_BY_ABI, fields_for, python_engine_pickle, with_engine
 
 import trt_inline
@@ -141,7 +141,7 @@ def _dag(width: int, levels: int) -> bytes:
 
 def _finishes(code: str, seconds: float) -> None:
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=seconds)
+        proc = new_interpreter("-c", code, timeout=seconds)
     except subprocess.TimeoutExpired:
         pytest.fail(f"still working after {seconds} s")
     assert "Traceback" not in proc.stderr or "VerifyInputError" in proc.stderr or "UnsafeArchiveError" in proc.stderr, (

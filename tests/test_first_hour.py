@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed, python_path
+from conftest import REPO, SavedSeed, new_interpreter, python_path
 from test_verify import assert_unusable, cli
 
 from trt_inline import isolation
@@ -62,11 +62,8 @@ def test_a_torch_save_file_says_what_to_use_instead(tmp_path: Path, no_child: No
 def test_the_cli_refusal_costs_little_more_than_importing_torch(tmp_path: Path) -> None:
     """The refusal of a missing path comes from the calling process, right after its imports (no child): its
     report names no child. (Time is measured by benchmarks/, not asserted here.)"""
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline", "verify", str(tmp_path / "missing.pt2")],
-        capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
-        timeout=300,
-    )  # fmt: skip
+    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"}
+    proc = new_interpreter("-m", "trt_inline", "verify", tmp_path / "missing.pt2", cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip().endswith("missing.pt2: no such file"), proc.stderr
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import count_scalar_crossings, saved_and_loaded
+from conftest import assert_loads_bitwise, count_scalar_crossings
 from hypothesis import Phase, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -215,14 +215,8 @@ def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool, batches: tup
     if batches:
         event("a scalar crosses an engine boundary" if crossings else "no scalar crossing")
     program = trt_inline.to_exported_program(compiled, arg_inputs=(x,), retrace=retrace, dynamic_shapes=dynamic_shapes)
-    loaded = saved_and_loaded(program)
-    for inputs in [(x,), *((torch.randn(b, 8, generator=generator),) for b in batches)]:
-        with torch.no_grad():
-            expected = compiled(*inputs)
-            actual = loaded.module()(*inputs)
-        assert len(actual) == len(expected)
-        for got, want in zip(actual, expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    input_sets = [(x,), *((torch.randn(b, 8, generator=generator),) for b in batches)]
+    loaded = assert_loads_bitwise(compiled, program, input_sets, equal_nan=True)
     # Verification never fires on a correct file: no structural problem (orphaned engine outputs included).
     report = trt_inline.verify(loaded, expected_module=compiled, arg_inputs=(x,), atol=0.0, rtol=0.0)
     assert report.ok, report.problems

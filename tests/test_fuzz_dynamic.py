@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import as_list, count_scalar_crossings, load_runs_in_fresh_process, max_abs_diff, saved_and_loaded
+from conftest import as_list, assert_loads_bitwise, count_scalar_crossings, load_runs_in_fresh_process, max_abs_diff
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from models import AOTI_REBIND_REASON, derived_scalars_skip
@@ -156,12 +156,7 @@ def check_roundtrip(spec: DynamicSpec, executed: list[str], retrace: bool) -> in
     program = trt_inline.to_exported_program(
         compiled, arg_inputs=inputs_for(BATCH[1], HALF[1], 0), retrace=retrace, dynamic_shapes=dynamic_shapes()
     )
-    run = saved_and_loaded(program).module()
-    for inputs in checks(1):
-        with torch.no_grad():
-            expected, actual = compiled(*inputs), run(*inputs)
-        for got, want in zip(actual, expected, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_loads_bitwise(compiled, program, checks(1))
     return count_scalar_crossings(compiled)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 import unicodedata
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SavedSeed
+from conftest import REPO, SavedSeed, new_interpreter
 from hostile import CASES, ESCAPE, INSPECTED, SECRET, Case, Traps, read_entries, write_entries
 
 from trt_inline import cli
@@ -96,13 +95,7 @@ def test_a_crash_is_one_line_from_a_real_process(saved_seed: SavedSeed, tmp_path
     case = next(c for c in CASES if c.args[:1] == ("--allow-op",))
     traps = Traps(tmp_path)
     path = case.build(saved_seed.good, tmp_path / "crafted.pt2", traps)
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline", "verify", str(path), *case.args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    proc = new_interpreter("-m", "trt_inline", "verify", path, *case.args, cwd=REPO, timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and "died on SIGSEGV" in proc.stderr, proc.stderr
     assert "nothing of it ran in this process" in proc.stderr

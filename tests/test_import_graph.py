@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, new_interpreter
 
 SCRIPT = REPO / ".ci" / "imports"
 TOP_LEVEL = ("trt_inline_autoload.py", "trt_inline_switches.py")
@@ -27,9 +26,7 @@ def _tree(root: Path) -> Path:
 
 
 def _run(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True, timeout=120, check=False
-    )
+    return new_interpreter(SCRIPT, root, timeout=120)
 
 
 def _plant(path: Path, code: str) -> None:

@@ -22,6 +22,7 @@ from conftest import SavedSeed
 from trt_inline import cli, verify
 from trt_inline.distributed import rank_set
 from trt_inline.errors import VerifyInputError
+from trt_inline.messages import encode
 from trt_inline.verify import Inputs, Isolation, Outputs, Reference, Tolerances, Trust, diff, verifier
 from trt_inline.verify import options as opts
 from trt_inline.verify.cases import verify_cases
@@ -252,13 +253,13 @@ def _comparable(report: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """The arguments each child job is sent (JSON), the run going on as it would."""
+    """The request each child job is sent (JSON), the run going on as it would."""
     sent: list[dict[str, Any]] = []
     real = verifier.report_of_child
 
-    def recording(job: str, arguments: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        sent.append(arguments)
-        return real(job, arguments, *args, **kwargs)
+    def recording(job: str, request: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(encode(request))
+        return real(job, request, *args, **kwargs)
 
     monkeypatch.setattr(verifier, "report_of_child", recording)
     monkeypatch.setattr(importlib.import_module("trt_inline.verify.diff"), "report_of_child", recording)
@@ -289,8 +290,10 @@ def test_keywords_and_groups_give_the_same_report(
     assert any(output.top_k == 3 for output in by_keywords.outputs)
     assert _comparable(by_keywords) == _comparable(by_groups)
     first, second = wire
-    assert first["atol"] == {"0": 1e-3, "*": 1e-4} and first["stat"] == "max" and first["seed"] == 3
-    assert {**first, "save_outputs": None} == {**second, "save_outputs": None}
+    tolerances = first["tolerances"]
+    assert tolerances["atol"] == {"0": 1e-3, "*": 1e-4} and tolerances["check_error_stat"] == "max"
+    assert first["inputs"]["seed"] == 3 and first["keep_outputs"] is True
+    assert first == second
     saved = [torch.load(tmp_path / name, weights_only=True) for name in ("keywords.pt", "groups.pt")]
     assert all(torch.equal(a, b) for a, b in zip(*saved, strict=True))
     # In this process (isolate=False) as well, where nothing travels as JSON.
@@ -308,7 +311,7 @@ def test_diff_takes_the_groups(saved_seed: SavedSeed, wire: list[dict[str, Any]]
                        memory_limit="2GiB")  # fmt: skip
     assert by_groups.ok and by_groups.boundaries
     assert _comparable(by_groups) == _comparable(by_keywords)
-    assert wire[0] == wire[1] and wire[0]["path_b"] == str(saved_seed.bare) and wire[0]["top_k"] == 2
+    assert wire[0] == wire[1] and wire[0]["path_b"] == str(saved_seed.bare) and wire[0]["tolerances"]["top_k"] == 2
 
 
 def test_cases_take_the_groups(saved_seed: SavedSeed, tmp_path: Path) -> None:
@@ -343,7 +346,9 @@ def test_a_rank_set_takes_the_groups(
                   trust=Trust(allow_ops=("aten::sin",)), isolation=Isolation(memory_limit="2GiB"))  # fmt: skip
     by_groups = rank_set.verify_rank_set(template, **groups)  # type: ignore[arg-type]
     assert "holds no rank manifest" in by_groups.ranks[0]["error"]
-    assert wire[0]["per_engine"] is True and wire[0]["atol"] == 1e-3 and wire[0]["allow_ops"] == ["aten::sin"]
+    sent = wire[0]
+    assert sent["reference"]["per_engine"] is True and sent["tolerances"]["atol"] == 1e-3
+    assert sent["trust"]["allow_ops"] == ["aten::sin"]
     # The keywords make the same groups (a second rank set would start a second fresh interpreter: seconds).
     keywords = dict(per_engine=True, atol=1e-3, strict=True, allow_ops=["aten::sin"], memory_limit="2GiB")
     options = opts.gather(opts.RANKS, keywords, reference=None, tolerances=None, trust=None, isolation=None)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import as_list, load_runs_in_fresh_process, max_abs_diff
+from hostile import Plant, entry_named, rewrite, sample_inputs_entry, torch_saved
 from models import (
     RELU,
     ConvBnRelu,
@@ -26,7 +27,6 @@ from models import (
     scalar_cases,
 )
 from test_scalars import scalar_crossings
-from test_untrusted import _Plant, _rewrite, _torch_saved
 from test_verify import assert_unusable, cli
 
 import trt_inline
@@ -181,7 +181,7 @@ def test_raw_aoti_loader_returns_the_scalar_as_a_tensor(packages: dict[str, Pack
 
 def test_verify_and_inspect_never_load_native_code_unasked(packages: dict[str, Package], tmp_path: Path) -> None:
     """Without --allow-native-code verify refuses to run a package; inspect reads it without loading it."""
-    broken = _rewrite(
+    broken = rewrite(
         packages["seed"].path,
         tmp_path / "broken_library.pt2",
         lambda entries: entries.update({n: b"not a shared library" for n in entries if n.endswith(".so")}),
@@ -205,12 +205,12 @@ def test_per_engine_and_diff_refuse_a_package(packages: dict[str, Package]) -> N
 
 def test_altered_expected_outputs_fail_naming_the_output(packages: dict[str, Package], tmp_path: Path) -> None:
     def alter(entries: dict[str, bytes]) -> None:
-        name = next(n for n in entries if n.endswith(REFERENCE_IO_FILE))
+        name = entry_named(entries, REFERENCE_IO_FILE)
         payload = torch.load(io.BytesIO(base64.b64decode(entries[name])), weights_only=True)
         payload["outputs"][1] = payload["outputs"][1] + 1.0
-        entries[name] = base64.b64encode(_torch_saved(payload))
+        entries[name] = base64.b64encode(torch_saved(payload))
 
-    altered = _rewrite(packages["seed"].path, tmp_path / "altered.pt2", alter)
+    altered = rewrite(packages["seed"].path, tmp_path / "altered.pt2", alter)
     proc = cli("verify", str(altered), NATIVE)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "problem: output 1 differs: max abs diff 1" in proc.stdout
@@ -221,10 +221,10 @@ def test_planted_pickle_in_a_package_is_refused(packages: dict[str, Package], tm
     marker = tmp_path / "marker"
 
     def plant(entries: dict[str, bytes]) -> None:
-        name = next(n for n in entries if n.endswith("/data/sample_inputs/model.pt"))
-        entries[name] = _torch_saved(_Plant(marker))
+        name = sample_inputs_entry(entries)
+        entries[name] = torch_saved(Plant(marker))
 
-    planted = _rewrite(packages["seed"].path, tmp_path / "planted.pt2", plant)
+    planted = rewrite(packages["seed"].path, tmp_path / "planted.pt2", plant)
     for command in (["verify", str(planted), NATIVE], ["inspect", str(planted)]):
         assert_unusable(cli(*command), "data/sample_inputs/model.pt: refused: it calls posix.system")
     assert not marker.exists()

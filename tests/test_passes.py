@@ -21,15 +21,6 @@ from trt_inline.reference.engine import ReferenceEngine, build_engine
 aten = torch.ops.aten
 
 
-class _Fn(torch.nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
 def engine(fn: Callable[..., Any], name: str, *examples: Any) -> ReferenceEngine:
     """An engine computing ``fn`` (written with aten ops); with ``examples``, it records its inputs and outputs."""
     block = torch.fx.symbolic_trace(fn)

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
 import warnings
 from collections.abc import Sequence
@@ -35,8 +34,10 @@ from conftest import (
     load_in_fresh_process,
     load_runs_in_fresh_process,
     max_abs_diff,
+    new_interpreter,
     python_path,
     run_forked,
+    run_forked_each,
 )
 
 import trt_inline
@@ -126,11 +127,6 @@ def test_the_release_record_says_what_the_release_source_does() -> None:
         assert imported.strip() == "".join(f"from torch_tensorrt.dynamo._exporter import {n}\n" for n in names).strip()
 
 
-def package_tree(root: Path, version: str, exporter_source: str) -> Path:
-    """A shell around a given exporter source (for exporters of unknown shape)."""
-    return releases.package_tree(root, version, exporter_source)
-
-
 # What run_python's processes have imported before their code runs: torch, and torch._dynamo (which importing
 # torch_tensorrt imports first; importing it changes nothing trt-inline decides). Nothing of trt-inline.
 PRELOAD = ("torch._dynamo",)
@@ -153,60 +149,21 @@ def run_python(
     ``fresh``: a new interpreter (for what happens while one starts: ``import torch``). ``merged``: stderr
     into stdout.
     """
+    if fresh:
+        env = _environment(disable, tree, TESTS, REPO, *path)
+        return new_interpreter("-c", textwrap.dedent(code), *args, env=env, merged=merged)
+    env = _environment(disable, TESTS, REPO, *path)  # the tree first on sys.path, as PYTHONPATH=tree:... puts it
+    return run_forked(textwrap.dedent(code), args, tree.parent, env=env, preload=preload, path=[tree], merged=merged)
+
+
+def _environment(disable: bool, *path: Path) -> dict[str, str]:
+    """This process's environment with ``path`` first on ``PYTHONPATH``, the plugin off only with ``disable``."""
     env = dict(os.environ)
     env.pop("TRT_INLINE_DISABLE", None)
     if disable:
         env["TRT_INLINE_DISABLE"] = "1"
-    if fresh:
-        env["PYTHONPATH"] = python_path(tree, TESTS, REPO, *path)
-        return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-    env["PYTHONPATH"] = python_path(TESTS, REPO, *path)  # the tree first on sys.path, as PYTHONPATH=tree:... puts it
-    return run_forked(textwrap.dedent(code), args, tree.parent, env=env, preload=preload, path=[tree], merged=merged)
-
-
-# Runs `code` once per argument list, each time in a fork of one interpreter that has imported torch and the
-# modules `code` imports first anyway: what a new `python -c code args` gives, without those imports per case.
-# (For modules of the tree itself; run_python forks from an interpreter that has imported only torch's.)
-_FORKS = """
-import importlib, json, os, sys, traceback
-import torch
-
-code, argument_lists = sys.argv[1], json.loads(sys.argv[2])
-for name in sys.argv[3:]:
-    importlib.import_module(name)
-results = []
-for arguments in argument_lists:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        os.dup2(write, 1)
-        os.dup2(write, 2)
-        sys.argv = ["-c", *arguments]
-        status = 0
-        try:
-            exec(compile(code, "<case>", "exec"), {"__name__": "__main__"})
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            status = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        output = pipe.read()
-    results.append([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), output])
-print(json.dumps(results))
-"""
+    env["PYTHONPATH"] = python_path(*path)
+    return env
 
 
 def _preload(preload: tuple[str, ...]) -> tuple[str, ...]:
@@ -233,11 +190,10 @@ def run_python_forks(
             for arguments in argument_lists
         ]
         return [(proc.returncode, proc.stdout) for proc in runs]
-    proc = run_python(
-        _FORKS, tree, textwrap.dedent(code), json.dumps(argument_lists), *preload, disable=disable, path=path
+    env = _environment(disable, TESTS, REPO, *path)
+    return run_forked_each(
+        textwrap.dedent(code), argument_lists, tree.parent, env=env, imports=preload, preload=PRELOAD, path=[tree]
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [(status, output) for status, output in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
 def stock_wires_by_name() -> bool:
@@ -595,7 +551,7 @@ def inline_torch_modules(gm):
 
 
 def test_unknown_exporter_warns_and_keeps_stock(tmp_path: Path) -> None:
-    tree = package_tree(tmp_path / "site", "9.9.0", _BROKEN_EXPORTER)
+    tree = releases.package_tree(tmp_path / "site", "9.9.0", _BROKEN_EXPORTER)
     code = """
         import torch
         import torch_tensorrt.dynamo._exporter as ex
@@ -653,7 +609,7 @@ def test_a_replacement_failing_its_preflight_is_left_stock(tmp_path: Path) -> No
 
 
 def test_exporter_that_fails_to_import_does_not_break_import_torch(tmp_path: Path) -> None:
-    tree = package_tree(tmp_path / "site", "2.13.0", "raise ImportError('libnvinfer.so.10: cannot open')\n")
+    tree = releases.package_tree(tmp_path / "site", "2.13.0", "raise ImportError('libnvinfer.so.10: cannot open')\n")
     proc = run_python("import torch; print(torch.ones(2).sum().item())", tree, fresh=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "2.0"
@@ -732,9 +688,7 @@ def test_replacements_for_2_14_keep_the_stock_mutation_exposure(monkeypatch: pyt
 
 
 def test_doctor_reports_and_exits_zero_without_torch_tensorrt() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline.cli", "doctor"], capture_output=True, text=True, timeout=120
-    )
+    proc = new_interpreter("-m", "trt_inline.cli", "doctor", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "torch_tensorrt  not installed" in proc.stdout
     assert "entry point     registered (torch.backends: trt_inline = trt_inline_autoload:register)" in proc.stdout
@@ -751,7 +705,7 @@ def run_doctor(tree: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_doctor_flags_an_unsupported_exporter(tmp_path: Path) -> None:
-    proc = run_doctor(package_tree(tmp_path / "site", "9.9.0", _BROKEN_EXPORTER))
+    proc = run_doctor(releases.package_tree(tmp_path / "site", "9.9.0", _BROKEN_EXPORTER))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "torch_tensorrt  9.9.0" in proc.stdout
     assert (
@@ -951,7 +905,7 @@ _SAVE_THROUGH_TORCH_TENSORRT = """
 
 @pytest.mark.parametrize("with_extra_files", [True, False], ids=["2.11+", "before-2.11"])
 def test_patched_torch_tensorrt_save_embeds_reference_io(tmp_path: Path, with_extra_files: bool) -> None:
-    tree = package_tree(tmp_path / "site", "2.13.0", _MINIMAL_EXPORTER)
+    tree = releases.package_tree(tmp_path / "site", "2.13.0", _MINIMAL_EXPORTER)
     (tree / "torch_tensorrt" / "_compile.py").write_text(_compile_module(with_extra_files))
     # A release whose record agrees with the save written here: 2.13 takes extra_files, 2.10 does not.
     version = "2.13.0" if with_extra_files else "2.10.0"

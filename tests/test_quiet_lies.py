@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import operator
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import engine_label
+from hostile import reference_io_text
 from models import RELU, ConvBnRelu, scalar_cases
 from releases import minor
 from test_verify import cli
@@ -28,15 +29,6 @@ from trt_inline.verify.compare import run_on
 from trt_inline.verify.garbage import garbage_warnings, sighted
 
 REFERENCE_NAME = "trt_inline_reference_io.b64"
-REFERENCE_IO = f"/{REFERENCE_NAME}"  # (under extra/ or extra_files/, as the torch release lays its archive out)
-
-
-def _engine_label(program: torch.export.ExportedProgram) -> str:
-    module = program.module()
-    call_node = next(n for n in module.graph.nodes if trt_inline.engines.is_engine_call(n))
-    label = trt_inline.engines.engine_submodule_name(call_node)
-    assert label is not None and label.startswith("_run_on_acc_")
-    return f"engine 0 ({label})"
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +56,7 @@ def _crafted(good: Path, what: str, target: Path) -> str:
     call_node.meta["val"] = [lie, *call_node.meta["val"][1:]]
     getitem = next(u for u in call_node.users if u.args[1] == 0)
     getitem.meta["val"] = lie
-    with zipfile.ZipFile(good) as archive:  # (the archive's root folder differs between torch releases)
-        entry = next(name for name in archive.namelist() if name.endswith(REFERENCE_IO))
-        extra = {REFERENCE_NAME: archive.read(entry).decode()}
-    torch.export.save(program, target, extra_files=extra)
+    torch.export.save(program, target, extra_files={REFERENCE_NAME: reference_io_text(good)})
     return {"dtype": "float64[2, 8, 8, 8] on cpu", "rank": "float32[8, 8, 8] on cpu",
             "device": "float32[2, 8, 8, 8] on meta"}[what]  # fmt: skip
 
@@ -78,7 +67,7 @@ def test_a_declaration_the_engine_does_not_keep_fails_verify(good_file: Path, tm
     declared = _crafted(good_file, what, lying)
     # The structure this exercises: the file loads, its engine runs, and its outputs match the reference.
     program = torch.export.load(lying)
-    label = _engine_label(program)
+    label = f"engine 0 ({engine_label(program)})"
     before = trt_inline.verify(good_file)
     assert before.ok, before.to_text()
     report = trt_inline.verify(lying)
@@ -217,7 +206,7 @@ def test_garbage_engines_are_warned_of_and_fail_under_strict(tmp_path: Path, kin
     path = tmp_path / f"{kind}.pt2"
     trt_inline.save(compiled, path, arg_inputs=(x,))
     program = torch.export.load(path)
-    engine = _engine_label(program)
+    engine = f"engine 0 ({engine_label(program)})"
     report = trt_inline.verify(path, random_inputs=3)
     expected = _EXPECTED_WARNING[kind].format(engine=engine)
     assert expected in report.warnings, report.to_text()

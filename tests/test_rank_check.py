@@ -12,8 +12,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import python_path
+from conftest import new_interpreter, python_path
 
 import trt_inline
 import trt_inline_autoload
@@ -219,11 +217,8 @@ _FRESH = """
 
 def _fresh_run(script: str, path: Path, tmp_path: Path, **env: str) -> list[str]:
     """``script`` run on ``path`` in a fresh interpreter (``env`` added to this one's): the lines it printed."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), str(path), str(tmp_path / "store")],
-        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=python_path(), **env), timeout=300,
-        check=False,
-    )  # fmt: skip
+    environment = dict(os.environ, PYTHONPATH=python_path(), **env)
+    done = new_interpreter("-c", textwrap.dedent(script), path, tmp_path / "store", env=environment, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
 

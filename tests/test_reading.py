@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed
+from conftest import REPO, SavedSeed, new_interpreter
 from hostile import read_entries, write_entries
 
 import trt_inline
@@ -168,10 +168,7 @@ def test_progress_on_a_terminal_and_never_when_piped_or_json(saved_seed: SavedSe
     assert code == 0 and out.lstrip().startswith("{"), out
     assert "trt-inline: [" not in err, err
 
-    piped = subprocess.run(
-        [sys.executable, "-m", "trt_inline", "verify", str(saved_seed.good)],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
+    piped = new_interpreter("-m", "trt_inline", "verify", saved_seed.good, cwd=REPO, timeout=300)
     assert piped.returncode == 0 and piped.stderr == "", piped.stderr
     asked = cli.main(["verify", str(saved_seed.good), "--progress"])
     assert asked == 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SavedSeed
+from conftest import REPO, SavedSeed, new_interpreter
 
 import trt_inline
 from trt_inline import cli, isolation
@@ -203,8 +202,6 @@ def test_a_system_without_the_sandbox_refuses_unless_told(
 
 
 def test_doctor_shows_the_sandbox() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline", "doctor"], capture_output=True, text=True, cwd=REPO, timeout=300
-    )
+    proc = new_interpreter("-m", "trt_inline", "doctor", cwd=REPO, timeout=300)
     line = next(line for line in proc.stdout.splitlines() if line.startswith("sandbox"))
     assert "Landlock ABI" in line and "seccomp" in line, proc.stdout

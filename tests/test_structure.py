@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import ast
 import logging
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed, python_path
+from conftest import REPO, SavedSeed, new_interpreter, python_path
 
 import trt_inline
 from trt_inline import cli, export, logs, passes
@@ -132,7 +131,7 @@ def test_import_registers_the_op_without_the_partitioner() -> None:
         "print(hasattr(torch.ops.trt_inline, 'execute_engine'), 'trt_inline.reference.partition' in sys.modules,"
         " 'trt_inline.reference.backend' in sys.modules)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = new_interpreter("-c", code, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "False", "False"]
 
@@ -152,9 +151,7 @@ def test_stable_surface() -> None:
 
 
 def test_python_dash_m_runs_the_cli() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "trt_inline", "verify", "missing.pt2"], capture_output=True, text=True, timeout=120
-    )
+    proc = new_interpreter("-m", "trt_inline", "verify", "missing.pt2", timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "trt-inline verify: missing.pt2: no such file"
 
@@ -239,6 +236,6 @@ def test_cli_debug_shows_the_pass_log(saved_seed: SavedSeed, tmp_path: Path) -> 
         "    trt_inline.transform(gm)\n"
     )
     env = {"PYTHONPATH": python_path(REPO / "tests"), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    proc = new_interpreter("-c", script, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "trt_inline.passes DEBUG: before inline_trt_modules:" in proc.stderr

@@ -12,14 +12,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import python_path
+from conftest import new_interpreter, python_path
 from test_plugin import release_tree
 
 from trt_inline.archive.reader import read_file
@@ -41,10 +40,8 @@ def _torchrun(
     ranks: int, *command: str, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *command],
-        capture_output=True, text=True, timeout=timeout, env=environment, check=False,
-    )  # fmt: skip
+    run = ("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}")
+    return new_interpreter(*run, *command, timeout=timeout, env=environment)
 
 
 def _step(ranks: int, step: str, folder: Path) -> None:
@@ -92,10 +89,9 @@ def _manifest(path: Path) -> RankManifest:
 
 def _verify(ranks: int, template: Path, *options: str) -> tuple[int, dict[str, Any], float]:
     start = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "trt_inline", "verify", "--ranks", str(ranks), str(template), "--json", *options],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    done = new_interpreter(
+        "-m", "trt_inline", "verify", "--ranks", str(ranks), template, "--json", *options, timeout=300
+    )
     elapsed = time.monotonic() - start
     assert done.stdout, done.stderr[-4000:]
     return done.returncode, json.loads(done.stdout), elapsed
@@ -206,10 +202,10 @@ def test_the_torchrun_form_gives_the_same_report(two: Path) -> None:
 
 def test_single_file_commands_on_a_rank_file(two: Path) -> None:
     path = two / "mlp_rank0_of_2.pt2"
-    done = subprocess.run([sys.executable, "-m", "trt_inline", "verify", str(path)], capture_output=True, text=True)
+    done = new_interpreter("-m", "trt_inline", "verify", path)
     assert done.returncode == 2 and "a collective of a tensor-parallel rank set" in done.stderr
     assert "verify --ranks N" in done.stderr
-    done = subprocess.run([sys.executable, "-m", "trt_inline", "inspect", str(path)], capture_output=True, text=True)
+    done = new_interpreter("-m", "trt_inline", "inspect", path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("rank 0 of 2 of a tensor-parallel rank set (backend gloo")
     assert "[sum on group '0': ranks 0, 1]" in done.stdout

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import python_path
+from conftest import new_interpreter, python_path
 from models import RELU, ConvBnRelu
 
 import trt_inline
@@ -32,11 +31,8 @@ ENGINE_OP = torch.ops.trt_inline.execute_engine.default
 
 def _fresh(code: str, *args: object, **env: str) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter (``env`` added to this one's, the entry point active as installed)."""
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
-        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=python_path(), **env), timeout=300,
-        check=False,
-    )  # fmt: skip
+    environment = dict(os.environ, PYTHONPATH=python_path(), **env)
+    return new_interpreter("-c", textwrap.dedent(code), *map(str, args), env=environment, timeout=300)
 
 
 def _outputs(value: Any) -> list[torch.Tensor]:
@@ -73,7 +69,7 @@ _LOAD_AND_RUN = """
 
     ep = torch.export.load(sys.argv[1])
     after_load = sorted(m for m in sys.modules if m.startswith("trt_inline"))
-    inputs = torch.load(sys.argv[2])
+    inputs = torch.load(sys.argv[2], weights_only=True)
     out = ep.module()(*inputs)
     after_run = sorted(m for m in sys.modules if m.startswith("trt_inline"))
     torch.save(list(out), sys.argv[3])
@@ -96,7 +92,7 @@ def test_torch_export_load_runs_a_reference_file_without_trt_inline(
     assert modules["after_load"] == ["trt_inline_autoload", "trt_inline_switches"]
     # Running imports the reference engine, on the first call of the op's kernel.
     assert "trt_inline.reference.engine" in modules["after_run"]
-    out = torch.load(tmp_path / "out.pt")
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
     assert len(out) == len(expected)
     for got, want in zip(out, expected, strict=True):
         assert torch.equal(got, want)
@@ -106,7 +102,7 @@ _LOAD_AND_EXPORT = """
     import json, sys, torch
 
     ep = torch.export.load(sys.argv[1])
-    inputs = torch.load(sys.argv[2])
+    inputs = torch.load(sys.argv[2], weights_only=True)
     before = "trt_inline" in sys.modules
     again = torch.export.export(ep.module(), tuple(inputs))  # the fake kernel's first call imports the engine
     calls = sum(1 for n in again.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default)
@@ -124,7 +120,7 @@ def test_a_loaded_reference_file_exports_again_without_trt_inline(
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr == "", done.stderr[-3000:]
     assert json.loads(done.stdout) == {"before": False, "after": True, "calls": 4}
-    for got, want in zip(torch.load(tmp_path / "out.pt"), expected, strict=True):
+    for got, want in zip(torch.load(tmp_path / "out.pt", weights_only=True), expected, strict=True):
         assert torch.equal(got, want)
 
 
@@ -145,7 +141,7 @@ _DEFINITIONS = """
     found = {"import torch": describe() if hasattr(torch.ops.trt_inline, "execute_engine") else None}
     import trt_inline
     found["import trt_inline"] = describe()
-    inputs = torch.load(sys.argv[2])
+    inputs = torch.load(sys.argv[2], weights_only=True)
     torch.save(list(torch.export.load(sys.argv[1]).module()(*inputs)), sys.argv[3])
     print(json.dumps(found))
 """
@@ -173,7 +169,7 @@ def test_the_entry_point_and_the_package_define_the_same_operators(
     else:
         assert found["import torch"] is None
         assert found["import trt_inline"] == {**schemas, "engine_kernel": "trt_inline.reference.engine"}
-    for got, want in zip(torch.load(tmp_path / "out.pt"), expected, strict=True):
+    for got, want in zip(torch.load(tmp_path / "out.pt", weights_only=True), expected, strict=True):
         assert torch.equal(got, want)
 
 

@@ -7,11 +7,9 @@ entry, and the marker file its payload would create must not exist afterwards.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import operator
-import os
 import pickle
 import shutil
 import zipfile
@@ -20,43 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SavedSeed
+from conftest import SavedSeed, engine_calls
+from hostile import Plant, entry_named, model_json_entry, rewrite, sample_inputs_entry, torch_saved
 from models import ConvBnRelu, MultiOutputBothSides, TaggedTensor
 from test_verify import assert_unusable, cli
 
 import trt_inline
 from trt_inline.archive import REFERENCE_IO_FILE
-
-
-class _Plant:
-    """Unpickled, it creates the marker file: the proof that code from the file ran."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, (f"touch {self.marker}",))
-
-
-def _torch_saved(value: object) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _rewrite(source: Path, target: Path, edit: Callable[[dict[str, bytes]], None]) -> Path:
-    """Copy an archive entry by entry, letting ``edit`` change the {name: bytes} map (order kept)."""
-    with zipfile.ZipFile(source) as archive:
-        entries = {name: archive.read(name) for name in archive.namelist()}
-    edit(entries)
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
-        for name, data in entries.items():
-            archive.writestr(name, data)
-    return target
-
-
-def _entry(entries: dict[str, bytes], *suffixes: str) -> str:
-    return next(name for name in entries if name.endswith(suffixes))
 
 
 def _payload_configs(entries: dict[str, bytes]) -> bool:
@@ -79,10 +47,10 @@ def _flip_to_pickle(entries: dict[str, bytes], kind: str, payload: bytes) -> str
     (constants) in one torch.save file: replace it.
     """
     if not _payload_configs(entries):
-        name = _entry(entries, *_WHOLE_FILES[kind])
+        name = entry_named(entries, *_WHOLE_FILES[kind])
         entries[name] = payload
         return name
-    config_name = _entry(entries, f"_{kind}_config.json")
+    config_name = entry_named(entries, f"_{kind}_config.json")
     config = json.loads(entries[config_name])
     first = next(iter(config["config"].values()))
     first["use_pickle"] = True
@@ -93,7 +61,7 @@ def _flip_to_pickle(entries: dict[str, bytes], kind: str, payload: bytes) -> str
 
 
 def _extra_folder(entries: dict[str, bytes]) -> str:
-    reference = _entry(entries, REFERENCE_IO_FILE)
+    reference = entry_named(entries, REFERENCE_IO_FILE)
     return reference.rpartition("/")[0]
 
 
@@ -110,32 +78,32 @@ def crafted(name: str) -> Callable[[Callable[[dict[str, bytes], Path], str]], Ca
 
 @crafted("sample inputs")
 def _sample_inputs(entries: dict[str, bytes], marker: Path) -> str:
-    name = _entry(entries, "/data/sample_inputs/model.pt", "serialized_example_inputs.pt")
-    entries[name] = _torch_saved(_Plant(marker))
+    name = sample_inputs_entry(entries)
+    entries[name] = torch_saved(Plant(marker))
     return name
 
 
 @crafted("pickled weight")
 def _pickled_weight(entries: dict[str, bytes], marker: Path) -> str:
-    return _flip_to_pickle(entries, "weights", _torch_saved(_Plant(marker)))
+    return _flip_to_pickle(entries, "weights", torch_saved(Plant(marker)))
 
 
 @crafted("pickled constant")
 def _pickled_constant(entries: dict[str, bytes], marker: Path) -> str:
-    return _flip_to_pickle(entries, "constants", _torch_saved(_Plant(marker)))
+    return _flip_to_pickle(entries, "constants", torch_saved(Plant(marker)))
 
 
 @crafted("raw pickle of protocol 0 as a constant")
 def _protocol_0_constant(entries: dict[str, bytes], marker: Path) -> str:
-    return _flip_to_pickle(entries, "constants", pickle.dumps(_Plant(marker), protocol=0))
+    return _flip_to_pickle(entries, "constants", pickle.dumps(Plant(marker), protocol=0))
 
 
 @crafted("reference I/O")
 def _reference_io(entries: dict[str, bytes], marker: Path) -> str:
     import base64
 
-    name = _entry(entries, REFERENCE_IO_FILE)
-    entries[name] = base64.b64encode(_torch_saved({"version": 1, "args": [_Plant(marker)]}))
+    name = entry_named(entries, REFERENCE_IO_FILE)
+    entries[name] = base64.b64encode(torch_saved({"version": 1, "args": [Plant(marker)]}))
     return name
 
 
@@ -178,7 +146,7 @@ def test_crafted_archive_is_refused_and_nothing_runs(
     marker = tmp_path / "marker"
     entry_holder: list[str] = []
     source = with_weights if case == "pickled weight" else saved_seed.good
-    path = _rewrite(
+    path = rewrite(
         source, tmp_path / "crafted.pt2", lambda entries: entry_holder.append(CRAFTED[case](entries, marker))
     )
     (entry,) = entry_holder
@@ -204,9 +172,9 @@ def test_an_extra_file_of_someone_else_is_never_read(saved_seed: SavedSeed, tmp_
 
     def plant(entries: dict[str, bytes]) -> None:
         names.append(f"{_extra_folder(entries)}/notes.pkl")
-        entries[names[0]] = pickle.dumps(_Plant(marker))
+        entries[names[0]] = pickle.dumps(Plant(marker))
 
-    path = _rewrite(saved_seed.good, tmp_path / "crafted.pt2", plant)
+    path = rewrite(saved_seed.good, tmp_path / "crafted.pt2", plant)
     proc = cli("verify", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"note: extra files not read (they are never loaded as code): {names[0]}" in proc.stdout
@@ -261,10 +229,6 @@ def _stock_like(source: Path, target: Path, rewire: Callable[[torch.export.Expor
     return target
 
 
-def _engines(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
-    return [n for n in program.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default]
-
-
 def _engine_targets(program: torch.export.ExportedProgram) -> set[str]:
     return {str(spec.target) for spec in program.graph_signature.input_specs if "_engine" in str(spec.target)}
 
@@ -276,7 +240,7 @@ def _rewire_single_output(program: torch.export.ExportedProgram) -> None:
 
 
 def _rewire_multi_output(program: torch.export.ExportedProgram) -> None:
-    engine = next(n for n in _engines(program) if len(n.meta["val"]) == 2)
+    engine = next(n for n in engine_calls(program) if len(n.meta["val"]) == 2)
     first, second = sorted((u for u in engine.users if u.target is operator.getitem), key=lambda u: u.args[1])
     assert first.meta["val"].shape == second.meta["val"].shape
     consumer = next(iter(second.users))
@@ -286,7 +250,7 @@ def _rewire_multi_output(program: torch.export.ExportedProgram) -> None:
 def test_rewired_single_output_engine_is_reported(saved_seed: SavedSeed, tmp_path: Path) -> None:
     path = _stock_like(saved_seed.good, tmp_path / "stock_single.pt2", _rewire_single_output)
     program = torch.export.load(path)
-    engines = _engines(program)
+    engines = engine_calls(program)
     assert len(engines) == 3, "the engine whose consumer was rewired is dead code now"
     used = {str(spec.target) for spec in program.graph_signature.input_specs if spec.arg.name in
             {n.args[1].name for n in engines}}  # fmt: skip
@@ -301,7 +265,7 @@ def test_rewired_single_output_engine_is_reported(saved_seed: SavedSeed, tmp_pat
 
 def test_orphaned_output_of_a_multi_output_engine_is_reported(saved_seed: SavedSeed, tmp_path: Path) -> None:
     path = _stock_like(saved_seed.good, tmp_path / "stock_multi.pt2", _rewire_multi_output)
-    engines = _engines(torch.export.load(path))
+    engines = engine_calls(torch.export.load(path))
     position, engine = next((i, n) for i, n in enumerate(engines) if len(n.meta["val"]) == 2)
     proc = cli("verify", str(path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -362,7 +326,7 @@ def test_torch_warnings_stay_off_stderr(
     saved_seed: SavedSeed, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """torch's deserializer warns (a log record) of a range for a symbol its graph lacks: shown only with --debug."""
-    path = _rewrite(saved_seed.good, tmp_path / "model.pt2", _unused_symbol_range)
+    path = rewrite(saved_seed.good, tmp_path / "model.pt2", _unused_symbol_range)
     with caplog.at_level(logging.WARNING):
         torch.export.load(path)
     assert any("s999" in record.getMessage() for record in caplog.records), "torch warns of the unused symbol"
@@ -375,7 +339,7 @@ def test_torch_warnings_stay_off_stderr(
 
 
 def _unused_symbol_range(entries: dict[str, bytes]) -> None:
-    name = _entry(entries, "models/model.json", "serialized_exported_program.json")
+    name = model_json_entry(entries)
     document = json.loads(entries[name])
     document["range_constraints"]["s999"] = {"min_val": 2, "max_val": 8}
     entries[name] = json.dumps(document).encode()

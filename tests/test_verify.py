@@ -12,12 +12,12 @@ import pickle
 import re
 import runpy
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed, python_path
+from conftest import REPO, SavedSeed, new_interpreter, python_path
+from hostile import tampered_reference_io, torchscript_archive, truncated
 from models import RELU, ConvBnRelu
 
 import trt_inline
@@ -70,9 +70,7 @@ def cli(*args: str, env: dict[str, str] | None = None, process: bool = False) ->
                 code = int(exc.code or 0)
         return subprocess.CompletedProcess(["trt-inline", *args], code, out.getvalue(), err.getvalue())
     run_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "trt_inline.cli", *args], capture_output=True, text=True, env=run_env, timeout=300
-    )
+    return new_interpreter("-m", "trt_inline.cli", *args, env=run_env, timeout=300)
 
 
 def assert_unusable(proc: subprocess.CompletedProcess[str], fragment: str) -> None:
@@ -133,30 +131,6 @@ def test_file_without_reference_io(saved: dict[str, Path]) -> None:
     assert "expected outputs: given" in proc.stdout
 
 
-def _torchscript(path: Path) -> Path:
-    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(path))
-    return path
-
-
-def _truncated(source: Path, path: Path, fraction: float) -> Path:
-    data = source.read_bytes()
-    path.write_bytes(data[: int(len(data) * fraction)])
-    return path
-
-
-def _tampered(source: Path, path: Path, marker: Path) -> Path:
-    """The reference I/O replaced by a pickle that would create ``marker`` if unpickled."""
-
-    class Exploit:
-        def __reduce__(self) -> tuple[object, tuple[str]]:
-            return (os.system, (f"touch {marker}",))
-
-    program = torch.export.load(source)
-    payload = base64.b64encode(pickle.dumps({"version": 1, "args": Exploit()})).decode()
-    torch.export.save(program, path, extra_files={REFERENCE_IO_FILE: payload})
-    return path
-
-
 def test_bad_inputs_exit_2_with_one_line_across_a_process(saved: dict[str, Path], tmp_path: Path) -> None:
     """The full table is in process (tests/test_bad_inputs.py, and the cases below); here the real process boundary.
 
@@ -164,13 +138,14 @@ def test_bad_inputs_exit_2_with_one_line_across_a_process(saved: dict[str, Path]
     """
     marker = tmp_path / "exploited"
     for args, fragment in [
-        ([str(_truncated(saved["good"], tmp_path / "most.pt2", 0.98))], "not a zip archive"),
-        ([str(_torchscript(tmp_path / "script.pt"))], "a TorchScript archive"),
+        ([str(truncated(saved["good"], tmp_path / "most.pt2", 0.98))], "not a zip archive"),
+        ([str(torchscript_archive(tmp_path / "script.pt"))], "a TorchScript archive"),
     ]:
         assert_unusable(cli("verify", *args), fragment)
+    tampered = tampered_reference_io(saved["good"], tmp_path / "tampered.pt2", marker)
     cases = [
         ([str(tmp_path / "missing.pt2")], "no such file"),
-        ([str(_tampered(saved["good"], tmp_path / "tampered.pt2", marker))], "embedded reference I/O refused"),
+        ([str(tampered)], "embedded reference I/O refused"),
     ]
     for args, fragment in cases:
         assert_unusable(cli("verify", *args, process=True), fragment)
@@ -233,7 +208,7 @@ def test_verify_saved_model_example(saved: dict[str, Path]) -> None:
     this process: the file is opened in a child either way)."""
     script = REPO / "examples" / "verify_saved_model.py"
     env = dict(os.environ, PYTHONPATH=python_path())
-    good = subprocess.run([sys.executable, str(script), str(saved["good"])], capture_output=True, text=True, env=env)
+    good = new_interpreter(script, saved["good"], env=env)
     assert good.returncode == 0 and "PASS" in good.stdout, good.stderr
     example = runpy.run_path(str(script))  # as a module: its __main__ block does not run
     out, err = io.StringIO(), io.StringIO()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trt_inline import progress
-from trt_inline.errors import IsolationError, TrtInlineError, VerifyInputError, first_line, printable
+from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
 from trt_inline.logs import debug_to_stderr
 from trt_inline.verify.cases import CaseResult, expected_outputs, load_tensor_file, split_inputs
 from trt_inline.verify.options import (
@@ -455,26 +455,18 @@ def _run_rank_set(args: argparse.Namespace) -> int:
 def _run_inspect(args: argparse.Namespace) -> int:
     from trt_inline.archive.reader import check_path
     from trt_inline.isolation import Limits, run_isolated
-    from trt_inline.verify.engine_needs import infos_of_child
+    from trt_inline.verify.jobs import InspectRequest, InspectResponse, response_of_child
 
     trust, isolation = from_flags(Trust, vars(args)), from_flags(Isolation, vars(args))
     check_path(args.path)  # (said at once, before a child starts)
     limits = Limits.for_file(args.path, isolation.timeout, isolation.memory_limit)
-    arguments = {
-        "path": args.path,
-        "allow_pickle": trust.allow_pickle,
-        "allow_native_code": trust.allow_native_code,
-        "allow_ops": list(trust.allow_ops),
-    }
     result = run_isolated(
-        "inspect", arguments, None, limits, where=args.path, files=(args.path,), sandbox=isolation.sandbox,
-        imports=trust.allow_pickle, debug=isolation.debug,
+        "inspect", InspectRequest.of(args.path, trust), None, limits, where=args.path, files=(args.path,),
+        sandbox=isolation.sandbox, imports=trust.allow_pickle, native_code=trust.allow_native_code,
+        debug=isolation.debug,
     )  # fmt: skip
-    value = result.value if isinstance(result.value, dict) else {}
-    lines, wire = value.get("lines"), value.get("engines")
-    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
-        raise IsolationError(f"{args.path}: the child process gave a malformed table")
-    engines = infos_of_child(wire, args.path)
+    answer = response_of_child(InspectResponse, result.value, args.path)
+    lines, engines = answer.lines, answer.engines
     if args.json:
         document = {"path": args.path, "lines": [printable(line) for line in lines],
                     "engines": [info.to_dict() for info in engines]}  # fmt: skip

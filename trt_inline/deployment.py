@@ -36,6 +36,7 @@ from typing import Any
 
 from trt_inline import releases
 from trt_inline.errors import VerifyInputError, printable
+from trt_inline.messages import wire
 from trt_inline_switches import env_flag
 
 __all__ = [
@@ -142,15 +143,21 @@ class EngineInfo:
     ``fields``: every field the layout of its ABI names, as text (the plan itself left out: ``engine_bytes`` is
     its decoded size). ``metadata``: the plain data of its serialized metadata where it decodes as such
     (:func:`trt_inline.archive.engine_info.metadata_summary`), ``metadata_note`` what it is otherwise.
+
+    A child reading a file hands it back as plain data (:mod:`trt_inline.messages`), read strictly in the parent
+    within the bounds declared here: strings escaped and cut, at most 32 fields and 32 problems, the metadata
+    plain data at most 6 deep, 64 items a list or object.
     """
 
-    where: str
-    abi: str
-    fields: dict[str, str] = field(default_factory=dict)
+    where: str = field(metadata=wire(cut=200))
+    abi: str = field(metadata=wire(cut=20))
+    fields: dict[str, str] = field(default_factory=dict, metadata=wire(max_items=32, key_cut=40, cut=4096))
     engine_bytes: int = 0
-    metadata: dict[str, Any] = field(default_factory=dict)
-    metadata_note: str = ""
-    problems: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(
+        default_factory=dict, metadata=wire(max_items=64, max_depth=6, key_cut=60, cut=400)
+    )
+    metadata_note: str = field(default="", metadata=wire(cut=200))
+    problems: list[str] = field(default_factory=list, metadata=wire(max_items=32, cut=400))
 
     @property
     def name(self) -> str:
@@ -179,39 +186,6 @@ class EngineInfo:
     def outputs(self) -> list[str]:
         return [n for n in self.fields.get("outputs", "").split("%") if n]
 
-    def to_wire(self) -> dict[str, Any]:
-        """What a child hands back (:meth:`from_wire` reads it strictly in the parent)."""
-        return {
-            "where": self.where, "abi": self.abi, "fields": dict(self.fields), "engine_bytes": self.engine_bytes,
-            "metadata": self.metadata, "metadata_note": self.metadata_note, "problems": list(self.problems),
-        }  # fmt: skip
-
-    @classmethod
-    def from_wire(cls, data: Any) -> EngineInfo:
-        """:meth:`to_wire`'s dict from an untrusted child: each field of its type, strings escaped and cut, the
-        metadata plain data of bounded depth; ``ValueError`` otherwise."""
-        if not isinstance(data, dict) or set(data) != {
-            "where", "abi", "fields", "engine_bytes", "metadata", "metadata_note", "problems"
-        }:  # fmt: skip
-            raise ValueError("an engine's info with other fields")
-        fields = data["fields"]
-        if (
-            not isinstance(fields, dict)
-            or len(fields) > 32
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items())
-        ):
-            raise ValueError("engine info fields that are not text")
-        if not isinstance(data["engine_bytes"], int) or isinstance(data["engine_bytes"], bool):
-            raise ValueError("an engine size that is not an integer")
-        problems = data["problems"]
-        if not isinstance(problems, list) or len(problems) > 32 or not all(isinstance(p, str) for p in problems):
-            raise ValueError("engine problems that are not text")
-        return cls(
-            _text(data["where"], 200), _text(data["abi"], 20),
-            {_text(k, 40): _text(v, 4096) for k, v in fields.items()}, data["engine_bytes"],
-            _plain(data["metadata"], 0), _text(data["metadata_note"], 200), [_text(p, 400) for p in problems],
-        )  # fmt: skip
-
     def to_dict(self) -> dict[str, Any]:
         device = self.device
         return {
@@ -232,27 +206,6 @@ class EngineInfo:
             "metadata_note": self.metadata_note,
             "problems": self.problems,
         }
-
-
-def _text(value: Any, limit: int) -> str:
-    if not isinstance(value, str):
-        raise ValueError("a field that is not text")
-    return printable(value)[:limit]
-
-
-def _plain(value: Any, depth: int) -> Any:
-    """Plain data (text, numbers, booleans, None, lists, dicts of text keys) of bounded depth and size, escaped."""
-    if depth > 6:
-        raise ValueError("metadata nested too deeply")
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str):
-        return printable(value)[:400]
-    if isinstance(value, list) and len(value) <= 64:
-        return [_plain(v, depth + 1) for v in value]
-    if isinstance(value, dict) and len(value) <= 64 and all(isinstance(k, str) for k in value):
-        return {printable(k)[:60]: _plain(v, depth + 1) for k, v in value.items()}
-    raise ValueError("metadata that is not plain data")
 
 
 @dataclass(frozen=True)

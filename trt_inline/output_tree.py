@@ -16,12 +16,13 @@ torches' pytree has no leaf for it, newer ones have).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils import _pytree as pytree
 
 from trt_inline import compat
+from trt_inline.messages import wire
 
 __all__ = [
     "OutputTree",
@@ -41,9 +42,10 @@ MAX_STRUCTURE = 1 << 20
 class OutputTree:
     """The outputs' structure (``dict['scores', 'boxes'](*, tuple(*, None))``) and the path of each value."""
 
-    structure: str
+    # (bounded as :meth:`from_plain` bounds them where the parent sends one to a child: :mod:`trt_inline.messages`)
+    structure: str = field(metadata=wire(max_len=MAX_STRUCTURE))
     # ``out['scores']``, ``out[1][0]``: one per value of :func:`values`, in its order.
-    paths: tuple[str, ...]
+    paths: tuple[str, ...] = field(metadata=wire(max_len=MAX_STRUCTURE))
 
     @property
     def named(self) -> bool:

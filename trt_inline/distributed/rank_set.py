@@ -326,7 +326,8 @@ def verify_rank_set(
     ``reference`` only ``per_engine``; no ``isolate``: a :class:`TypeError`).
     """
     from trt_inline.isolation import DEFAULT_TIMEOUT, Limits
-    from trt_inline.verify.options import RANKS, gather, job_arguments
+    from trt_inline.verify.jobs import VerifyRequest
+    from trt_inline.verify.options import RANKS, gather
     from trt_inline.verify.verifier import report_of_child, strictly
 
     options = gather(RANKS, fields, reference=reference, tolerances=tolerances, trust=trust, isolation=isolation)
@@ -344,11 +345,11 @@ def verify_rank_set(
                 lambda: agreement.groups, agreement.child_ready, lambda: agreement.allowed,
                 lambda: agreement.relay_world, limits.memory, agreement.ended,
             )  # fmt: skip
-            arguments = {"path": path, **job_arguments(options), "label": None}
             tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
             report = report_of_child(
-                "verify", arguments, tensors, limits, where=path, files=(path,), sandbox=options.isolation.sandbox,
-                debug=options.isolation.debug, verbose=options.isolation.verbose, relay=server,
+                "verify", VerifyRequest.of(path, options), tensors, limits, where=path, files=(path,),
+                sandbox=options.isolation.sandbox, debug=options.isolation.debug, verbose=options.isolation.verbose,
+                relay=server,
             )  # fmt: skip
             report = strictly(report, options.tolerances.strict)
             if not agreement.done:

@@ -9,6 +9,7 @@ signal. ``JOBS`` is the table of what a child may run, by name.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -36,6 +37,7 @@ from trt_inline.isolation.pipes import MAX_REPORT_BYTES, MAX_RESULT_BYTES, Pipes
 from trt_inline.isolation.process import Ended, run_fresh, tail
 from trt_inline.isolation.read_ahead import READ_AHEAD_FROM, FeedReader, unmappable, window_for
 from trt_inline.isolation.zygote import zygote_for_now
+from trt_inline.messages import MessageError, decode, encode
 
 if TYPE_CHECKING:
     from trt_inline.distributed.relay import RelayServer
@@ -54,9 +56,10 @@ class ChildResult:
     peak_file: int = 0
 
 
-# The jobs a child can run, by name: (module, function). The function takes the request's
-# JSON arguments and the tensors the parent sent, and returns something JSON can hold
-# (or a pair of that and tensors to hand back).
+# The jobs a child can run, by name: (module, function). The function takes the job's request
+# (decoded into the dataclass its first parameter is annotated with, :mod:`trt_inline.messages`;
+# plain data where it names none) and the tensors the parent sent, and returns a dataclass (its
+# response, encoded) or something JSON can hold (or a pair of that and tensors to hand back).
 JOBS: dict[str, tuple[str, str]] = {
     "verify": ("trt_inline.verify.verifier", "verify_job"),
     "inspect": ("trt_inline.verify.verifier", "inspect_job"),
@@ -96,7 +99,7 @@ def sandbox_required(sandbox: bool) -> None:
 
 def run_isolated(
     job: str,
-    arguments: dict[str, Any],
+    arguments: Any,
     tensors: Any,
     limits: Limits,
     *,
@@ -104,6 +107,7 @@ def run_isolated(
     files: tuple[str, ...] = (),
     sandbox: bool = True,
     imports: bool = False,
+    native_code: bool = False,
     debug: bool = False,
     namespaces: bool = True,
     relay: RelayServer | None = None,
@@ -111,11 +115,15 @@ def run_isolated(
 ) -> ChildResult:
     """Run ``job`` in a sandboxed child process under ``limits``; its return value, or its error re-raised here.
 
+    ``arguments``: the job's request, a dataclass (sent as :func:`trt_inline.messages.encode`
+    makes it, and decoded here first as the child decodes it: a request that is not what it
+    declares is refused before any child starts) or plain data (a job that takes plain data).
     ``files``: what the job opens (readable in the sandbox, and mapped within its
     address space). ``tensors`` go through ``torch.save`` into the request.
     ``sandbox=False`` runs the child without the OS sandbox (limits still hold).
     ``imports``: the sandbox lets the child read every folder on the import path
-    (an unpickler the user allowed imports modules by name).
+    (an unpickler the user allowed imports modules by name). ``native_code``: the job
+    may load native code the user allowed (a package's library, TensorRT engines).
     ``namespaces=False`` leaves the namespace layer out (tests of the other walls).
     ``relay``: the child verifies one rank of a rank set; its collectives come
     over a second pair of pipes and ``relay`` answers them (:mod:`trt_inline.distributed.relay`).
@@ -125,6 +133,7 @@ def run_isolated(
     """
     import torch
 
+    sent = _sendable(arguments, where)
     sandbox_required(sandbox)
     _fits(files, limits, where)
     progress.report(f"{where}: starting a {'sandboxed ' if sandbox else ''}child process to open it")
@@ -133,7 +142,8 @@ def run_isolated(
     torch.save(tensors, payload)
     request = {
         "job": [module, function],
-        "arguments": arguments,
+        "arguments": sent,
+        "native_code": native_code,
         "memory": limits.memory,
         "mapped": sum(os.path.getsize(f) for f in files if os.path.isfile(f)),
         "files": [os.path.abspath(f) for f in files],
@@ -167,6 +177,19 @@ def run_isolated(
                 feed.stop()
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _sendable(arguments: Any, where: str) -> Any:
+    """A job's request as plain data: a dataclass encoded, and refused unless it decodes as the child will decode
+    it; plain data as it is."""
+    if not dataclasses.is_dataclass(arguments) or isinstance(arguments, type):
+        return arguments
+    try:
+        sent = encode(arguments)
+        decode(type(arguments), sent)
+    except MessageError as exc:
+        raise VerifyInputError(f"{where}: a request the child could not read ({exc})") from None
+    return sent
 
 
 def _feed_reader(path: str | None) -> FeedReader | None:

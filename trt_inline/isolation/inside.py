@@ -1,5 +1,9 @@
 """The child's side: read the request, enter the sandbox and the limits, run the job, report.
 
+The job's request is decoded strictly into the dataclass the job's first parameter
+names (:mod:`trt_inline.messages`), and a response it returns as a dataclass is
+encoded for the parent to decode the same way.
+
 Everything this module does after the sandbox is entered runs next to an
 untrusted file: what it reports is checked again by the parent.
 """
@@ -7,11 +11,14 @@ untrusted file: what it reports is checked again by the parent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import io
 import json
 import os
 import sys
 import traceback
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,7 @@ from trt_inline.isolation.limits import (
 )
 from trt_inline.isolation.pipes import PROGRESS_FD, RESULT_FD
 from trt_inline.isolation.process import ADDRESS_SPACE_LIMITED
+from trt_inline.messages import decode, encode
 
 
 def _read_request() -> tuple[dict[str, Any], bytes]:
@@ -97,6 +105,7 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     module_name, function_name = request["job"]
     job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
+    arguments = _job_request(job, request["arguments"])
     tensors = torch.load(io.BytesIO(payload), weights_only=True)
     from trt_inline import compat
 
@@ -106,7 +115,7 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     # Whether CUDA may be used, asked without initialising it: torch refuses CUDA in a process forked after
     # CUDA was initialised, and entering the sandbox forks (its PID namespace).
     cuda = compat.cuda_built() and sandbox_walls.cuda_devices_visible()
-    if request["arguments"].get("allow_native_code"):
+    if request.get("native_code"):
         compat.prepare_package_loading(cuda)
     feed = request.get("read_ahead")
     if feed is not None:  # the parent reads this file ahead: the child says how far
@@ -120,7 +129,7 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         if request.get("imports"):
             readable += tuple(entry for entry in sys.path if os.path.isabs(entry) and os.path.isdir(entry))
         # Native code the user allowed may bring a loader that writes outside its folder (torch 2.8's: /tmp).
-        writable = compat.aoti_loader_folders() if request["arguments"].get("allow_native_code") else ()
+        writable = compat.aoti_loader_folders() if request.get("native_code") else ()
         policy = sandbox_walls.Policy(
             work, readable, writable, devices=cuda, namespaces=bool(request.get("namespaces", True))
         )
@@ -135,7 +144,7 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         (work / ADDRESS_SPACE_LIMITED).touch()
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with MemorySampler() as sampler:
-        value = job(request["arguments"], tensors)
+        value = job(arguments, tensors)
     request["peak_anonymous"], request["peak_file"] = sampler.peaks()
     returned = b""
     if isinstance(value, tuple):
@@ -143,8 +152,20 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
         buffer = io.BytesIO()
         torch.save(extra, buffer)
         returned = buffer.getvalue()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = encode(value)  # (a response: the parent decodes it strictly, :mod:`trt_inline.messages`)
     # Strings from the file leave the child escaped and cut (the parent does it again: it trusts nothing here).
     return bounded_strings(value), returned, applied
+
+
+def _job_request(job: Callable[..., Any], arguments: Any) -> Any:
+    """The request ``job`` is called with: ``arguments`` decoded strictly into the dataclass its first parameter is
+    annotated with (:func:`trt_inline.messages.decode`), or as sent where that names none (plain data)."""
+    first = next(iter(inspect.signature(job).parameters))
+    declared = typing.get_type_hints(job).get(first)
+    if dataclasses.is_dataclass(declared) and isinstance(declared, type):
+        return decode(declared, arguments)
+    return arguments
 
 
 def sandbox_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:

@@ -15,6 +15,8 @@ module         concern
 ``partition``  which nodes become engines and which fall back to PyTorch
 ``engine``     the reference engine, a CPU (and CUDA) stand-in for a TensorRT engine
 ``program``    an engine's ATen graph as JSON, decoded and run
+``precision``  reduced precision (fp16, bf16, TF32) as a TensorRT build computes it,
+               emulated in an engine's own program
 =============  =====================================================================
 """
 

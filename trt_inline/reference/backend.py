@@ -27,6 +27,7 @@ from trt_inline.engines import ACC_PREFIX
 from trt_inline.errors import CompileError, first_line
 from trt_inline.reference.engine import build_engine
 from trt_inline.reference.partition import partition, resolve_ops
+from trt_inline.reference.precision import PrecisionSettings, calibrate, emulate_precision, low_precision_nodes
 
 __all__ = ["compile"]
 
@@ -40,6 +41,14 @@ def compile(
     dynamic_shapes: Any = None,
     scalar_boundaries: bool = True,
     collectives_in_engines: bool = False,
+    enabled_precisions: Collection[Any] = (),
+    enable_autocast: bool = False,
+    autocast_low_precision_type: Any = None,
+    autocast_excluded_nodes: Collection[str] = (),
+    autocast_excluded_ops: Collection[Any] = (),
+    autocast_max_output_threshold: float | None = 512.0,
+    autocast_max_depth_of_reduction: int | None = None,
+    disable_tf32: bool | None = None,
 ) -> torch.fx.GraphModule:
     """Compile ``model`` into engines and PyTorch fallbacks.
 
@@ -63,6 +72,16 @@ def compile(
             (``_c10d_functional.*``) run in PyTorch fallbacks by default, as
             with Torch-TensorRT without NCCL converters; ``True`` places them
             inside engines, as NCCL layers are.
+        enabled_precisions, enable_autocast, autocast_low_precision_type,
+        autocast_excluded_nodes, autocast_excluded_ops,
+        autocast_max_output_threshold, autocast_max_depth_of_reduction,
+        disable_tf32: Torch-TensorRT's precision settings; the engines then
+            compute as a reduced-precision build does
+            (:mod:`trt_inline.reference.precision`: an emulation, its numbers
+            are not TensorRT's). TF32 is emulated where a precision setting is
+            given and ``disable_tf32`` is not True, or where ``disable_tf32=False``
+            is given alone; by default the engines compute exactly what
+            PyTorch computes.
 
     Returns:
         A ``GraphModule`` called like the model, whose children are
@@ -86,6 +105,19 @@ def compile(
         raise TypeError(f"ExportedProgram.module() returned a {type(flat).__qualname__}, expected a GraphModule")
 
     sample_input = pytree.tree_leaves((tuple(arg_inputs), {}))
+    asked = bool(enabled_precisions) or enable_autocast or disable_tf32 is False
+    precision = PrecisionSettings.from_compile_settings(
+        enabled_precisions=enabled_precisions, enable_autocast=enable_autocast,
+        autocast_low_precision_type=autocast_low_precision_type, autocast_excluded_nodes=autocast_excluded_nodes,
+        autocast_excluded_ops=autocast_excluded_ops, autocast_max_output_threshold=autocast_max_output_threshold,
+        autocast_max_depth_of_reduction=autocast_max_depth_of_reduction, disable_tf32=not asked or bool(disable_tf32),
+    )  # fmt: skip
+    low_nodes: set[str] = set()
+    if precision.low is not None:
+        needs_calibration = precision.autocast and precision.max_output_threshold is not None
+        with _step(f"running {what} on the example inputs to measure each node's outputs (autocast)"):
+            calibration = calibrate(flat, sample_input) if needs_calibration else {}
+        low_nodes = low_precision_nodes(flat.graph, precision, calibration)
     split = partition(
         flat,
         sample_input,
@@ -108,6 +140,8 @@ def compile(
         name = str(call_node.target)
         block = getattr(split, name)
         call_node.meta["val"] = [out.meta["val"] for out in _output_nodes(block)]
+        if precision.emulated:
+            emulate_precision(block, precision, low_nodes)
         setattr(split, name, build_engine(block, name))
     split.recompile()
     return split

@@ -8,6 +8,8 @@ module              concern
 ==================  ===================================================================
 ``verifier``        ``verify``: all of the below in order, in the child and the parent
 ``options``         the option groups every entry point takes, each option declared once
+``jobs``            what each child job is sent (one request per job, built in one place)
+                    and what ``inspect`` and ``check`` hand back
 ``structure``       structural checks on the graph, one function each
 ``compare``         running on reference inputs and comparing values (error statistics)
 ``checked_run``     a normal call that runs the graph node by node, checking each value

@@ -31,6 +31,7 @@ from trt_inline.output_tree import OutputTree, describe_spec, paired_by_path, st
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import as_boundaries, trace_program
 from trt_inline.verify.compare import compare_output, ranked, run_on, tolerance_for
+from trt_inline.verify.jobs import DiffRequest
 from trt_inline.verify.localize import (
     Reference,
     Tolerance,
@@ -48,7 +49,7 @@ from trt_inline.verify.options import (
     Tolerances,
     Trust,
     gather,
-    job_arguments,
+    normalize_tolerance,
 )
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.range_ends import End
@@ -95,7 +96,7 @@ def diff(
     options = gather(DIFF, fields, inputs=inputs, tolerances=tolerances, trust=trust, isolation=isolation,
                      outputs=outputs)  # fmt: skip
     inputs, isolation, save_outputs = options.inputs, options.isolation, options.outputs.save_outputs
-    arguments = {"path_a": os.fspath(path_a), "path_b": os.fspath(path_b), **job_arguments(options)}
+    request = DiffRequest.of(os.fspath(path_a), os.fspath(path_b), options)
     tensors = {
         "args": None if inputs.arg_inputs is None else list(inputs.arg_inputs),
         "kwargs": inputs.kwarg_inputs,
@@ -103,7 +104,7 @@ def diff(
     for path in (path_a, path_b):
         check_path(path)  # (said at once, before a child starts: the child reads each file again, strictly)
     if not isolation.isolate:
-        result = diff_job(arguments, tensors)
+        result = diff_job(request, tensors)
         if save_outputs is not None:
             report_dict, kept = result
             save_tensors(kept["outputs"], save_outputs)
@@ -118,7 +119,7 @@ def diff(
         save_target(save_outputs)
     limits = Limits.for_file(path_a, isolation.timeout, memory_limit)
     return report_of_child(
-        "diff", arguments, tensors, limits, where=os.fspath(path_a), files=(os.fspath(path_a), os.fspath(path_b)),
+        "diff", request, tensors, limits, where=os.fspath(path_a), files=(os.fspath(path_a), os.fspath(path_b)),
         sandbox=isolation.sandbox, debug=isolation.debug, verbose=isolation.verbose, save_outputs=save_outputs,
     )  # fmt: skip
 
@@ -194,17 +195,19 @@ def _outputs_by_path(
     return comparisons
 
 
-def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
-    """:func:`diff` in this process (the child's job); with ``save_outputs``, the outputs of both as well."""
-    path_a, path_b = arguments["path_a"], arguments["path_b"]
-    atol: Tolerance = arguments["atol"]
-    rtol: Tolerance = arguments["rtol"]
-    with allowed_ops.allowing(arguments["allow_ops"], native_code=arguments["allow_native_code"]):
+def diff_job(request: DiffRequest, tensors: dict[str, Any]) -> Any:
+    """:func:`diff` in this process (the child's job); with ``keep_outputs`` (``save_outputs``), the outputs of both
+    as well."""
+    path_a, path_b = request.path_a, request.path_b
+    inputs, tolerances, trust = request.inputs, request.tolerances, request.trust
+    atol, rtol = normalize_tolerance(tolerances.atol), normalize_tolerance(tolerances.rtol)
+    stat = tolerances.check_error_stat
+    with allowed_ops.allowing(trust.allow_ops, native_code=trust.allow_native_code):
         opened = [
             open_file(
                 path,
-                allow_pickle=arguments["allow_pickle"],
-                allow_native_code=arguments["allow_native_code"],
+                allow_pickle=trust.allow_pickle,
+                allow_native_code=trust.allow_native_code,
                 allow_ops=sorted(allowed_ops.allowed_now()),
             )
             for path in (path_a, path_b)
@@ -212,7 +215,7 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
         program_a, program_b = (_program(loaded) for loaded in opened)
         module_a, module_b = (loaded.module for loaded in opened)
         report = VerifyReport(source=f"{path_a} against {path_b}", expected_source=f"from {path_b}")
-        report.allow_pickle = arguments["allow_pickle"]
+        report.allow_pickle = trust.allow_pickle
         for path, program in ((path_a, program_a), (path_b, program_b)):
             problems, _ = structural_problems(program)
             report.notes += [f"{Path(path).name}: {problem}" for problem in problems]
@@ -220,14 +223,14 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
         tree_a, tree_b = (describe_spec(program.call_spec.out_spec) for program in (program_a, program_b))
         report.problems += structure_problems(tree_a, tree_b, Path(path_b).name)
         args, kwargs, captured = _inputs(tensors, *opened)
-        device = arguments["device"] or captured
+        device = inputs.device or captured
         # Each set of inputs: the inputs above (None), then the ends of A's dynamic ranges, then random draws.
         sets: list[tuple[End | Draw | None, list[Any], dict[str, Any]]] = [(None, args, kwargs)]
-        plan = range_ends.plan(program_a, (args, kwargs), arguments["seed"], arguments["range_ends"])
+        plan = range_ends.plan(program_a, (args, kwargs), inputs.seed, inputs.range_ends)
         report.notes += plan.notes
         sets += [(end, end.draw.args, end.draw.kwargs) for end in plan.ends]
-        if arguments["random_inputs"]:
-            draws = draw_inputs(program_a, arguments["random_inputs"], arguments["seed"], (args, kwargs))
+        if inputs.random_inputs:
+            draws = draw_inputs(program_a, inputs.random_inputs, inputs.seed, (args, kwargs))
             sets += [(draw, draw.args, draw.kwargs) for draw in draws]
         ends_run: list[End] = []
         iteration = -1  # (of the random draws)
@@ -273,12 +276,10 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 ]
             if same_partition(trace_a, trace_b) or trace_a.crash is not None:
                 reference = Reference(path_b, as_boundaries(trace_b), trace_b.outputs, trace_b)
-                rows, divergence = localize(trace_a, reference, atol, rtol, arguments["stat"])
+                rows, divergence = localize(trace_a, reference, atol, rtol, stat)
             else:  # engines cannot be paired: compared where both partitions cut
                 provenance = (_provenance(opened[0]), _provenance(opened[1]))
-                rows, divergence, how = localize_partitions(
-                    trace_a, trace_b, path_b, atol, rtol, arguments["stat"], provenance
-                )
+                rows, divergence, how = localize_partitions(trace_a, trace_b, path_b, atol, rtol, stat, provenance)
                 if how not in report.notes:
                     report.notes.append(how)
             if draw is None and trace_a.crash is None:
@@ -298,11 +299,11 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 report.outputs = rows[-1].values if trace_a.crash is None else []
                 if tree_a.structure != tree_b.structure and trace_a.crash is None:
                     report.outputs = _outputs_by_path(
-                        report, (trace_a.outputs, trace_b.outputs), (tree_a, tree_b), atol, rtol, arguments["stat"]
+                        report, (trace_a.outputs, trace_b.outputs), (tree_a, tree_b), atol, rtol, stat
                     )
-                if arguments.get("top_k") is not None:
-                    _rank_outputs(report, trace_a.outputs, trace_b.outputs, arguments["top_k"],
-                                  arguments.get("min_top_k_agreement"))  # fmt: skip
+                if tolerances.top_k is not None:
+                    _rank_outputs(report, trace_a.outputs, trace_b.outputs, tolerances.top_k,
+                                  tolerances.min_top_k_agreement)  # fmt: skip
                 report.boundaries = rows
                 outputs = {"a": trace_a.outputs, "b": trace_b.outputs}
             else:
@@ -331,6 +332,6 @@ def diff_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
                 break
         if ends_run:
             report.notes.append(plan.summary("each run by both files and compared boundary by boundary", ends_run))
-    if arguments["save_outputs"] is not None:
+    if request.keep_outputs:
         return report.to_dict(), {"outputs": outputs}
     return report.to_dict()

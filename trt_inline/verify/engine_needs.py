@@ -3,7 +3,8 @@
 The engine infos are read in the sandboxed child, as every file is
 (:func:`needs_job`: :mod:`trt_inline.archive.engine_info`, nothing
 deserialized), handed back as data and read strictly here
-(:meth:`~trt_inline.deployment.EngineInfo.from_wire`); the checks
+(:class:`~trt_inline.verify.jobs.NeedsResponse`, within the bounds
+:class:`~trt_inline.deployment.EngineInfo` declares); the checks
 (:mod:`trt_inline.deployment`) run in this process, against this machine or a
 described one.
 """
@@ -15,28 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trt_inline.deployment import EngineInfo, Machine, engine_problems, releases_of_abi
-from trt_inline.errors import IsolationError
 from trt_inline.formats import format_size
+from trt_inline.verify.jobs import NeedsRequest, NeedsResponse, response_of_child
 
 __all__ = ["CheckReport", "check_engines", "engine_lines", "needs_job"]
 
 
-def needs_job(arguments: dict[str, Any], tensors: Any) -> list[dict[str, Any]]:
+def needs_job(request: NeedsRequest, tensors: Any) -> NeedsResponse:
     """The engine infos of a file, inside the child process (``check``)."""
     from trt_inline.archive.engine_info import read_engine_infos
 
-    _, infos = read_engine_infos(arguments["path"], allow_pickle=bool(arguments["allow_pickle"]))
-    return [info.to_wire() for info in infos]
-
-
-def infos_of_child(value: Any, where: str) -> list[EngineInfo]:
-    """The engine infos a child handed back, read strictly."""
-    if not isinstance(value, list) or len(value) > 4096:
-        raise IsolationError(f"{where}: the child process handed back engine infos that are not a list")
-    try:
-        return [EngineInfo.from_wire(item) for item in value]
-    except ValueError as exc:
-        raise IsolationError(f"{where}: the child process handed back a malformed engine info ({exc})") from None
+    _, infos = read_engine_infos(request.path, allow_pickle=request.trust.allow_pickle)
+    return NeedsResponse(infos)
 
 
 def engine_lines(infos: list[EngineInfo]) -> list[str]:
@@ -132,12 +123,12 @@ def check_engines(
 
     where = os.fspath(path)
     check_path(where)
-    arguments = {"path": where, "allow_pickle": allow_pickle}
     limits = Limits.for_file(where, timeout, memory_limit)
     result = run_isolated(
-        "needs", arguments, None, limits, where=where, files=(where,), sandbox=sandbox, imports=allow_pickle
-    )
-    infos = infos_of_child(result.value, where)
+        "needs", NeedsRequest.of(where, allow_pickle), None, limits, where=where, files=(where,), sandbox=sandbox,
+        imports=allow_pickle,
+    )  # fmt: skip
+    infos = response_of_child(NeedsResponse, result.value, where).engines
     target = machine if machine is not None else this_machine()  # (after the child: nothing forks from here on)
     report = CheckReport(where, target, infos)
     report.problems = [problem for info in infos for problem in engine_problems(info, target)]

@@ -19,7 +19,9 @@ Each field is declared here and nowhere else: its type, its default, and in its 
 back), and every entry point takes the groups, or any field as a keyword of its own
 (``verify(path, atol=1e-3)``, as before the groups): :func:`gather` makes the groups of both,
 refuses a group given together with one of its own fields as a keyword, and a field the entry
-point does not take. :func:`job_arguments` is what a child's job reads of them (JSON).
+point does not take. A child's job is sent the groups themselves (:mod:`trt_inline.verify.jobs`), as
+:func:`for_child` makes them: how each field travels, or that it stays in the calling process (tensors, a
+module), is declared beside it too (:func:`trt_inline.messages.wire`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any, TypedDict, TypeVar
 import torch
 
 from trt_inline.errors import VerifyInputError
+from trt_inline.messages import wire, wire_of
 from trt_inline.verify.compare import ERROR_STATS, tolerance_key
 from trt_inline.verify.range_ends import GROWTH, MODES, SMALL_BYTES, modes_checked
 
@@ -68,9 +71,9 @@ __all__ = [
     "declaration",
     "declarations",
     "error_stat_checked",
+    "for_child",
     "from_flags",
     "gather",
-    "job_arguments",
     "normalize_tolerance",
     "parse_tolerance",
     "top_k_checked",
@@ -126,15 +129,17 @@ def declared(
     *flags: str,
     used_by: Sequence[str] = ENTRY_POINTS,
     help_for: Mapping[str, str] | None = None,
+    travels: Mapping[str, Any] | None = None,
     **how: Any,
-) -> dict[str, Declaration]:
+) -> dict[str, Any]:
     """A field's ``metadata``: its :class:`Declaration` (``help_for``: by entry point, the help its command shows
-    instead of ``help``)."""
+    instead of ``help``); ``travels``: how it is sent to a child (:func:`trt_inline.messages.wire`; default: as its
+    annotation says)."""
     own = tuple(sorted((help_for or {}).items()))
     for entry, _ in own:
         if entry not in used_by:
             raise ValueError(f"help_for {entry!r}: an entry point the option is not used by ({sorted(used_by)})")
-    return {"option": Declaration(help, flags, frozenset(used_by), help_for=own, **how)}
+    return {"option": Declaration(help, flags, frozenset(used_by), help_for=own, **how), **(travels or {})}
 
 
 def declaration(item: dataclasses.Field[Any]) -> Declaration:
@@ -213,6 +218,11 @@ _RUNS = (VERIFY, DIFF, CASES)  # what each case of a folder runs with too, and a
 _COMPARED = (VERIFY, DIFF, CASES, RANKS)
 _CHECKED = (VERIFY, CASES, RANKS)  # verify's own checks, which diff does not make
 _LOADED = (VERIFY, DIFF, CASES, RANKS, INSPECT)  # what loads a file's program (check reads its engines' infos only)
+# How fields travel to a child where their annotation cannot say it (:mod:`trt_inline.messages`): tensors travel
+# apart (``torch.save``), a path as text, a tolerance in the one form :func:`normalize_tolerance` gives.
+_TENSORS = wire(stays=True)
+_PATH = wire(as_type=str | None)
+_TOLERANCE = wire(as_type=float | dict[str, float] | None)
 
 
 @dataclass(frozen=True)
@@ -227,9 +237,10 @@ class Inputs(OptionGroup):
 
     # fmt: off
     arg_inputs: Sequence[torch.Tensor] | None = field(default=None, metadata=declared(
-        "the program's positional inputs (default: the reference inputs the file embeds)", used_by=_BOTH))
+        "the program's positional inputs (default: the reference inputs the file embeds)", used_by=_BOTH,
+        travels=_TENSORS))
     kwarg_inputs: dict[str, torch.Tensor] | None = field(default=None, metadata=declared(
-        "the program's keyword inputs, with arg_inputs", used_by=_BOTH))
+        "the program's keyword inputs, with arg_inputs", used_by=_BOTH, travels=_TENSORS))
     random_inputs: int = field(default=0, metadata=declared(
         "also run on N sets of random inputs within the program's declared dynamic ranges "
         "(the first at every minimum, the second at every maximum)",
@@ -256,16 +267,17 @@ class Reference(OptionGroup):
 
     # fmt: off
     expected: Any = field(default=None, metadata=declared(
-        "the expected outputs for arg_inputs", used_by=(VERIFY,)))
+        "the expected outputs for arg_inputs", used_by=(VERIFY,), travels=_TENSORS))
     expected_module: Callable[..., Any] | None = field(default=None, metadata=declared(
         "a module whose outputs (on arg_inputs, or the embedded inputs) are the expected outputs; with "
-        "per_engine, a compiled module whose engines are compared engine by engine", used_by=(VERIFY,)))
+        "per_engine, a compiled module whose engines are compared engine by engine", used_by=(VERIFY,),
+        travels=wire(stays=True)))
     expected_from: str | os.PathLike[str] | None = field(default=None, metadata=declared(
         "compare PATH with the reference I/O embedded in another file (a newer save of the same module)",
-        "--expected-from", used_by=(VERIFY,), metavar="NEW.pt2"))
+        "--expected-from", used_by=(VERIFY,), metavar="NEW.pt2", travels=_PATH))
     load_boundaries: str | os.PathLike[str] | None = field(default=None, metadata=declared(
         "compare PATH, engine by engine, with a run --save-boundaries recorded (its inputs are used)",
-        "--load-boundaries", used_by=(VERIFY,), metavar="FILE"))
+        "--load-boundaries", used_by=(VERIFY,), metavar="FILE", travels=wire(stays=True)))
     per_engine: bool = field(default=False, metadata=declared(
         "compare engine by engine with the boundary data the file embeds (embed_reference='boundaries'): "
         "each engine alone, then every boundary of the run; names the first engine or fallback region that "
@@ -284,10 +296,12 @@ class Tolerances(OptionGroup):
     atol: float | Mapping[Any, float] | None = field(default=None, metadata=declared(
         "absolute tolerance: one number for every value, or KEY=TOL for one: outN (output N), engineK "
         "(engine call K's inputs and outputs), acc_N (engine _run_on_acc_N) (repeatable; default: per dtype)",
-        "--atol", used_by=_COMPARED, action="append", metavar="[KEY=]TOL", parse=parse_tolerance))
+        "--atol", used_by=_COMPARED, action="append", metavar="[KEY=]TOL", parse=parse_tolerance,
+        travels=_TOLERANCE))
     rtol: float | Mapping[Any, float] | None = field(default=None, metadata=declared(
         "relative tolerance, as --atol",
-        "--rtol", used_by=_COMPARED, action="append", metavar="[KEY=]TOL", parse=parse_tolerance))
+        "--rtol", used_by=_COMPARED, action="append", metavar="[KEY=]TOL", parse=parse_tolerance,
+        travels=_TOLERANCE))
     check_error_stat: str = field(default="elemwise", metadata=declared(
         "how a value passes: every element within atol + rtol*|reference| (elemwise, the default), or that "
         "statistic of the absolute error within atol or of the relative error within rtol",
@@ -323,7 +337,7 @@ class Trust(OptionGroup):
         "--allow-native-code", used_by=_LOADED, action="store_true"))
     allow_ops: Sequence[str] = field(default=(), metadata=declared(
         "also allow this operator (ns::op or ns::op.overload; repeatable); only for a file you trust",
-        "--allow-op", used_by=_LOADED, action="append", metavar="NAME"))
+        "--allow-op", used_by=_LOADED, action="append", metavar="NAME", travels=wire(as_type=tuple[str, ...])))
     # fmt: on
 
     def __post_init__(self) -> None:
@@ -575,24 +589,17 @@ def from_flags(cls: type[G], values: Mapping[str, Any]) -> G:
     return dataclasses.replace(cls(), **given)
 
 
-def job_arguments(options: Options) -> dict[str, Any]:
-    """What a child's ``verify`` or ``diff`` job reads of the options (JSON: tensors travel apart)."""
-    inputs, reference, tolerances, trust = options.inputs, options.reference, options.tolerances, options.trust
-    save_outputs = options.outputs.save_outputs
-    return {
-        "expected_from": None if reference.expected_from is None else os.fspath(reference.expected_from),
-        "atol": normalize_tolerance(tolerances.atol),
-        "rtol": normalize_tolerance(tolerances.rtol),
-        "stat": tolerances.check_error_stat,
-        "device": inputs.device,
-        "per_engine": reference.per_engine,
-        "random_inputs": inputs.random_inputs,
-        "seed": inputs.seed,
-        "range_ends": inputs.range_ends,
-        "save_outputs": None if save_outputs is None else os.fspath(save_outputs),
-        "allow_pickle": trust.allow_pickle,
-        "allow_native_code": trust.allow_native_code,
-        "allow_ops": list(trust.allow_ops),
-        "top_k": tolerances.top_k,
-        "min_top_k_agreement": tolerances.min_top_k_agreement,
-    }
+def for_child(group: G) -> G:
+    """``group`` as a child's job is sent it (:mod:`trt_inline.verify.jobs`): the fields that stay in this process
+    (tensors, which travel apart; a module) at their defaults, paths as text, tolerances normalized
+    (:func:`normalize_tolerance`)."""
+    changes: dict[str, Any] = {}
+    for item in fields(group):
+        value = getattr(group, item.name)
+        if wire_of(item).stays:
+            changes[item.name] = item.default
+        elif isinstance(value, os.PathLike):
+            changes[item.name] = os.fspath(value)
+    if isinstance(group, Tolerances):
+        changes.update(atol=normalize_tolerance(group.atol), rtol=normalize_tolerance(group.rtol))
+    return dataclasses.replace(group, **changes)

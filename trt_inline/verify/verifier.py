@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch.export import ExportedProgram
@@ -59,6 +59,7 @@ from trt_inline.verify.extract import (
     write_repro,
 )
 from trt_inline.verify.garbage import Sightings, garbage_warnings
+from trt_inline.verify.jobs import DiffRequest, InspectRequest, InspectResponse, VerifyRequest
 from trt_inline.verify.localize import Reference as BoundaryReference
 from trt_inline.verify.localize import Tolerance, localize, own_error_problems
 from trt_inline.verify.options import (
@@ -72,7 +73,6 @@ from trt_inline.verify.options import (
     VerifyFields,
     error_stat_checked,
     gather,
-    job_arguments,
     normalize_tolerance,
     top_k_checked,
 )
@@ -235,28 +235,9 @@ def verify(
         kept_reference: list[ReferenceIO] | None = [] if outputs.save_boundaries is not None else None
         with allowed_ops.allowing(trust.allow_ops, native_code=trust.allow_native_code, collectives=collectives):
             report = _verify_here(
-                path_or_program,
-                expected_module=reference.expected_module,
-                arg_inputs=inputs.arg_inputs,
-                kwarg_inputs=inputs.kwarg_inputs,
-                expected=reference.expected,
-                expected_from=reference.expected_from,
-                atol=normalize_tolerance(tolerances.atol),
-                rtol=normalize_tolerance(tolerances.rtol),
-                stat=tolerances.check_error_stat,
-                device=inputs.device,
-                per_engine=reference.per_engine,
-                random_inputs=inputs.random_inputs,
-                seed=inputs.seed,
-                range_ends=inputs.range_ends,
-                save_outputs=outputs.save_outputs,
-                allow_pickle=trust.allow_pickle,
-                allow_native_code=trust.allow_native_code,
-                kept_reference=kept_reference,
-                repro=repro,
-                top_k=tolerances.top_k,
-                min_top_k_agreement=tolerances.min_top_k_agreement,
-            )
+                path_or_program, inputs, reference, tolerances, trust, save_outputs=outputs.save_outputs,
+                kept_reference=kept_reference, repro=repro,
+            )  # fmt: skip
         if outputs.save_boundaries is not None:
             _save_boundaries_or_say(report, kept_reference[0] if kept_reference else None, outputs.save_boundaries)
         if extract is not None:
@@ -264,9 +245,9 @@ def verify(
         return strictly(report, tolerances.strict)
     path = os.fspath(path_or_program)
     check_path(path)  # (said at once, before a child starts: the child reads the file again, strictly)
-    label = None
+    label: Literal["module"] | None = None
     recorded = None
-    expected_tree: dict[str, Any] | None = None
+    expected_tree: OutputTree | None = None
     expected, expected_module, arg_inputs = reference.expected, reference.expected_module, inputs.arg_inputs
     if expected_module is not None:
         if arg_inputs is None:
@@ -284,24 +265,14 @@ def verify(
             buffers_restored(expected_module) as restored,
         ):
             returned = restored.apart(expected_module(*arg_inputs, **(inputs.kwarg_inputs or {})))
-            expected, expected_tree = tensors_only(returned, "expected outputs"), describe(returned).to_plain()
+            expected, expected_tree = tensors_only(returned, "expected outputs"), describe(returned)
         recorded = records if reference.per_engine else None
         label = "module"
     limits = Limits.for_file(path, isolation.timeout, isolation.memory_limit)
-    arguments = {
-        "path": path,
-        **job_arguments(options),
-        "label": label,
-        "keep_reference": outputs.save_boundaries is not None,
-        "extract": extract is not None,
-        # (expected_module runs here: the child hands back its runs at the ends of the ranges to compare with it)
-        "keep_range_ends": label == "module",
-    }
     if expected is not None and label is None:
-        arguments["expected_tree"] = _tree_of_given(expected)
-        expected = tensors_only(expected, "expected outputs")
-    elif label is not None:
-        arguments["expected_tree"] = expected_tree
+        expected_tree, expected = _given_tree(expected), tensors_only(expected, "expected outputs")
+    # (with expected_module, which runs here, the child hands back its runs at the ends of the ranges to compare)
+    request = VerifyRequest.of(path, options, label=label, expected_tree=expected_tree)
     tensors = {
         "args": None if arg_inputs is None else list(arg_inputs),
         "kwargs": inputs.kwarg_inputs,
@@ -314,7 +285,7 @@ def verify(
         save_target(outputs.save_outputs)
     kept_ends: list[dict[str, Any]] | None = [] if label == "module" else None
     report = report_of_child(
-        "verify", arguments, tensors, limits, where=path, files=files, sandbox=isolation.sandbox,
+        "verify", request, tensors, limits, where=path, files=files, sandbox=isolation.sandbox,
         debug=isolation.debug, verbose=isolation.verbose, save_outputs=outputs.save_outputs,
         save_boundaries=outputs.save_boundaries,
         repro=repro, read_ahead=path, range_ends=kept_ends,
@@ -340,7 +311,7 @@ def strictly(report: VerifyReport, strict: bool) -> VerifyReport:
 
 def report_of_child(
     job: str,
-    arguments: dict[str, Any],
+    request: VerifyRequest | DiffRequest | dict[str, Any],
     tensors: Any,
     limits: Limits,
     *,
@@ -356,19 +327,24 @@ def report_of_child(
     read_ahead: str | None = None,
     range_ends: list[dict[str, Any]] | None = None,
 ) -> VerifyReport:
-    """The report a ``verify`` or ``diff`` job gives in a child process, with what the child cost.
+    """The report a ``verify`` or ``diff`` job gives in a child process on ``request``, with what the child cost.
 
-    ``read_ahead``: the file whose weights the job reads, read ahead by this process (:func:`run_isolated`).
+    ``request``: the job's (:mod:`trt_inline.verify.jobs`), or plain data for a job that takes plain data (told
+    ``keep_outputs`` where ``save_outputs`` is given). ``read_ahead``: the file whose weights the job reads, read
+    ahead by this process (:func:`run_isolated`).
     ``range_ends``: receives the runs at the ends of the ranges the child handed back (``keep_range_ends``).
 
     The child's report is untrusted: it is read strictly here (:meth:`VerifyReport.from_dict`: each field of its
     type, strings escaped and cut, at most ``MAX_COMPARISONS`` comparisons), and the outputs it hands back
     for ``save_outputs`` are read by the strict reader, plain tensors only.
     """
+    if isinstance(request, dict):
+        request, trust = {**request, "keep_outputs": save_outputs is not None}, Trust()
+    else:
+        trust = request.trust
     result = run_isolated(
-        job, {**arguments, "keep_outputs": save_outputs is not None}, tensors, limits,
-        where=where, files=files, sandbox=sandbox, imports=bool(arguments.get("allow_pickle")), debug=debug,
-        relay=relay, read_ahead=read_ahead,
+        job, request, tensors, limits, where=where, files=files, sandbox=sandbox, imports=trust.allow_pickle,
+        native_code=trust.allow_native_code, debug=debug, relay=relay, read_ahead=read_ahead,
     )  # fmt: skip
     try:
         report = VerifyReport.from_dict(result.value)  # read strictly: types, escaped strings, bounded counts
@@ -542,47 +518,35 @@ def save_boundaries_file(reference: ReferenceIO, path: str | os.PathLike[str]) -
         tmp.write_bytes(encode_boundaries_file(reference))
 
 
-def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
-    """:func:`verify` inside the child process (the job :mod:`trt_inline.isolation.inside` runs).
+def verify_job(request: VerifyRequest, tensors: dict[str, Any]) -> Any:
+    """:func:`verify` inside the child process (the job :mod:`trt_inline.isolation.inside` runs), its tensors put
+    back into the groups they travelled apart from.
 
     Returns the report, and with ``keep_outputs`` the outputs too (the parent writes them).
     """
-    kept: list[Any] | None = [] if arguments.get("keep_outputs") else None
-    kept_reference: list[ReferenceIO] | None = [] if arguments.get("keep_reference") else None
-    repro: list[Any] | None = [] if arguments.get("extract") else None
-    kept_ends: list[dict[str, Any]] | None = [] if arguments.get("keep_range_ends") else None
+    kept: list[Any] | None = [] if request.keep_outputs else None
+    kept_reference: list[ReferenceIO] | None = [] if request.keep_reference else None
+    repro: list[Any] | None = [] if request.extract else None
+    kept_ends: list[dict[str, Any]] | None = [] if request.keep_range_ends else None
+    trust = request.trust
     with allowed_ops.allowing(
-        arguments["allow_ops"], native_code=arguments["allow_native_code"], collectives=rank_relay.client() is not None
+        trust.allow_ops, native_code=trust.allow_native_code, collectives=rank_relay.client() is not None
     ):
         report = _verify_here(
-            arguments["path"],
-            expected_module=None,
-            arg_inputs=tensors["args"],
-            kwarg_inputs=tensors["kwargs"],
-            expected=tensors["expected"],
-            expected_tree=_tree_argument(arguments.get("expected_tree"), tensors["expected"]),
-            expected_from=arguments["expected_from"],
-            atol=arguments["atol"],
-            rtol=arguments["rtol"],
-            stat=arguments.get("stat", "elemwise"),
-            device=arguments["device"],
-            per_engine=arguments["per_engine"],
-            random_inputs=arguments["random_inputs"],
-            seed=arguments["seed"],
-            range_ends=arguments["range_ends"],
-            save_outputs=None,
-            allow_pickle=arguments["allow_pickle"],
-            allow_native_code=arguments["allow_native_code"],
+            request.path,
+            replace(request.inputs, arg_inputs=tensors["args"], kwarg_inputs=tensors["kwargs"]),
+            replace(request.reference, expected=tensors["expected"]),
+            request.tolerances,
+            trust,
+            expected_tree=_tree_argument(request.expected_tree, tensors["expected"]),
             recorded=decode_boundaries(tensors.get("boundaries")),
             kept=kept,
             kept_reference=kept_reference,
             repro=repro,
-            top_k=arguments.get("top_k"),
-            min_top_k_agreement=arguments.get("min_top_k_agreement"),
             kept_range_ends=kept_ends,
         )
-    if arguments["label"]:
-        report.expected_source = arguments["label"]
+    if request.label:
+        report.expected_source = request.label
     if kept is not None or kept_reference or repro or kept_ends:
         handed: dict[str, Any] = {"outputs": kept or []}
         if kept_ends:
@@ -598,70 +562,66 @@ def verify_job(arguments: dict[str, Any], tensors: dict[str, Any]) -> Any:
     return report.to_dict()
 
 
-def inspect_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:
+def inspect_job(request: InspectRequest, tensors: Any) -> InspectResponse:
     """The ``inspect`` table of a file, line by line, and what its TensorRT engines need, inside the child process
     (its program loaded without weights; its engines' infos read as data first, nothing deserialized)."""
     from trt_inline.archive.engine_info import read_engine_infos
     from trt_inline.verify.engine_needs import engine_lines
     from trt_inline.verify.graph_table import describe_file
 
-    _, infos = read_engine_infos(arguments["path"], allow_pickle=arguments["allow_pickle"])
-    needs, engines = engine_lines(infos), [info.to_wire() for info in infos]
-    if infos and not arguments["allow_native_code"]:
-        return {"lines": [*needs, "engines and fallbacks are shown with --allow-native-code: loading the program "
-                          "deserializes its TensorRT engines (native code; only for a file from a trusted source)"],
-                "engines": engines}  # fmt: skip
+    path, trust = request.path, request.trust
+    _, engines = read_engine_infos(path, allow_pickle=trust.allow_pickle)
+    needs = engine_lines(engines)
+    if engines and not trust.allow_native_code:
+        return InspectResponse([*needs, "engines and fallbacks are shown with --allow-native-code: loading the "
+                                "program deserializes its TensorRT engines (native code; only for a file from a "
+                                "trusted source)"], engines)  # fmt: skip
     # Collectives, and ATen operators verify refuses for what they compute, are shown, not run: inspect runs
     # nothing. What verify would refuse is said first.
     with allowed_ops.allowing((), collectives=True), allowed_ops.showing_refusals() as refused:
         try:
             loaded = open_file(
-                arguments["path"],
-                allow_pickle=arguments["allow_pickle"],
-                allow_native_code=arguments["allow_native_code"],
-                allow_ops=arguments["allow_ops"],
+                path,
+                allow_pickle=trust.allow_pickle,
+                allow_native_code=trust.allow_native_code,
+                allow_ops=trust.allow_ops,
                 weights=False,
             )
         except VerifyInputError as exc:  # (its engines' needs are still worth showing: why it does not load here)
-            if not infos:
+            if not engines:
                 raise
-            return {"lines": [*needs, f"the program was not loaded here: {first_line(exc)}"], "engines": engines}
+            return InspectResponse([*needs, f"the program was not loaded here: {first_line(exc)}"], engines)
         table = describe_file(loaded).split("\n")
     warnings = [f"warning: verify refuses this file: a node or engine step {why}" for why in dict.fromkeys(refused)]
-    return {"lines": warnings + table + needs, "engines": engines}
+    return InspectResponse(warnings + table + needs, engines)
 
 
 def _verify_here(
     path_or_program: str | os.PathLike[str] | ExportedProgram,
+    inputs: Inputs,
+    reference: Reference,
+    tolerances: Tolerances,
+    trust: Trust,
     *,
-    expected_module: Callable[..., Any] | None,
-    arg_inputs: Sequence[torch.Tensor] | None,
-    kwarg_inputs: dict[str, torch.Tensor] | None,
-    expected: Any,
-    expected_from: str | os.PathLike[str] | None,
-    atol: Tolerance,
-    rtol: Tolerance,
-    stat: str,
-    device: str | None,
-    per_engine: bool,
-    random_inputs: int,
-    seed: int,
-    save_outputs: str | os.PathLike[str] | None,
-    allow_pickle: bool,
-    allow_native_code: bool,
-    range_ends: str = "auto",
+    save_outputs: str | os.PathLike[str] | None = None,
     recorded: list[EngineBoundary] | None = None,
     kept: list[Any] | None = None,
     kept_reference: list[ReferenceIO] | None = None,
     repro: list[Any] | None = None,
-    top_k: int | None = None,
-    min_top_k_agreement: float | None = None,
     expected_tree: OutputTree | None = None,
     kept_range_ends: list[dict[str, Any]] | None = None,
 ) -> VerifyReport:
-    """:func:`verify` in this process; ``kept`` receives the outputs, ``kept_reference`` the run with its
-    boundaries, ``repro`` the divergent engine or region as a program of its own (for the parent to write),
-    ``kept_range_ends`` the runs at the ends of the ranges (for the parent to compare with its module)."""
+    """:func:`verify` in this process, with the groups it was given (in a child: as sent, its tensors put back);
+    ``kept`` receives the outputs, ``kept_reference`` the run with its boundaries, ``repro`` the divergent engine
+    or region as a program of its own (for the parent to write), ``kept_range_ends`` the runs at the ends of the
+    ranges (for the parent to compare with its module)."""
+    arg_inputs, kwarg_inputs, device = inputs.arg_inputs, inputs.kwarg_inputs, inputs.device
+    random_inputs, seed, range_ends = inputs.random_inputs, inputs.seed, inputs.range_ends
+    expected, expected_module, expected_from = reference.expected, reference.expected_module, reference.expected_from
+    per_engine = reference.per_engine
+    atol, rtol = normalize_tolerance(tolerances.atol), normalize_tolerance(tolerances.rtol)
+    stat, top_k, min_top_k_agreement = tolerances.check_error_stat, tolerances.top_k, tolerances.min_top_k_agreement
+    allow_pickle, allow_native_code = trust.allow_pickle, trust.allow_native_code
     with contextlib.ExitStack() as cleanup:
         loaded: LoadedFile | None = None
         program: ExportedProgram | None
@@ -701,6 +661,7 @@ def _verify_here(
 
         kwargs = dict(kwarg_inputs or {})
         want_tree: OutputTree | None = None
+        reference_program: torch.fx.GraphModule | None = None  # (--expected-from's own program: the ends' reference)
         if expected is not None:
             if arg_inputs is None and not kwargs:
                 raise VerifyInputError("expected outputs were given without the inputs they belong to")
@@ -722,7 +683,7 @@ def _verify_here(
             recorded = records if per_engine else None
             report.expected_source = "module"
         elif expected_from is not None:
-            newer = _reference_of(expected_from, allow_pickle, allow_native_code)
+            newer, reference_program = _reference_of(expected_from, allow_pickle, allow_native_code)
             if program is not None:
                 _check_signature(program, module, source, newer, os.fspath(expected_from))
             args, kwargs, want, want_tree = newer.args, newer.kwargs, newer.outputs, newer.output_tree
@@ -842,7 +803,8 @@ def _verify_here(
                 report.notes.append(f"engine by engine comparison not possible: {exc}")
         _range_end_runs(report, program, runnable, (args, kwargs), range_ends, seed, device, run.outputs,
                         expected_module, atol, rtol, stat, sightings, rank_file=rank_file,
-                        kept=kept_range_ends)  # fmt: skip
+                        kept=kept_range_ends, reference_program=reference_program,
+                        reference_file=None if expected_from is None else os.fspath(expected_from))  # fmt: skip
         if random_inputs:
             _random_runs(
                 report, program, runnable, (args, kwargs), random_inputs, seed, device, expected_module, atol, rtol,
@@ -856,23 +818,18 @@ def _verify_here(
 def _given_tree(expected: Any) -> OutputTree | None:
     """The structure of expected outputs a caller gave: None where they are a tensor or a flat list or tuple of
     values (nothing says how a caller reads them), else how they are nested (a dict of ``torch.save``)."""
-    plain = _tree_of_given(expected)
-    return None if plain is None else OutputTree(plain["structure"], tuple(plain["paths"]))
+    return None if is_flat(expected) else describe(expected)
 
 
-def _tree_of_given(expected: Any) -> dict[str, Any] | None:
-    """:func:`_given_tree` as it travels to the child (plain data)."""
-    return None if is_flat(expected) else describe(expected).to_plain()
-
-
-def _tree_argument(plain: Any, expected: Sequence[Any] | None) -> OutputTree | None:
+def _tree_argument(tree: OutputTree | None, expected: Sequence[Any] | None) -> OutputTree | None:
     """The expected outputs' structure the parent sent, checked against the values it sent with it."""
-    if plain is None or expected is None:
+    if tree is None or expected is None:
         return None
-    try:
-        return OutputTree.from_plain(plain, len(expected), "the expected outputs")
-    except ValueError as exc:
-        raise VerifyInputError(str(exc)) from None
+    if len(tree.paths) != len(expected):
+        raise VerifyInputError(
+            f"the expected outputs: an output structure must be a string and one path per output ({len(expected)})"
+        )
+    return tree
 
 
 def _by_path(report: VerifyReport, got: list[Any], tree: OutputTree | None, want: OutputTree | None) -> list[Any]:
@@ -1199,6 +1156,8 @@ def _range_end_runs(
     *,
     rank_file: bool,
     kept: list[dict[str, Any]] | None = None,
+    reference_program: torch.fx.GraphModule | None = None,
+    reference_file: str | None = None,
 ) -> None:
     """Runs at the ends of the program's declared dynamic ranges (:mod:`~trt_inline.verify.range_ends`), beside the
     run on ``sample`` whose outputs were ``baseline``.
@@ -1206,7 +1165,9 @@ def _range_end_runs(
     Each run's values are held to their declarations and its sightings appended to ``sightings``
     (:func:`~trt_inline.verify.garbage.garbage_warnings`). Its outputs are compared with ``expected_module`` (in
     this process) where given; with ``kept`` (a child whose parent has the module) its inputs and outputs are
-    appended there for the parent to compare (:func:`_compare_range_ends`); else NaN or Inf in an output that had
+    appended there for the parent to compare (:func:`_compare_range_ends`); with ``reference_program`` (the program
+    of ``reference_file``, ``--expected-from``, opened as checked as this one) compared with what it returns for
+    the same inputs (one that rejects them: a note, as ``diff`` says it); else NaN or Inf in an output that had
     none on ``sample`` is a problem.
     """
     if program is None or mode == "off" or not range_ends.is_dynamic(program):
@@ -1220,6 +1181,7 @@ def _range_end_runs(
     plan = range_ends.plan(program, sample, seed, mode)
     report.notes += plan.notes
     made: list[range_ends.End] = []
+    compared_with_reference: set[int] = set()
     for index, end in enumerate(plan.ends):
         progress.report("running at the ends of the dynamic ranges", (index + 1, len(plan.ends)))
         draw = end.draw
@@ -1243,6 +1205,19 @@ def _range_end_runs(
                 problem = "; ".join(ran.problems)
             elif expected_module is not None:
                 problem = _module_differs(ran.outputs, expected_module, draw.args, draw.kwargs, atol, rtol, stat)
+            elif reference_program is not None:
+                try:
+                    problem = _module_differs(ran.outputs, reference_program, draw.args, draw.kwargs, atol, rtol, stat)
+                except RefusedOperatorError:
+                    raise
+                except Exception as exc:  # (its own guard or kernel refused the size: nothing to compare with)
+                    report.notes.append(
+                        f"at the {end.label}: the program of {reference_file} rejects these inputs "
+                        f"({type(exc).__name__}: {first_line(exc)}): not compared"
+                    )
+                    problem = _new_nonfinite(ran.outputs, baseline)
+                else:
+                    compared_with_reference.add(index)
             elif kept is not None:
                 outputs = tensors_only(ran.outputs, "outputs")
                 kept.append({"index": len(report.range_end_runs), "args": draw.args, "kwargs": draw.kwargs,
@@ -1252,12 +1227,16 @@ def _range_end_runs(
         made.append(end)
         report.range_end_runs.append({
             "end": end.name, "sizes": draw.shapes(), "symbols": draw.symbols, "ok": problem is None,
-            "problem": problem, "compared": expected_module is not None,
+            "problem": problem, "compared": expected_module is not None or index in compared_with_reference,
         })  # fmt: skip
         if problem is not None:
             report.problems.append(f"at the {end.where}: {problem}")
     if made:
-        how = _range_ends_checked(report.expected_source, expected_module is not None, kept is not None)
+        how = (
+            f"each compared with the program of {reference_file} on the same inputs"
+            if reference_program is not None and compared_with_reference
+            else _range_ends_checked(report.expected_source, expected_module is not None, kept is not None)
+        )
         report.notes.append(plan.summary(how, made))
 
 
@@ -1333,17 +1312,21 @@ def capture_device(reference: ReferenceIO) -> str | None:
     return reference.device
 
 
-def _reference_of(path: str | os.PathLike[str], allow_pickle: bool, allow_native_code: bool) -> ReferenceIO:
+def _reference_of(
+    path: str | os.PathLike[str], allow_pickle: bool, allow_native_code: bool
+) -> tuple[ReferenceIO, torch.fx.GraphModule | None]:
     """The reference I/O embedded in another file (safety-checked like the file being verified), or a boundaries
-    file's (``load_boundaries``)."""
+    file's (``load_boundaries``); and that file's runnable program where it is an ExportedProgram file (what the
+    runs at the ends of the dynamic ranges are compared with)."""
     with open(path, "rb") as handle:
         if is_boundaries_file(handle.read(64)):
             handle.seek(0)
-            return decode_boundaries_file(handle.read(), os.fspath(path))
+            return decode_boundaries_file(handle.read(), os.fspath(path)), None
     loaded = open_file(path, allow_pickle=allow_pickle, allow_native_code=allow_native_code)
     if loaded.reference is None:
         raise VerifyInputError(f"{Path(path)}: carries no reference I/O to check against (save it with arg_inputs)")
-    return loaded.reference
+    runnable = loaded.module if loaded.program is not None and loaded.kind != AOTI_PACKAGE else None
+    return loaded.reference, runnable
 
 
 def _inputs_mismatch(

@@ -1,0 +1,81 @@
+"""A model whose fp16 build is wrong, found and fixed end to end: compile, see it fail, search, save the fix.
+
+    python examples/fp16_fix.py [--out DIR]
+
+The model computes a squared activation (up to about 1e6, past fp16's largest value 65504) and scales it back
+down, inside a residual block. Compiled with ``enable_autocast=True`` (fp16) it returns NaN where PyTorch's
+fp32 does not. ``trt_inline.find_fix`` searches for the nodes to keep in fp32 and names them by module
+path and source line; the model compiled with the settings it returns is saved, verified, and compared
+with PyTorch. On a machine with TensorRT and CUDA the builds are Torch-TensorRT's; elsewhere the reference
+backend's, whose engines compute as an fp16 build does (an emulation: the kind of error, not TensorRT's
+numbers). Exit 0 when the fix holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import trt_inline
+
+
+class Energy(nn.Module):
+    """A block whose intermediate value leaves the fp16 range: ``(1000 h)^2 / 1e6``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x) * 1000.0
+        energy = h * h
+        return x + energy / 1e6
+
+
+class Model(nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.stem = nn.Linear(width, width)
+        self.block = Energy(width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.block(torch.tanh(self.stem(x)))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="folder for fixed.pt2 (default: a temporary one)")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    model, x = Model().eval(), torch.randn(16, 32)
+    settings = {"enable_autocast": True}
+
+    broken = trt_inline.reference.compile(model, (x,), **settings)
+    with torch.no_grad():
+        wrong = broken(x)
+    print(f"fp16 build (enable_autocast=True): finite outputs: {bool(wrong.isfinite().all())}")
+
+    report = trt_inline.find_fix(model, (x,), settings=settings)
+    print(report.to_text())
+    if not report.fixed:
+        return 1
+
+    fixed = trt_inline.reference.compile(model, (x,), **report.settings)
+    folder = Path(args.out) if args.out else Path(tempfile.mkdtemp())
+    path = folder / "fixed.pt2"
+    trt_inline.save(fixed, path, arg_inputs=(x,))
+    verdict = trt_inline.verify(path)
+    with torch.no_grad():
+        error = float((trt_inline.load(path).module()(x) - model(x)).abs().max())
+    print(f"{verdict.status} {path}; max abs diff, loaded fix vs PyTorch fp32: {error:.3g}")
+    return 0 if verdict.status == "PASS" and error < 1e-2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
