@@ -486,3 +486,19 @@ def operator_survey() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...]]]:
         *([("encoder_layer", nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), (x3,))]
           if minor(torch.__version__) >= (2, 6) else []),
     ]  # fmt: skip
+
+
+class Fp16Overflow(nn.Module):
+    """An activation past the fp16 range (about 1e5), brought back to about 1 by the next node (``div``): what an
+    fp16 build loses where fp32 does not (tests/test_precision.py, tests/test_fix.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x) * 300.0
+        big = h * h
+        small = big / 1e5
+        return self.head(torch.relu(small) + 1)

@@ -128,9 +128,12 @@ def _base_file(tmp_path: Path) -> Path:
     return path
 
 
-def with_engine(tmp_path: Path, payload: bytes, name: str = "planted.pt2", key: str = "custom_obj_0") -> Path:
-    """The base file with an engine object among its constants, where the layout of this torch keeps them."""
-    entries = read_entries(_base_file(tmp_path))
+def with_engine(
+    tmp_path: Path, payload: bytes, name: str = "planted.pt2", key: str = "custom_obj_0", base: Path | None = None
+) -> Path:
+    """``base`` (default: a small program of this torch) with an engine object among its constants, where the
+    layout of this torch keeps them."""
+    entries = read_entries(base if base is not None else _base_file(tmp_path))
     config = next((n for n in entries if n.endswith("_constants_config.json")), None)
     if config is not None:  # torch 2.9+: one payload per constant, named in the config
         document = json.loads(entries[config])

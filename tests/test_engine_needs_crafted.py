@@ -100,20 +100,12 @@ def test_no_engine_of_a_payload_escapes_the_check(tmp_path: Path, case: str) -> 
 
 
 def test_a_cross_compiled_name_does_not_hide_an_engine_object(tmp_path: Path) -> None:
-    import json
-
-    from hostile import read_entries, write_entries
     from test_engine_needs import cross_compiled
 
-    entries = read_entries(cross_compiled(tmp_path, _fields("8.9")))  # (its name field: _run_on_acc_0_engine)
-    config = next(n for n in entries if n.endswith("_constants_config.json"))
-    document = json.loads(entries[config])
-    document.setdefault("config", {})["_run_on_acc_0_engine"] = {
-        "path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None,
-    }  # fmt: skip
-    entries[config] = json.dumps(document).encode()
-    entries[f"{config.rpartition('/')[0]}/opaque_obj_0"] = python_engine_pickle(_fields("7.5", name="real"))
-    _, infos = read_engine_infos(write_entries(tmp_path / "both.pt2", entries))
+    crossed = cross_compiled(tmp_path, _fields("8.9"))  # (its name field: _run_on_acc_0_engine)
+    planted = python_engine_pickle(_fields("7.5", name="real"))
+    both = with_engine(tmp_path, planted, name="both.pt2", key="opaque_obj_0", base=crossed)
+    _, infos = read_engine_infos(both)
     assert any(info.fields.get("device", "").startswith("0%7%5") for info in infos), [i.where for i in infos]
 
 

@@ -13,25 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import load_in_fresh_process
+from models import Fp16Overflow
 from torch import nn
 
 import trt_inline
 from trt_inline.fix import FixError, _search
-
-
-class Planted(nn.Module):
-    """Two spots an fp16 build loses: an activation past the fp16 range, brought back by the next node."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Linear(16, 16)
-        self.head = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x) * 300.0
-        big = h * h
-        small = big / 1e5
-        return self.head(torch.relu(small) + 1)
 
 
 class Clean(nn.Module):
@@ -50,7 +36,7 @@ def _inputs() -> torch.Tensor:
 
 def test_the_planted_spot_is_found_named_and_fixed(tmp_path: Path) -> None:
     x = _inputs()
-    model = Planted().eval()
+    model = Fp16Overflow().eval()
     broken = trt_inline.reference.compile(model, (x,), enable_autocast=True)
     with torch.no_grad():
         assert not broken(x).isfinite().all()  # (the fp16 build is wrong: what there is to fix)
@@ -60,7 +46,7 @@ def test_the_planted_spot_is_found_named_and_fixed(tmp_path: Path) -> None:
     names = [node.name for node in report.nodes]
     assert "div" in names, report.to_text()
     div = next(node for node in report.nodes if node.name == "div")
-    assert div.source.startswith("test_fix.py:") and "small = big / 1e5" in div.source, div
+    assert div.source.startswith("models.py:") and "small = big / 1e5" in div.source, div
     assert report.compiles <= 4 * len(report.nodes) * math.log2(report.candidates) + 10, report.compiles
     assert report.settings["autocast_excluded_nodes"] == [f"^{name}$" for name in names]
     text = report.to_text()
@@ -103,7 +89,7 @@ def test_a_clean_model_needs_one_compile() -> None:
 def test_the_fallback_strategy_names_operators() -> None:
     x = _inputs()
     report = trt_inline.find_fix(
-        Planted().eval(), (x,), settings={"enabled_precisions": {torch.float16}}, strategy="fallback"
+        Fp16Overflow().eval(), (x,), settings={"enabled_precisions": {torch.float16}}, strategy="fallback"
     )
     assert report.fixed, report.to_text()
     assert report.settings["torch_executed_ops"] and all(
@@ -114,9 +100,9 @@ def test_the_fallback_strategy_names_operators() -> None:
 def test_what_cannot_be_searched_is_one_clear_error() -> None:
     x = _inputs()
     with pytest.raises(FixError, match="enable_autocast=True"):
-        trt_inline.find_fix(Planted().eval(), (x,), settings={"enabled_precisions": {torch.float16}})
+        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings={"enabled_precisions": {torch.float16}})
     with pytest.raises(FixError, match="strategy 'other'"):
-        trt_inline.find_fix(Planted().eval(), (x,), strategy="other")
+        trt_inline.find_fix(Fp16Overflow().eval(), (x,), strategy="other")
 
 
 def test_an_input_that_overflows_in_the_first_op_says_no_candidate_can_fix_it() -> None:

@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from trt_inline import compat
+from trt_inline.attributes import resolve_attribute
 from trt_inline.logs import log_graph
 from trt_inline.module_state import buffers_restored
 
@@ -224,8 +225,12 @@ def reduction_depth(node: torch.fx.Node) -> int | None:
     return None
 
 
-def _floating(node: torch.fx.Node) -> bool:
+def _floating(node: torch.fx.Node, block: torch.fx.GraphModule | None = None) -> bool:
+    """Whether ``node`` gives an fp32 tensor: by its recorded value, or for a weight (``get_attr``, which older
+    torch leaves without one) by the tensor ``block`` holds."""
     value = node.meta.get("val")
+    if value is None and node.op == "get_attr" and block is not None:
+        value = resolve_attribute(block, str(node.target))[2]
     return isinstance(value, torch.Tensor) and value.dtype == torch.float32
 
 
@@ -255,7 +260,7 @@ def emulate_precision(block: torch.fx.GraphModule, settings: PrecisionSettings, 
             continue
         if node.name in low_nodes and low is not None:
             for source in list(node.all_input_nodes):
-                if _floating(source) and source.name not in low_nodes:
+                if _floating(source, block) and source.name not in low_nodes:
                     if source not in rounded:
                         rounded[source] = _rounding(graph, source, low, after=source)
                         inserted += 1
@@ -268,7 +273,7 @@ def emulate_precision(block: torch.fx.GraphModule, settings: PrecisionSettings, 
                     user.replace_input_with(node, stored)
         elif settings.tf32 and _op_name(node.target) in _MATMULS:
             for source in list(node.all_input_nodes):
-                if _floating(source):
+                if _floating(source, block):
                     if source not in tf32:
                         tf32[source] = _tf32(graph, source)
                         inserted += 1
