@@ -97,8 +97,7 @@ def test_autocast_rules_keep_large_outputs_and_deep_reductions_in_fp32() -> None
         enable_autocast=True, autocast_max_output_threshold=None, autocast_max_depth_of_reduction=32,
         autocast_excluded_ops=["aten.tanh.default"],
     )  # fmt: skip
-    low = precision.low_precision_nodes(flat.graph, settings, {})
-    kept = settings.kept
+    low, kept = precision.low_precision_nodes(flat.graph, settings, {})
     assert kept["addmm"].startswith("autocast_max_depth_of_reduction (it reduces over 64 values)"), kept
     assert kept["tanh"] == "autocast_excluded_ops" and "addmm_1" in kept
     assert not low & set(kept) and low  # (the rest run in fp16)
@@ -106,10 +105,10 @@ def test_autocast_rules_keep_large_outputs_and_deep_reductions_in_fp32() -> None
     threshold = precision.PrecisionSettings.from_compile_settings(
         enable_autocast=True, autocast_max_output_threshold=0.5
     )
-    precision.low_precision_nodes(flat.graph, threshold, calibrated)
-    assert all(calibrated[name] > 0.5 for name in threshold.kept), (threshold.kept, calibrated)
-    assert threshold.kept and all(
-        reason.startswith("autocast_max_output_threshold") for reason in threshold.kept.values()
+    _, threshold_kept = precision.low_precision_nodes(flat.graph, threshold, calibrated)
+    assert all(calibrated[name] > 0.5 for name in threshold_kept), (threshold_kept, calibrated)
+    assert threshold_kept and all(
+        reason.startswith("autocast_max_output_threshold") for reason in threshold_kept.values()
     )
 
 

@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 from trt_inline import progress
 from trt_inline.errors import TrtInlineError, VerifyInputError
 from trt_inline.verify.compare import compare_output, tolerance_for
-from trt_inline.verify.options import Tolerances
+from trt_inline.verify.options import Tolerances, normalize_tolerance
 
 __all__ = ["FixError", "FixReport", "FixedNode", "find_fix"]
 
@@ -269,6 +269,7 @@ def _worst(
     torch.manual_seed(seed)
     compiled = build(model, arg_inputs, **settings)
     worst, ok = 0.0, True
+    atol, rtol = normalize_tolerance(tolerance.atol), normalize_tolerance(tolerance.rtol)
     for args, kwargs, expected in cases:
         with torch.no_grad():
             got = _flat(compiled(*args, **kwargs))
@@ -276,18 +277,14 @@ def _worst(
             raise VerifyInputError(f"the compiled model returns {len(got)} outputs, the case {len(expected)}")
         for index, (actual, want) in enumerate(zip(got, expected, strict=True)):
             comparison = compare_output(
-                index, actual, want, tolerance_for(_plain(tolerance.atol), index),
-                tolerance_for(_plain(tolerance.rtol), index), tolerance.check_error_stat, top_k=tolerance.top_k,
+                index, actual, want, tolerance_for(atol, index), tolerance_for(rtol, index),
+                tolerance.check_error_stat, top_k=tolerance.top_k,
                 min_top_k_agreement=tolerance.min_top_k_agreement,
             )  # fmt: skip
             error = comparison.max_abs_diff if math.isfinite(comparison.max_abs_diff) else math.inf
             worst = max(worst, error)
             ok = ok and comparison.ok
     return worst, ok
-
-
-def _plain(value: Any) -> Any:
-    return {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def _graph(model: torch.nn.Module, arg_inputs: Sequence[Any]) -> torch.fx.Graph:
@@ -305,9 +302,7 @@ def _candidates(graph: torch.fx.Graph, strategy: str) -> list[str]:
         value = node.meta.get("val")
         if node.op != "call_function" or not (isinstance(value, torch.Tensor) and value.is_floating_point()):
             continue
-        name = node.name if strategy == "higher_precision" else str(node.target).removeprefix("aten.")
-        if strategy == "fallback":
-            name = f"aten.{name}" if not name.startswith("aten.") else name
+        name = node.name if strategy == "higher_precision" else str(node.target)  # (an OpOverload: aten.mul.Tensor)
         if name not in found:
             found.append(name)
     return found

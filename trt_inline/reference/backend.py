@@ -117,7 +117,7 @@ def compile(
         needs_calibration = precision.autocast and precision.max_output_threshold is not None
         with _step(f"running {what} on the example inputs to measure each node's outputs (autocast)"):
             calibration = calibrate(flat, sample_input) if needs_calibration else {}
-        low_nodes = low_precision_nodes(flat.graph, precision, calibration)
+        low_nodes, _ = low_precision_nodes(flat.graph, precision, calibration)
     split = partition(
         flat,
         sample_input,

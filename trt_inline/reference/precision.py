@@ -28,7 +28,7 @@ import logging
 import math
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,8 +70,6 @@ class PrecisionSettings:
     max_output_threshold: float | None = 512.0
     max_depth_of_reduction: int | None = None
     tf32: bool = True
-    # Why each node a rule kept in fp32 was kept (filled by low_precision_nodes, for the compile's log and report).
-    kept: dict[str, str] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_compile_settings(
@@ -165,11 +163,12 @@ def calibrate(gm: torch.fx.GraphModule, sample_input: Sequence[Any]) -> dict[str
 
 def low_precision_nodes(
     graph: torch.fx.Graph, settings: PrecisionSettings, calibration: Mapping[str, float]
-) -> set[str]:
-    """The names of the nodes of ``graph`` that a build with ``settings`` runs in ``settings.low``; why each other
-    floating-point node was kept in fp32 goes to ``settings.kept``."""
+) -> tuple[set[str], dict[str, str]]:
+    """The names of the nodes of ``graph`` that a build with ``settings`` runs in ``settings.low``, and for each
+    other floating-point node a rule kept in fp32, why."""
+    kept: dict[str, str] = {}
     if settings.low is None:
-        return set()
+        return set(), kept
     chosen: set[str] = set()
     patterns = [re.compile(p) for p in settings.excluded_nodes]
     for node in graph.nodes:
@@ -179,8 +178,8 @@ def low_precision_nodes(
         if why is None:
             chosen.add(node.name)
         else:
-            settings.kept[node.name] = why
-    return chosen
+            kept[node.name] = why
+    return chosen, kept
 
 
 def _kept_why(
