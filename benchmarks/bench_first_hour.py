@@ -40,6 +40,8 @@ from torch import nn
 import trt_inline
 
 PYTHON = sys.executable
+# What the `trt-inline` script runs (its entry point, which starts the child's interpreter before importing torch).
+TRT_INLINE = [PYTHON, "-m", "trt_inline_command"]
 _LOAD_RUN = """
 import sys, torch, trt_inline
 program = trt_inline.load(sys.argv[1])
@@ -197,7 +199,7 @@ def seconds(command: list[str], expect: tuple[int, ...] = (0,)) -> float:
 def phases(path: Path) -> list[tuple[float, str]]:
     """verify --progress of one file: (seconds since the command started, phase) per line as it arrived."""
     start = time.perf_counter()
-    proc = subprocess.Popen([PYTHON, "-m", "trt_inline", "verify", str(path), "--progress"],
+    proc = subprocess.Popen([*TRT_INLINE, "verify", str(path), "--progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.stderr is not None
     seen = [(time.perf_counter() - start, line.rstrip()) for line in proc.stderr]
@@ -226,12 +228,10 @@ def main() -> None:
             timed: dict[str, list[float]] = {k: [] for k in ("load", "verify", "per", "inspect", "refusal")}
             for _ in range(repeats):  # back to back, so that each pair sees the same load on the machine
                 timed["load"].append(seconds([PYTHON, "-c", _LOAD_RUN, str(path), str(io)]))
-                timed["verify"].append(seconds([PYTHON, "-m", "trt_inline", "verify", str(path)]))
-                timed["per"].append(seconds([PYTHON, "-m", "trt_inline", "verify", str(path), "--per-engine"]))
-                timed["inspect"].append(seconds([PYTHON, "-m", "trt_inline", "inspect", str(path)]))
-                timed["refusal"].append(
-                    seconds([PYTHON, "-m", "trt_inline", "verify", str(folder / "missing.pt2")], expect=(2,))
-                )
+                timed["verify"].append(seconds([*TRT_INLINE, "verify", str(path)]))
+                timed["per"].append(seconds([*TRT_INLINE, "verify", str(path), "--per-engine"]))
+                timed["inspect"].append(seconds([*TRT_INLINE, "inspect", str(path)]))
+                timed["refusal"].append(seconds([*TRT_INLINE, "verify", str(folder / "missing.pt2")], expect=(2,)))
             m = {key: statistics.median(values) for key, values in timed.items()}
             print(f"{name:<14}{engines:>8}{m['load']:>10.2f}{m['verify']:>9.2f}{m['verify'] / m['load']:>7.2f}"
                   f"{m['per']:>9.2f}{m['per'] / m['verify']:>7.2f}{m['inspect']:>9.2f}{m['inspect'] - floor:>8.2f}"

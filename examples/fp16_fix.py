@@ -1,6 +1,7 @@
 """A model whose fp16 build is wrong, found and fixed end to end: compile, see it fail, search, save the fix.
 
     python examples/fp16_fix.py [--out DIR]
+    trt-inline fix examples/fp16_fix.py [--out fixed.pt2]     (the same search as a command: model(), settings)
 
 The model computes a squared activation (up to about 1e6, past fp16's largest value 65504) and scales it back
 down, inside a residual block. Compiled with ``enable_autocast=True`` (fp16) it returns NaN where PyTorch's
@@ -48,31 +49,38 @@ class Model(nn.Module):
         return self.head(torch.relu(self.block(torch.tanh(self.stem(x)))))
 
 
+# The compile settings, and the model with its example inputs: what `trt-inline fix` reads from this script.
+settings = {"enable_autocast": True}
+
+
+def model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return Model().eval(), (torch.randn(16, 32),)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="folder for fixed.pt2 (default: a temporary one)")
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    model, x = Model().eval(), torch.randn(16, 32)
-    settings = {"enable_autocast": True}
+    module, (x,) = model()
 
-    broken = trt_inline.reference.compile(model, (x,), **settings)
+    broken = trt_inline.reference.compile(module, (x,), **settings)
     with torch.no_grad():
         wrong = broken(x)
     print(f"fp16 build (enable_autocast=True): finite outputs: {bool(wrong.isfinite().all())}")
 
-    report = trt_inline.find_fix(model, (x,), settings=settings)
+    report = trt_inline.find_fix(module, (x,), settings=settings)
     print(report.to_text())
     if not report.fixed:
         return 1
 
-    fixed = trt_inline.reference.compile(model, (x,), **report.settings)
+    fixed = trt_inline.reference.compile(module, (x,), **report.settings)
     folder = Path(args.out) if args.out else Path(tempfile.mkdtemp())
     path = folder / "fixed.pt2"
     trt_inline.save(fixed, path, arg_inputs=(x,))
     verdict = trt_inline.verify(path)
     with torch.no_grad():
-        error = float((trt_inline.load(path).module()(x) - model(x)).abs().max())
+        error = float((trt_inline.load(path).module()(x) - module(x)).abs().max())
     print(f"{verdict.status} {path}; max abs diff, loaded fix vs PyTorch fp32: {error:.3g}")
     return 0 if verdict.status == "PASS" and error < 1e-2 else 1
 

@@ -54,9 +54,10 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     if hasattr(torch._C, "_cuda_getDeviceCount"):
         torch._C._cuda_getDeviceCount = recorded("cuda._cuda_getDeviceCount", torch._C._cuda_getDeviceCount)
 
-    # What the interpreter that forks children imports (isolation.zygote._ZYGOTE), then one child's start.
+    # What the interpreter that forks children imports (isolation.zygote.serve), then one child's start.
     import trt_inline.reference
     import trt_inline.verify  # noqa: F401
+    import trt_inline_interpreter
     from trt_inline import compat, isolation
     from trt_inline.isolation import inside, process, sandbox  # noqa: F401
 
@@ -64,7 +65,9 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     sandbox.enter = recorded("enter", sandbox.enter)
     work = Path(tempfile.mkdtemp(prefix="trt-inline-probe-"))
     (work / "tmp").mkdir()
-    os.environ.update(isolation.process.child_environment(work))  # as a child gets them: TMPDIR its own folder, ...
+    os.environ.update(
+        trt_inline_interpreter.child_environment(work)
+    )  # as a child gets them: TMPDIR its own folder, ...
     tempfile.tempdir = None
     from trt_inline.messages import encode
     from trt_inline.verify.jobs import InspectRequest

@@ -34,6 +34,7 @@ from models import RELU, ConvBnRelu, ScalarCase, TransformerBlock, scalar_cases
 from test_scalars import scalar_crossings
 
 import trt_inline
+import trt_inline_interpreter
 from trt_inline import allowed_ops, isolation, reference
 from trt_inline.errors import RefusedOperatorError
 from trt_inline.isolation import Limits, run_isolated, sandbox
@@ -123,11 +124,11 @@ def test_the_child_has_the_callers_user_name(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(isolation.JOBS, "user_name", ("cuda_probe", "user_name"))
     for variable in ("USER", "LOGNAME", "LNAME", "USERNAME"):
         monkeypatch.delenv(variable, raising=False)  # as under a service manager: the name only in the passwd file
-    isolation.process._user_name.cache_clear()
+    trt_inline_interpreter.user_name.cache_clear()
     try:
         seen = run_isolated("user_name", {}, None, Limits(120, 2 << 30), where="probe").value
     finally:
-        isolation.process._user_name.cache_clear()
+        trt_inline_interpreter.user_name.cache_clear()
     assert seen == {"user": getpass.getuser()}, seen
 
 
@@ -470,3 +471,26 @@ def test_an_engine_of_scalars_only_lives_on_the_programs_device() -> None:
     assert device == torch.device("meta")
     assert passes._Boundary.of([5], [7], device).device == torch.device("meta")
     assert passes._Boundary.of([torch.empty(1)], [7], device).device == torch.device("cpu")  # a tensor's decides
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_reduced_precision_and_a_small_fix_search_on_cuda(dtype: torch.dtype) -> None:
+    """The reference backend's reduced-precision emulation runs on CUDA: the fp16 build of an activation past the
+    fp16 range is wrong where fp32 is not, and find_fix, compiling on CUDA, names the node that brings it back."""
+    from models import Fp16Overflow
+
+    torch.manual_seed(0)
+    model = Fp16Overflow().eval().to("cuda")
+    x = torch.randn(4, 16, device="cuda")
+    with torch.no_grad():
+        exact = model(x)
+        built = reference.compile(model, (x,), enabled_precisions={dtype}, disable_tf32=True)
+        low = built(x)
+    assert low.is_cuda and exact.isfinite().all()
+    if dtype == torch.float16:
+        assert not low.isfinite().all(), low  # past 65504 in float16: what there is to fix
+        report = trt_inline.find_fix(model, (x,), settings={"enable_autocast": True, "disable_tf32": True})
+        assert report.outcome == "fixed" and "div" in [node.name for node in report.nodes], report.to_text()
+    else:  # bfloat16 has float32's range: only its 8 bits of mantissa, a small error, finite
+        assert low.isfinite().all() and 0 < float((low - exact).abs().max()) < 1.0

@@ -32,8 +32,9 @@ from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.archive.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
+from trt_inline.reference.program import load_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output
-from trt_inline.verify.drill import drill_down, rebuild_drill_down
+from trt_inline.verify.drill import drill_program, rebuild_drill_down
 from trt_inline.verify.extract import region_repro
 from trt_inline.verify.random_inputs import draw_inputs, size_ranges
 from trt_inline.verify.report import BoundaryRow, VerifyReport
@@ -764,25 +765,23 @@ def test_extract_writes_a_diverging_fallback_region_as_a_repro_that_fails_alone(
 
 
 def test_drill_down_inside_a_reference_engine(files: Files, tmp_path: Path) -> None:
-    # A weight moved in the payload: every step agrees with its own float64 run, so the weights are to blame.
+    # A weight moved in the payload: every op agrees with its own float64 run, so the weights are to blame.
     report = trt_inline.verify(_engine_fault(files, engine=1), isolate=False)
     assert report.divergence is not None and report.divergence.kind == "engine"
-    assert "inside it, each of its 6 steps agrees with the same steps run in float64" in report.divergence.detail
+    assert report.divergence.op_drill is not None and report.divergence.op_drill.step is None
+    assert "the program or its weights differ from the reference's" in report.divergence.op_drill.summary
 
-    # Half precision that overflows: the first step past its tolerance against float64 is named.
+    # Half precision that overflows: the first op past its tolerance against itself in float64 is named.
     x = torch.full((2, 64), 2.0, dtype=torch.float16)  # 64 * 600 * 2 = 76800 > 65504: inf in float16
     path = tmp_path / "wide.pt2"
     trt_inline.save(trt_inline.reference.compile(HalfOverflow().eval(), (x,), torch_executed_ops=["aten.relu.default"]),
                     path, arg_inputs=[x])  # fmt: skip
     module = trt_inline.load(path).module()
     engine = next(n for n in module.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default)
-    inside = drill_down(module, engine.name, [x])
-    assert (
-        inside is not None
-        and "aten::addmm.default" in inside
-        and "Inf where the reference is finite in float16" in inside
-    ), inside
-    assert drill_down(module, "no_such_node", [x]) is None
+    payload, text = getattr(module, str(engine.args[1].target)), engine.args[2]
+    inside = drill_program(load_program(text), payload, [x])
+    assert inside.op == "aten::addmm.default", inside
+    assert "Inf where the reference is finite in float16" in inside.summary, inside
 
     # The same region rebuilt as one engine per step (how the GPU suite looks inside a TensorRT engine).
     region = torch.export.export(HalfOverflow().eval(), (x,)).run_decompositions().module()

@@ -82,6 +82,98 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback(saved_seed: SavedSee
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+# The `trt-inline` script's entry point: the interpreter its child is forked from is started before torch is imported.
+COMMAND = ("-m", "trt_inline_command")
+
+
+def test_the_commands_that_fork_a_child_start_its_interpreter_first() -> None:
+    from trt_inline_command import forks_a_child
+
+    for argv in (["verify", "f.pt2"], ["--debug", "inspect", "f.pt2"], ["diff", "a", "b"], ["doctor"]):
+        assert forks_a_child(argv), argv
+    for argv in ([], ["check", "f.pt2"], ["verify", "--help"], ["-h"], ["verify", "f.pt2", "--ranks", "2"],
+                 ["verify", "--he"], ["verify", "--rank", "2", "f.pt2"], ["verify", "--ra=2", "f.pt2"]):  # fmt: skip
+        assert not forks_a_child(argv), argv
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``TRT_INLINE_TEST_MARK=mark`` (a child interpreter keeps it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"TRT_INLINE_TEST_MARK={mark}".encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_command_forks_its_child_from_the_interpreter_it_started_first(saved_seed: SavedSeed) -> None:
+    """The verdict is the same, the child is forked from the interpreter started before this process imported
+    torch (its environment is the one a child gets: no second one started), and nothing outlives the command."""
+    mark = f"fork-{id(saved_seed)}"
+    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin", "TRT_INLINE_TEST_MARK": mark}
+    proc = new_interpreter(*COMMAND, "--debug", "verify", saved_seed.good, cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), proc.stdout + proc.stderr
+    assert "forking the child from the interpreter started before this process imported torch" in proc.stderr
+    assert "starting another" not in proc.stderr, proc.stderr
+    assert _processes_marked(mark) == []
+
+
+def test_a_refusal_stops_the_interpreter_started_for_nothing(tmp_path: Path) -> None:
+    mark = f"refusal-{tmp_path.name}"
+    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin", "TRT_INLINE_TEST_MARK": mark}
+    proc = new_interpreter(*COMMAND, "verify", tmp_path / "missing.pt2", cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("missing.pt2: no such file"), proc.stderr
+    assert _processes_marked(mark) == []
+
+
+def test_the_command_ends_on_a_closed_pipe_with_its_status(saved_seed: SavedSeed) -> None:
+    """Its end skips the interpreter's teardown: the status and stderr are still those of a closed pipe."""
+    process = subprocess.Popen(
+        [sys.executable, *COMMAND, "verify", str(saved_seed.good)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stdin and stdout", "stdin and stderr"])
+def test_the_command_with_a_standard_descriptor_closed_ends_as_the_module_does(
+    saved_seed: SavedSeed, closed: str, tmp_path: Path
+) -> None:
+    """Started with stdin, stdout or stderr closed, the command forks its child all the same (the interpreter's end
+    of the socket is never one of them) and ends as ``python -m trt_inline`` does: the same status and line."""
+    redirect = {"stdout": ">&-", "stdin and stdout": "<&- >&-", "stdin and stderr": "<&- 2>&-"}[closed]
+    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"}
+    ends = []
+    for module in ("trt_inline_command", "trt_inline"):
+        err = tmp_path / f"{module}.txt"
+        errors = "" if "stderr" in closed else f' 2>"{err}"'
+        script = f'"{sys.executable}" -m {module} verify "{saved_seed.good}" {redirect}{errors}; echo "status $?"'
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        line = err.read_text().strip().splitlines()[-1] if err.exists() else ""
+        assert "BrokenPipe" not in line and "Traceback" not in line, line
+        ends.append((done.stdout.strip(), line))
+    assert ends[0] == ends[1], ends
+
+
+def test_diff_names_the_file_once_and_says_what_its_program_takes(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    """``diff A B --inputs`` with inputs neither takes: the file named once (was "A: B: its program raised at node
+    (node _guards_fn)"), and what the program takes against what was given, as verify says it."""
+    x = saved_seed.x
+    wrong = tmp_path / "wrong.pt"
+    torch.save([torch.randn(x.shape[0] + 3, *x.shape[1:])], wrong)
+    good = str(saved_seed.good)
+    proc = cli("diff", good, good, "--inputs", str(wrong))
+    assert_unusable(proc, f"{good}: the program does not accept the given inputs: input 0")
+    assert proc.stderr.count(good) == 1 and "given float32[" in proc.stderr, proc.stderr
+
+
 def test_a_saved_program_given_as_inputs_is_named_as_one(saved_seed: SavedSeed, tmp_path: Path) -> None:
     """A ``.pt2`` where a tensor file goes: said in one line, with where it goes instead (was torch's miniz text)."""
     good = str(saved_seed.good)

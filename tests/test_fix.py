@@ -2,13 +2,18 @@
 
 The builds are the reference backend's (its engines compute as an fp16 build does); each planted spot is
 found by name, module path and source line, the fix is compiled, saved, loaded in a fresh process and
-compared with the model, and a clean model needs one compile.
+compared with the model; a clean model needs one compile; an input past fp16's range at the engine's boundary
+says that no set can fix it; a search stopped by Ctrl-C or by its budget reports the best set it found, and
+that set works; the call the report prints compiles the fix when pasted.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +22,12 @@ from models import Fp16Overflow
 from torch import nn
 
 import trt_inline
-from trt_inline.fix import FixError, _search
+from trt_inline import progress
+from trt_inline.fixing import FixError, FixReport
+from trt_inline.fixing.script import default_settings, settings_from_json
+from trt_inline.fixing.search import search
+
+AUTOCAST = {"enable_autocast": True}
 
 
 class Clean(nn.Module):
@@ -29,9 +39,44 @@ class Clean(nn.Module):
         return torch.relu(self.a(x))
 
 
+class TwoSpots(nn.Module):
+    """Two planted spots, far apart in graph order: each reads a value past fp16's range back into it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.middle, self.last = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        big = (self.first(x) * 300.0) ** 2
+        h = torch.tanh(self.middle(big / 1e5))
+        for _ in range(4):
+            h = torch.tanh(h * 0.9 + 0.1)
+        huge = (h * 1000.0) ** 2
+        return self.last(huge / 1e5)
+
+
 def _inputs() -> torch.Tensor:
     torch.manual_seed(0)
     return torch.randn(8, 16)
+
+
+def _error(model: nn.Module, x: torch.Tensor, settings: dict[str, Any]) -> float:
+    compiled = trt_inline.reference.compile(model, (x,), **settings)
+    with torch.no_grad():
+        return float((compiled(x) - model(x)).abs().max())
+
+
+def _counting(raise_on: int | None = None) -> tuple[Any, list[int]]:
+    """The reference compile, counted; raising KeyboardInterrupt on call ``raise_on`` (Ctrl-C during a compile)."""
+    calls: list[int] = []
+
+    def build(model: nn.Module, arg_inputs: Sequence[Any], **settings: Any) -> torch.nn.Module:
+        calls.append(1)
+        if len(calls) == raise_on:
+            raise KeyboardInterrupt
+        return trt_inline.reference.compile(model, arg_inputs, **settings)
+
+    return build, calls
 
 
 def test_the_planted_spot_is_found_named_and_fixed(tmp_path: Path) -> None:
@@ -40,17 +85,22 @@ def test_the_planted_spot_is_found_named_and_fixed(tmp_path: Path) -> None:
     broken = trt_inline.reference.compile(model, (x,), enable_autocast=True)
     with torch.no_grad():
         assert not broken(x).isfinite().all()  # (the fp16 build is wrong: what there is to fix)
-    report = trt_inline.find_fix(model, (x,), settings={"enable_autocast": True})
-    assert report.fixed and report.needed, report.to_text()
-    assert math.isinf(report.error_before) and report.error_after < 1e-2
+    build, calls = _counting()
+    report = trt_inline.find_fix(model, (x,), compile=build, settings=AUTOCAST)
+    assert report.outcome == "fixed" and report.fixed and report.needed, report.to_text()
+    assert report.compiles == len(calls)
+    assert math.isinf(report.error_before) and report.error_after is not None and report.error_after < 1e-2
     names = [node.name for node in report.nodes]
     assert "div" in names, report.to_text()
     div = next(node for node in report.nodes if node.name == "div")
+    assert div.module == "Fp16Overflow (the model itself)", div
     assert div.source.startswith("models.py:") and "small = big / 1e5" in div.source, div
     assert report.compiles <= 4 * len(report.nodes) * math.log2(report.candidates) + 10, report.compiles
-    assert report.settings["autocast_excluded_nodes"] == [f"^{name}$" for name in names]
+    assert report.settings == {"enable_autocast": True, "autocast_excluded_nodes": [f"^{name}$" for name in names]}
     text = report.to_text()
-    assert "compile with: autocast_excluded_nodes=" in text and "small = big / 1e5" in text
+    assert "small = big / 1e5" in text and "arg_inputs  inf (out of tolerance) -> " in text, text
+    assert f"compile with: {report.compile_call}" in text
+    assert report.before is not None and report.before.engines and report.after is not None
     fixed = trt_inline.reference.compile(model, (x,), **report.settings)
     path = tmp_path / "fixed.pt2"
     trt_inline.save(fixed, path, arg_inputs=(x,))
@@ -58,6 +108,28 @@ def test_the_planted_spot_is_found_named_and_fixed(tmp_path: Path) -> None:
     with torch.no_grad():
         assert (loaded - model(x)).abs().max() < 1e-2
     assert trt_inline.verify(path).status == "PASS"
+
+
+def test_the_call_to_paste_compiles_the_fix() -> None:
+    x = _inputs()
+    model = Fp16Overflow().eval()
+    report = trt_inline.find_fix(model, (x,), settings=AUTOCAST)
+    assert report.compile_call.startswith("trt_inline.reference.compile(model, arg_inputs, enable_autocast=True, ")
+    pasted = eval(report.compile_call, {"trt_inline": trt_inline, "model": model, "arg_inputs": (x,)})
+    with torch.no_grad():
+        assert (pasted(x) - model(x)).abs().max() < 1e-2
+
+
+def test_each_of_two_spots_is_found_by_its_source_line() -> None:
+    x = _inputs()
+    model = TwoSpots().eval()
+    report = trt_inline.find_fix(model, (x,), settings=AUTOCAST)
+    assert report.fixed and report.needed, report.to_text()
+    sources = " | ".join(node.source for node in report.nodes)
+    assert "big / 1e5" in sources and "huge / 1e5" in sources, report.to_text()
+    assert report.compiles <= 4 * 2 * math.log2(report.candidates) + 10, report.compiles
+    assert _error(model, x, report.settings) < 1e-2
+    assert _error(model, x, AUTOCAST) > 1e-2 or math.isnan(_error(model, x, AUTOCAST))
 
 
 def test_the_module_path_is_named_where_the_node_is_inside_a_submodule() -> None:
@@ -74,27 +146,34 @@ def test_the_module_path_is_named_where_the_node_is_inside_a_submodule() -> None
             return self.block(x) + 1
 
     x = _inputs()
-    report = trt_inline.find_fix(Outer().eval(), (x,), settings={"enable_autocast": True})
+    report = trt_inline.find_fix(Outer().eval(), (x,), settings=AUTOCAST)
     assert report.fixed and report.nodes, report.to_text()
     assert any(node.module == "block (Inner)" for node in report.nodes), [n.module for n in report.nodes]
 
 
 def test_a_clean_model_needs_one_compile() -> None:
     x = _inputs()
-    report = trt_inline.find_fix(Clean().eval(), (x,), settings={"enable_autocast": True})
-    assert report.fixed and not report.needed and report.compiles == 1
-    assert report.to_text().startswith("nothing to fix: every case is within tolerance")
+    build, calls = _counting()
+    report = trt_inline.find_fix(Clean().eval(), (x,), compile=build, settings=AUTOCAST)
+    assert report.outcome == "nothing to fix" and report.fixed and not report.needed
+    assert report.compiles == 1 and len(calls) == 1
+    assert report.to_text().startswith("nothing to fix: every case is within tolerance (worst error ")
+    assert "; 1 compile)" in report.to_text().splitlines()[0]
+    assert report.settings == AUTOCAST and report.compile_call.endswith("(model, arg_inputs, enable_autocast=True)")
 
 
-def test_the_fallback_strategy_names_operators() -> None:
+def test_the_fallback_strategy_names_operators_and_adds_fallbacks() -> None:
     x = _inputs()
     report = trt_inline.find_fix(
-        Fp16Overflow().eval(), (x,), settings={"enabled_precisions": {torch.float16}}, strategy="fallback"
+        Fp16Overflow().eval(), (x,), settings=default_settings("fallback"), strategy="fallback"
     )
-    assert report.fixed, report.to_text()
-    assert report.settings["torch_executed_ops"] and all(
-        op.startswith("aten.") for op in report.settings["torch_executed_ops"]
-    )
+    assert report.fixed and report.needed, report.to_text()
+    ops = report.settings["torch_executed_ops"]
+    assert ops and all(op.startswith("aten.") for op in ops)
+    assert report.before is not None and report.after is not None
+    assert report.before.fallbacks is not None and report.after.fallbacks is not None
+    assert report.after.fallbacks > report.before.fallbacks, report.to_text()
+    assert _error(Fp16Overflow().eval(), x, report.settings) < 1e-2
 
 
 def test_what_cannot_be_searched_is_one_clear_error() -> None:
@@ -103,24 +182,150 @@ def test_what_cannot_be_searched_is_one_clear_error() -> None:
         trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings={"enabled_precisions": {torch.float16}})
     with pytest.raises(FixError, match="strategy 'other'"):
         trt_inline.find_fix(Fp16Overflow().eval(), (x,), strategy="other")
+    with pytest.raises(FixError, match="no case"):
+        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=AUTOCAST, cases=[])
+    with pytest.raises(FixError, match="max_compiles=0"):
+        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=AUTOCAST, max_compiles=0)
 
 
-def test_an_input_that_overflows_in_the_first_op_says_no_candidate_can_fix_it() -> None:
-    """Inputs past the fp16 range: the engine's own inputs are rounded at its boundary, whatever stays in fp32."""
+def test_an_input_that_overflows_in_the_first_op_says_no_set_works_and_why() -> None:
+    """Inputs of about 1e6: past fp16's range in the first op, which keeping nodes in fp32 cannot help alone; the
+    fp32 matmul reading them rounds them to TF32, which the message names, and following it fixes the build."""
     x = _inputs() * 1e6
-    report = trt_inline.find_fix(Clean().eval(), (x,), settings={"enable_autocast": True})
-    assert not report.fixed and "not in what higher_precision can change" in report.to_text(), report.to_text()
+    report = trt_inline.find_fix(Clean().eval(), (x,), settings=AUTOCAST)
+    assert report.outcome == "no fix" and not report.fixed and not report.works, report.to_text()
+    assert report.compiles == 3  # (the settings given, every candidate in fp32, and that without TF32)
+    text = report.to_text()
+    assert text.startswith("no fix: no set of the 3 candidate nodes kept in fp32 brings every case within tolerance")
+    assert "lose it to TF32" in text and "add disable_tf32=True to the settings and search again" in text, text
+    assert "compile with:" not in text and report.settings == AUTOCAST
+    assert [case.after for case in report.cases] == [None] and report.error_after is None
+    advised = trt_inline.find_fix(Clean().eval(), (x,), settings={**AUTOCAST, "disable_tf32": True})
+    assert advised.fixed, advised.to_text()  # (within tolerance as given, or with a set in fp32)
 
 
-@pytest.mark.parametrize("needed", [[3], [0, 9], [2, 5, 11], list(range(12))])
+def test_a_loss_outside_every_candidate_says_so() -> None:
+    def off_by_one(model: nn.Module, arg_inputs: Sequence[Any], **settings: Any) -> torch.nn.Module:
+        compiled = trt_inline.reference.compile(model, arg_inputs, **settings)
+        return lambda *args: compiled(*args) + 1.0  # type: ignore[return-value]
+
+    report = trt_inline.find_fix(Clean().eval(), (_inputs(),), compile=off_by_one, settings=AUTOCAST)
+    assert report.outcome == "no fix" and report.compiles == 3, report.to_text()
+    assert "the loss is not in what higher_precision can change" in report.to_text()
+    assert report.before is not None and report.before.engines is None  # (not a partitioned module)
+
+
+def test_ctrl_c_during_the_search_returns_the_best_set_found_so_far() -> None:
+    x = _inputs()
+    model = TwoSpots().eval()
+    build, calls = _counting(raise_on=6)
+    report = trt_inline.find_fix(model, (x,), compile=build, settings=AUTOCAST)
+    assert len(calls) == 6 and report.compiles == 5  # (the interrupted compile did not finish)
+    assert report.outcome == "interrupted" and report.interrupted and not report.fixed
+    assert report.works and report.nodes, report.to_text()  # (a set that passed: every candidate at worst)
+    text = report.to_text()
+    assert text.startswith("interrupted after 5 compiles: the best set found so far, ") and "smaller one" in text
+    assert "stopped by Ctrl-C" in text and "compile with:" in text
+    assert _error(model, x, report.settings) < 1e-2  # (the best set does bring the case within tolerance)
+    complete = trt_inline.find_fix(model, (x,), settings=AUTOCAST)
+    assert len(complete.nodes) <= len(report.nodes)
+
+
+def test_ctrl_c_before_the_first_compile_ends_reports_nothing_found() -> None:
+    build, _ = _counting(raise_on=1)
+    report = trt_inline.find_fix(TwoSpots().eval(), (_inputs(),), compile=build, settings=AUTOCAST)
+    assert report.outcome == "interrupted" and not report.works and report.compiles == 0 and not report.cases
+    assert report.to_text().startswith("interrupted after 0 compiles: no set that brings every case within")
+
+
+def test_a_search_out_of_compiles_reports_its_best_set() -> None:
+    x = _inputs()
+    model = TwoSpots().eval()
+    report = trt_inline.find_fix(model, (x,), settings=AUTOCAST, max_compiles=4)
+    assert report.outcome == "out of compiles" and not report.fixed and report.compiles == 4
+    assert report.works and report.nodes, report.to_text()
+    assert report.to_text().startswith("out of compiles (max 4) after 4 compiles: the best set found so far")
+    assert "stopped at max_compiles=4" in report.to_text()
+    assert _error(model, x, report.settings) < 1e-2
+    short = trt_inline.find_fix(model, (x,), settings=AUTOCAST, max_compiles=1)
+    assert short.outcome == "out of compiles" and not short.works and short.compiles == 1
+
+
+def test_every_case_is_reported_before_and_after() -> None:
+    x = _inputs()
+    model = Fp16Overflow().eval()
+    cases = [(x,), (x * 0.5,), (x * 0.0,)]
+    report = trt_inline.find_fix(model, (x,), settings=AUTOCAST, cases=cases)
+    assert report.fixed, report.to_text()
+    assert [case.name for case in report.cases] == ["case 0", "case 1", "case 2"]
+    assert not report.cases[0].ok_before and all(case.ok_after for case in report.cases)
+    assert report.cases[2].ok_before  # (zeros stay within fp16's range)
+    for case, inputs in zip(report.cases, cases, strict=True):
+        compiled = trt_inline.reference.compile(model, (x,), **report.settings)
+        with torch.no_grad():
+            assert case.after == pytest.approx(float((compiled(*inputs) - model(*inputs)).abs().max()), abs=1e-6)
+
+
+def test_progress_is_one_line_per_compile_and_repeats_for_a_seed() -> None:
+    x, model = _inputs(), TwoSpots().eval()
+    runs: list[list[str]] = []
+    reports: list[FixReport] = []
+    for _ in range(2):
+        lines: list[str] = []
+        state = torch.random.get_rng_state()
+        with progress.listening(lambda message, step, lines=lines: lines.append(message)):  # type: ignore[misc]
+            reports.append(trt_inline.find_fix(model, (x,), settings=AUTOCAST, seed=3))
+        assert torch.equal(torch.random.get_rng_state(), state)  # (the caller's random state is left as it was)
+        runs.append(lines)
+    assert len(runs[0]) == reports[0].compiles and runs[0] == runs[1]
+    assert runs[0][0].startswith(f"compile 1 (at most {reports[0].budget}): 0 of {reports[0].candidates} candidates")
+    assert reports[0].to_dict() == reports[1].to_dict()
+
+
+def test_the_json_report_is_plain_data() -> None:
+    x = _inputs()
+    report = trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=AUTOCAST)
+    document = json.loads(report.to_json())
+    assert document["outcome"] == "fixed" and document["settings"] == report.settings
+    assert document["cases"][0]["error_before"] == "inf" and document["cases"][0]["ok_after"] is True
+    assert document["nodes"][0]["source"].startswith("models.py:") and document["compile_call"] == report.compile_call
+    assert document["build_before"] == {"engines": report.before.engines, "fallbacks": report.before.fallbacks}  # type: ignore[union-attr]
+
+
+def test_settings_from_json_name_their_precisions() -> None:
+    settings = settings_from_json('{"enabled_precisions": ["float16", "torch.float32"], "disable_tf32": true}')
+    assert settings == {"enabled_precisions": {torch.float16, torch.float32}, "disable_tf32": True}
+    assert settings_from_json('{"autocast_low_precision_type": "bfloat16"}') == {
+        "autocast_low_precision_type": torch.bfloat16
+    }
+    for bad, message in (("{", "not JSON"), ("[]", "JSON object"), ('{"enabled_precisions": ["fp99"]}', "fp99")):
+        with pytest.raises(FixError, match=message):
+            settings_from_json(bad)
+
+
+@pytest.mark.parametrize("needed", [[3], [0, 9], [2, 5, 11], [6, 7, 8], list(range(12))])
 def test_the_search_finds_exactly_the_needed_candidates_within_its_budget(needed: list[int]) -> None:
     candidates = [f"n{i}" for i in range(12)]
-    calls: list[int] = []
+    asked: list[frozenset[str]] = []
 
-    def passes(chosen: list[str]) -> bool:
-        calls.append(1)
+    def passes(chosen: Sequence[str]) -> bool:
+        asked.append(frozenset(chosen))
         return all(f"n{i}" in chosen for i in needed)
 
-    found = _search(candidates, passes)
+    found = search(candidates, passes)
     assert found == [f"n{i}" for i in needed]
-    assert len(calls) <= len(needed) * (math.ceil(math.log2(len(candidates))) + 2) + 1, len(calls)
+    distinct = len(set(asked))  # (the caller compiles a set once)
+    assert distinct <= len(needed) * (math.ceil(math.log2(len(candidates))) + 2) + 1, distinct
+
+
+def test_the_search_asks_once_per_neighbour_of_a_cluster() -> None:
+    """A spot's nodes are neighbours in graph order: each after the first costs two questions, not a bisection."""
+    candidates = [f"n{i}" for i in range(64)]
+    asked: set[frozenset[str]] = set()
+
+    def passes(chosen: Sequence[str]) -> bool:
+        asked.add(frozenset(chosen))
+        return {"n40", "n41", "n42", "n43"} <= set(chosen)
+
+    assert search(candidates, passes) == ["n40", "n41", "n42", "n43"]
+    assert len(asked) <= (math.log2(64) + 2) + 3 * 2 + 1, len(asked)

@@ -133,7 +133,7 @@ def test_the_interpreter_children_are_forked_from_outlives_them(run_case: RunCas
 
 def _interpreters_of_this_process() -> list[str]:
     """Pids of this process's child interpreters (other test workers run interpreters of their own)."""
-    command = ["pgrep", "-P", str(os.getpid()), "-f", "trt_inline.isolation.inside"]
+    command = ["pgrep", "-P", str(os.getpid()), "-f", r"trt_inline\.isolation\.(inside|zygote)"]
     return subprocess.run(command, capture_output=True, text=True).stdout.split()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import inspect
 import io
 import socket
@@ -255,14 +254,13 @@ def _comparable(report: Any) -> dict[str, Any]:
 def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """The request each child job is sent (JSON), the run going on as it would."""
     sent: list[dict[str, Any]] = []
-    real = verifier.report_of_child
+    real = verifier._child_report  # (what verify, diff and rank sets run their child jobs through)
 
     def recording(job: str, request: Any, *args: Any, **kwargs: Any) -> Any:
         sent.append(encode(request))
         return real(job, request, *args, **kwargs)
 
-    monkeypatch.setattr(verifier, "report_of_child", recording)
-    monkeypatch.setattr(importlib.import_module("trt_inline.verify.diff"), "report_of_child", recording)
+    monkeypatch.setattr(verifier, "_child_report", recording)
     yield sent
 
 

@@ -22,8 +22,10 @@ from trt_inline import reference
 from trt_inline.cli import main as cli_main
 from trt_inline.errors import IsolationError, VerifyInputError
 from trt_inline.verify import range_ends
+from trt_inline.verify.compare import Criteria
+from trt_inline.verify.pipeline import range_end_runs
 from trt_inline.verify.report import VerifyReport
-from trt_inline.verify.verifier import _compare_range_ends, _range_end_runs, _range_ends_of_child
+from trt_inline.verify.verifier import _compare_range_ends, _range_ends_of_child
 
 MAX = 32
 EMBEDDED = 8
@@ -342,9 +344,9 @@ def test_what_a_child_hands_back_for_the_module_is_checked(files: dict[str, Path
     for entry in unlike:
         with pytest.raises(IsolationError, match="unlike the given inputs"):
             _compare_range_ends(VerifyReport("f.pt2", range_end_runs=[dict(run)]), [entry], LastRow(MAX), ([x], {}),
-                                "auto", None, None, "elemwise", where="f.pt2")  # fmt: skip
+                                "auto", Criteria(), where="f.pt2")  # fmt: skip
     report = VerifyReport("f.pt2", range_end_runs=[dict(run)])
-    _compare_range_ends(report, [good], LastRow(MAX), ([x], {}), "auto", None, None, "elemwise", where="f.pt2")
+    _compare_range_ends(report, [good], LastRow(MAX), ([x], {}), "auto", Criteria(), where="f.pt2")
     assert report.range_end_runs[0]["compared"] and not report.range_end_runs[0]["ok"] and report.problems
 
 
@@ -356,8 +358,8 @@ def test_a_rank_file_makes_no_runs_at_the_ends_and_says_why(files: dict[str, Pat
     reports = {}
     for rank_file in (True, False):
         reports[rank_file] = report = VerifyReport("good.pt2", expected_source="embedded")
-        _range_end_runs(report, program, module, ([files["x"]], {}), "auto", 0, None, baseline, None, None, None,
-                        "elemwise", [], rank_file=rank_file)  # fmt: skip
+        range_end_runs(report, program, module, ([files["x"]], {}), "auto", 0, None, baseline, None, Criteria(), [],
+                       rank_file=rank_file)  # fmt: skip
     alone = reports[False]
     assert [run["ok"] for run in alone.range_end_runs] == [True, True] and not alone.problems, alone.to_text()
     assert alone.notes[-1].startswith("ran at the ends of the dynamic ranges")

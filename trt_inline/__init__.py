@@ -23,15 +23,16 @@ core modules             ``passes`` (the inline passes), ``flat_program``, ``eng
                          ``package`` (AOTInductor), ``compat`` (torch's private APIs),
                          ``releases``, ``formats``, ``errors``, ``logs``, ``progress``,
                          ``output_tree``, ``deployment`` (what an engine needs of a machine),
-                         ``messages`` (typed messages to and from a child: encoded, decoded strictly)
+                         ``messages`` (typed messages to and from a child: encoded, decoded strictly),
+                         ``module_paths`` (a node's module path and source line)
 :mod:`.reference`        the CPU reference backend
 :mod:`.distributed`      rank sets: manifests, the rank check, the relay, ``verify --ranks``
 :mod:`.isolation`        the sandboxed child process, its limits, the read-ahead
 :mod:`.archive`          reading saved files through one strict reader; ``load``
 :mod:`.verify`           checks, comparison, which engine diverged, reports; ``verify``, ``diff``
 ``export``, ``embedding``  ``save``: from a compiled module to a checked, saved file
-``fix``                  ``find_fix``: the compile settings that bring a reduced-precision
-                         build within tolerance
+:mod:`.fixing`           ``find_fix``: the compile settings that bring a reduced-precision
+                         build within tolerance; ``trt-inline fix``
 :mod:`.plugin`           ``torch_tensorrt.save`` / ``load`` patched, with no change to user code
 ``cli``, ``__main__``    the ``trt-inline`` command line
 =======================  ===========================================================
@@ -52,7 +53,7 @@ from trt_inline.errors import (
     VerifyInputError,
 )
 from trt_inline.export import save, to_exported_program
-from trt_inline.fix import FixReport, find_fix
+from trt_inline.fixing import FixReport, find_fix
 from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall

@@ -1,4 +1,4 @@
-"""``trt-inline`` command line: ``doctor``, ``verify``, ``diff``, ``inspect``, ``check`` (``python -m trt_inline``).
+"""``trt-inline`` (``python -m trt_inline``): ``doctor``, ``verify``, ``diff``, ``inspect``, ``check``, ``fix``.
 
 Errors print one line on stderr and exit 2 (unusable input) or 1 (a check
 failed). Warnings and log records torch emits while loading a file are kept off
@@ -26,6 +26,7 @@ from typing import Any
 
 from trt_inline import progress
 from trt_inline.errors import TrtInlineError, VerifyInputError, first_line, printable
+from trt_inline.isolation import reusing_interpreter
 from trt_inline.logs import debug_to_stderr
 from trt_inline.verify.cases import CaseResult, expected_outputs, load_tensor_file, split_inputs
 from trt_inline.verify.options import (
@@ -50,6 +51,7 @@ from trt_inline.verify.options import (
     from_flags,
 )
 from trt_inline.verify.report import EXIT_STATUS
+from trt_inline_interpreter import take_prestarted
 
 __all__ = ["main"]
 
@@ -251,15 +253,12 @@ def _junit_of_error(args: argparse.Namespace, exc: BaseException) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse an unwritable --plot, --save-outputs or --junit before the (possibly long) run, not after it."""
+    """Refuse an unwritable --plot or --junit before the (possibly long) run, not after it (the files verify and
+    diff write themselves, they check before they start)."""
     if args.plot is not None:
         from trt_inline.verify.plot import check_plot_target
 
         check_plot_target(args.plot)
-    if args.save_outputs is not None:
-        from trt_inline.verify.verifier import save_target
-
-        save_target(args.save_outputs)
     if getattr(args, "junit", None) is not None:
         from trt_inline.verify.verifier import save_target
 
@@ -496,6 +495,140 @@ def _run_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# trt-inline fix SCRIPT: find_fix from a script that builds the model (trt_inline.fixing)
+
+# The tolerance fields find_fix holds a build to, flagged as verify flags them (strict is verify's own check).
+_FIX_TOLERANCES = ("atol", "rtol", "check_error_stat", "top_k", "min_top_k_agreement")
+_FIX_INTERRUPTED = 128 + 2  # (the status of a program Ctrl-C stopped)
+_FIX_DESCRIPTION = """\
+Search for the nodes to keep in fp32 (--strategy higher_precision: autocast_excluded_nodes) or the operators to
+run in PyTorch (--strategy fallback: torch_executed_ops) that bring a reduced-precision build within tolerance on
+every case, and print the settings, the compile(...) call to paste, and each node by module path and source line.
+The builds are torch_tensorrt.dynamo.compile's where TensorRT and CUDA run here, the reference backend's otherwise.
+
+SCRIPT is your own Python script, run in this process (as python SCRIPT runs it, but its
+'if __name__ == "__main__":' block does not run). It defines either model(), a function returning
+(module, arg_inputs), or model (the nn.Module) and arg_inputs (its example inputs, a tuple); and optionally
+settings, a dict of compile settings. --settings is merged over them; with neither, {"enable_autocast": true}
+(higher_precision) or {"enabled_precisions": ["float16"]} (fallback).
+
+Exit 0: fixed, or nothing to fix (and --out verified). 1: no set works, or --max-compiles ran out (the best set
+found is printed), or the --out file did not verify. 2: unusable input (a missing script, one without the
+names, bad JSON). 130: Ctrl-C stopped the search (the best set found so far is printed)."""
+
+
+def _add_fix_command(commands: Any) -> None:
+    fix_parser = commands.add_parser(
+        "fix",
+        help="search for the compile settings that bring a reduced-precision build within tolerance (runs SCRIPT)",
+        description=_FIX_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    fix_parser.add_argument("script", metavar="SCRIPT", help="a Python script that builds the model and its inputs")
+    fix_parser.add_argument(
+        "--strategy", choices=("higher_precision", "fallback"), default="higher_precision",
+        help="keep nodes in fp32 (higher_precision, the default; needs enable_autocast) or run operators in PyTorch "
+        "(fallback)",
+    )  # fmt: skip
+    fix_parser.add_argument(
+        "--settings", metavar="JSON",
+        help='compile settings as a JSON object, over the script\'s: {"enable_autocast": true}; precisions by name '
+        '({"enabled_precisions": ["float16"]})',
+    )  # fmt: skip
+    for item, declaration in declarations(Tolerances):
+        if item.name in _FIX_TOLERANCES:
+            keywords = _argparse_keywords(item, declaration, None)
+            if item.name in ("atol", "rtol"):
+                keywords["help"] = keywords["help"].replace("default: per dtype", "default: 1e-2")
+            fix_parser.add_argument(*declaration.flags, **keywords)
+    fix_parser.add_argument(
+        "--cases", metavar="DIR",
+        help="hold the build to every case of DIR as verify --cases reads it (DIR/CASE/inputs.pt and expected.pt) "
+        "instead of the model's own outputs on its example inputs",
+    )  # fmt: skip
+    fix_parser.add_argument(
+        "--max-compiles", type=int, metavar="N",
+        help="stop after N compiles and print the best set found by then (default: 4 per candidate, plus 10)",
+    )  # fmt: skip
+    fix_parser.add_argument(
+        "--seed", type=int, default=0,
+        help="the random state each compile and run starts from (default 0): the same search, the same lines",
+    )  # fmt: skip
+    fix_parser.add_argument(
+        "--out", metavar="FILE.pt2",
+        help="compile with the settings found, save the build there (trt_inline.save) and verify it against the "
+        "model in fp32 within the tolerance (trt_inline.verify)",
+    )  # fmt: skip
+    fix_parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    fix_parser.add_argument(
+        "--progress", action="store_true",
+        help="print a line per compile on stderr (the default when stderr is a terminal; never with --json)",
+    )  # fmt: skip
+    fix_parser.set_defaults(run=_run_fix)
+
+
+def _run_fix(args: argparse.Namespace) -> int:
+    from trt_inline.fixing import FixError, find_fix
+    from trt_inline.fixing.runner import with_default_tolerance
+    from trt_inline.fixing.script import default_settings, load_script, settings_from_json
+
+    given = settings_from_json(args.settings) if args.settings is not None else {}
+    if args.max_compiles is not None and args.max_compiles < 1:
+        raise FixError(f"--max-compiles {args.max_compiles}: at least 1")
+    if args.out is not None:
+        from trt_inline.verify.verifier import save_target
+
+        save_target(args.out, "--out")
+    tolerance = with_default_tolerance(from_flags(Tolerances, vars(args)))
+    try:
+        script = load_script(args.script)
+        settings = {**script.settings, **given} or default_settings(args.strategy)
+        report = find_fix(
+            script.module, script.arg_inputs, settings=settings, tolerance=tolerance, strategy=args.strategy,
+            cases=args.cases, max_compiles=args.max_compiles, seed=args.seed,
+        )  # fmt: skip
+        saved = _fix_out(args, report, script.module, script.arg_inputs, tolerance) if args.out is not None else None
+    except KeyboardInterrupt:  # (outside the search, which reports what it found itself)
+        print("trt-inline fix: interrupted", file=sys.stderr)
+        return _FIX_INTERRUPTED
+    document = report.to_dict() if args.json else None
+    if document is not None:
+        _print_text(json.dumps({**document, **({"out": saved[0]} if saved else {})}, indent=2))
+    else:
+        _print_text(report.to_text() + (f"\n{saved[1]}" if saved else ""))
+    if report.interrupted:
+        return _FIX_INTERRUPTED
+    return 0 if report.fixed and (saved is None or saved[0]["status"] == "PASS") else 1
+
+
+def _fix_out(
+    args: argparse.Namespace, report: Any, module: Any, arg_inputs: tuple[Any, ...], tolerance: Tolerances
+) -> tuple[dict[str, Any], str]:
+    """``--out``: the build with the report's settings saved, and verified against the model in fp32 (what
+    ``--json`` says of it, and the line the text ends with)."""
+    import torch
+
+    from trt_inline.export import save
+    from trt_inline.fixing.builds import default_compile
+    from trt_inline.fixing.report import plain
+    from trt_inline.verify import verify
+
+    if not report.works or report.interrupted:
+        why = "the search was interrupted" if report.interrupted else "no set that works was found"
+        return {"path": args.out, "status": None, "worst_error": None}, f"--out {args.out}: not written ({why})"
+    progress.report(f"compiling with the settings found and saving the build to {args.out}")
+    torch.manual_seed(args.seed)
+    compiled = default_compile()(module, arg_inputs, **report.settings)
+    save(compiled, args.out, arg_inputs=arg_inputs)
+    with torch.no_grad():
+        expected = module(*arg_inputs)
+    verdict = verify(args.out, arg_inputs=list(arg_inputs), expected=expected, tolerances=tolerance)
+    worst = max((output.max_abs_diff for output in verdict.outputs), default=0.0)
+    line = f"{verdict.status} {args.out}: saved, and verified against the model in fp32 (worst error {worst:.3g})"
+    return {"path": args.out, "status": verdict.status, "worst_error": plain(worst)}, line
+
+
 def _print_text(text: str) -> None:
     """Print a report line by line with control characters escaped: nothing from a file reaches the terminal raw.
 
@@ -670,6 +803,7 @@ def _parser() -> argparse.ArgumentParser:
     check_parser.add_argument("path")
     _add_flags(check_parser, "check")
     check_parser.set_defaults(run=_run_check)
+    _add_fix_command(commands)
     return parser
 
 
@@ -697,13 +831,20 @@ def _shows_progress(args: argparse.Namespace) -> bool:
     return bool(args.progress) or sys.stderr.isatty()
 
 
+def _forking_interpreter() -> contextlib.AbstractContextManager[None]:
+    """The command's children forked from the interpreter ``trt-inline`` started before it imported torch
+    (:mod:`trt_inline_command`), where it did; otherwise each child starts as it would."""
+    started = take_prestarted()
+    return contextlib.nullcontext() if started is None else reusing_interpreter(started)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.argv = None if argv is None else list(argv)
     args.started = time.monotonic()  # (a JUnit report says how long each case took)
     try:
-        with _quiet(args.debug), progress.printing(_shows_progress(args)):
+        with _quiet(args.debug), progress.printing(_shows_progress(args)), _forking_interpreter():
             code: int = args.run(args)
         return code
     except _StdoutGone:

@@ -40,6 +40,7 @@ from trt_inline.archive.reference_io import REFERENCE_IO_FILE, ReferenceIO, deco
 from trt_inline.archive.views import FileView
 from trt_inline.distributed.manifest import MANIFEST_FILE, decode_manifest
 from trt_inline.errors import LoadError, RefusedOperatorError, UnsafeArchiveError, VerifyInputError, printable
+from trt_inline.module_paths import ORIGIN_META, NodeOrigin
 from trt_inline.package import output_kinds_of
 
 __all__ = [
@@ -82,6 +83,8 @@ class LoadedFile:
     view: FileView | None = None
     # A tensor-parallel rank file's manifest (trt_inline.distributed.manifest), as the file holds it: untrusted.
     manifest_text: str | None = None
+    # Each node's module path and source line, read from the file as data (put on the nodes torch built: named).
+    origins: dict[str, NodeOrigin] = field(default_factory=dict)
     _module: torch.fx.GraphModule | None = None
 
     def reading_ahead(self) -> contextlib.AbstractContextManager[None]:
@@ -102,6 +105,7 @@ class LoadedFile:
             progress.report("checking what runs: the module the program builds, against the allowed operators")
             module = self.program.module()
             check_runnable(module, self.path)
+            _named(module.graph, self.origins)
             self._module = module
         return self._module
 
@@ -172,11 +176,24 @@ def _loaded(contents: Contents, weights: bool) -> LoadedFile:
         except VerifyInputError as exc:
             raise VerifyInputError(f"{contents.path}: {exc}") from exc
     kinds = [printable(kind) for kind in output_kinds_of(contents.extra_text(formats.PACKAGE_INFO_FILE))]
+    if program is not None:
+        _named(program.graph, contents.origins)
     return LoadedFile(
         contents.path, contents.kind, program, reference, kinds, contents.entries, canonical, contents.layout,
         contents.passthrough, contents.unread, REFERENCE_IO_FILE in contents.extra,
         contents.view if isinstance(contents.view, FileView) else None, contents.extra_text(MANIFEST_FILE),
+        contents.origins,
     )  # fmt: skip
+
+
+def _named(graph: torch.fx.Graph, origins: dict[str, NodeOrigin]) -> None:
+    """Each node of ``graph`` given the module path and source line the file records for its name
+    (:data:`~trt_inline.module_paths.ORIGIN_META`, which reports read; torch's own metadata was dropped)."""
+    if origins:
+        for node in graph.nodes:
+            origin = origins.get(node.name)
+            if origin is not None:
+                node.meta[ORIGIN_META] = origin
 
 
 def load(

@@ -20,7 +20,10 @@ checked:
 * output specs that write to the caller's inputs, gradients, losses and effect
   tokens refused; buffer and parameter mutations only where ``aten::copy_`` is
   allowed (``module()`` writes them with it);
-* metadata torch does not need to run (stack traces, module stacks) dropped.
+* metadata torch does not need to run (stack traces, module stacks) dropped: torch
+  writes stack traces into the code FX generates. What reports name a node by (its
+  module path and source line) is read from it as data by :func:`node_origins`,
+  escaped and cut, and never handed to torch.
 
 After loading, :func:`check_runnable` checks the module ``program.module()``
 returns, which is what runs: every node of every graph in it, and every step of
@@ -30,6 +33,7 @@ every reference engine.
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import enum
 import json
@@ -46,8 +50,11 @@ import torch.fx
 
 from trt_inline import allowed_ops, compat, engines
 from trt_inline.errors import RefusedOperatorError, TrtInlineError, UnsafeArchiveError, printable
+from trt_inline.module_paths import NodeOrigin, serialized_origin
 
-__all__ = ["canonical_bytes", "canonical_document", "check_expression", "check_guard", "check_runnable"]
+__all__ = [
+    "canonical_bytes", "canonical_document", "check_expression", "check_guard", "check_runnable", "node_origins",
+]  # fmt: skip
 
 
 # torch's deserializer turns size expressions (sympy's ``srepr`` form, ``Add(Symbol('s0',
@@ -171,6 +178,8 @@ _TEXT_FIELDS = {
     ("CustomObjArgument", "class_fqn"): "path",
 }
 # Metadata torch does not need to run the program: dropped, never handed to it.
+# A node name a report may quote.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
 _DROPPED = frozenset({("Node", "metadata"), ("GraphModule", "metadata")})
 # Output and input specs no file from a stranger may carry (and the buffer / parameter mutations
 # that only an allowed aten::copy_ may carry).
@@ -211,6 +220,26 @@ def canonical_document(
             raise RefusedOperatorError(f"{where}: {refused.why}") from None
         raise UnsafeArchiveError(f"{where}: refused: {refused}") from None
     return typing.cast(dict[str, Any], result)
+
+
+def node_origins(document: Any) -> dict[str, NodeOrigin]:
+    """Each node's module path and source line, read as data from the (raw, parsed) program document's own
+    graph once :func:`canonical_document` has accepted it: its ``metadata``, which that drops, never reaches
+    torch. Nodes whose name is not a plain name, or whose metadata names nothing, are left out; anything not
+    shaped as expected is skipped, never refused (it names nothing)."""
+    graph = document.get("graph_module") if isinstance(document, dict) else None
+    graph = graph.get("graph") if isinstance(graph, dict) else None
+    nodes = graph.get("nodes") if isinstance(graph, dict) else None
+    origins: dict[str, NodeOrigin] = {}
+    for node in nodes if isinstance(nodes, list) else ():
+        if not isinstance(node, dict):
+            continue
+        outputs = node.get("outputs")
+        name = _node_name(outputs[:1] if isinstance(outputs, list) else [])  # (a node is named by its first output)
+        origin = serialized_origin(node.get("metadata"))
+        if _PLAIN_NAME.fullmatch(name) and (origin.module or origin.source):
+            origins[name] = origin
+    return origins
 
 
 def canonical_bytes(document: dict[str, Any]) -> bytes:
@@ -409,9 +438,9 @@ def _node_name(node: Any) -> str:
     """A serialized node's name: its own, or the name of its first output."""
     if isinstance(node, str):
         return node
-    pending = list(node) if isinstance(node, list) else [node]
+    pending = collections.deque(node if isinstance(node, list) else [node])  # (breadth first, linear)
     while pending:
-        value = pending.pop(0)
+        value = pending.popleft()
         if isinstance(value, dict):
             for key in ("name", "as_name"):
                 if isinstance(value.get(key), str):

@@ -51,6 +51,7 @@ from trt_inline.archive.views import BytesView, FileView, View
 from trt_inline.archive.zip_layout import ZipEntry, check_layout, folded, refuse_compressed
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, decoded_text, printable
 from trt_inline.formats import format_size
+from trt_inline.module_paths import NodeOrigin
 
 __all__ = ["Contents", "TensorRecord", "read_file"]
 
@@ -185,6 +186,8 @@ class Contents:
     unread: list[str] = field(default_factory=list)
     # Read only to be described (read_file(as_data=True)): its document was not rebuilt, it must never load.
     as_data: bool = False
+    # Each node's module path and source line, read from the document as data (never handed to torch).
+    origins: dict[str, NodeOrigin] = field(default_factory=dict)
 
     def extra_text(self, name: str) -> str | None:
         """One of trt-inline's extra files as text (UTF-8), or None where the file has none."""
@@ -329,6 +332,7 @@ class _Reader:
         self.as_data = False
         self.by_name = {entry.name: entry for entry in entries}
         self.claimed: set[str] = set()
+        self.origins: dict[str, NodeOrigin] = {}  # (of the program document, read as data: _document)
 
     # -- entries ---------------------------------------------------------------
 
@@ -448,6 +452,7 @@ class _Reader:
                 raise VerifyInputError(f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model")
             return contents
         contents.document = self._document(program)
+        contents.origins = self.origins
         if pickled:
             contents.weights = self._pickled_payload(root + _PICKLED_WEIGHTS, "weights", contents)
             contents.constants = self._pickled_payload(root + _PICKLED_CONSTANTS, "constants", contents)
@@ -479,6 +484,7 @@ class _Reader:
                 f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model in it"
             )
         contents.document = self._document(program)
+        contents.origins = self.origins
         contents.weights = self._pickled_payload("serialized_state_dict.pt", "weights", contents)
         contents.constants = self._pickled_payload("serialized_constants.pt", "constants", contents)
         contents.sample_inputs = self._sample_inputs("serialized_example_inputs.pt", contents)
@@ -512,7 +518,10 @@ class _Reader:
                 raise self.refuse(f"archive entry {printable(entry.name)!r} is not a program document")
             return document
         progress.report(f"checking its program against torch's schema ({format_size(entry.file_size)})")
-        return program_checks.canonical_document(self._json(entry), self.file, entry.name, mutations=self.mutations)
+        document = self._json(entry)
+        canonical = program_checks.canonical_document(document, self.file, entry.name, mutations=self.mutations)
+        self.origins = program_checks.node_origins(document)  # (of a document checked first: its shape is known)
+        return canonical
 
     # -- weights and constants ---------------------------------------------------------
 

@@ -29,9 +29,12 @@ module          concern
                 child starts, the request, how the child ended), ``JOBS``
 ``inside``      the child's side: the request, the sandbox and the limits entered,
                 the job run, its report
-``process``     a child interpreter's command line, environment, process group,
-                supervision against the time and memory limits, its end
-``zygote``      one clean interpreter that forks the children (``reusing_interpreter``)
+``process``     a child interpreter's process group, supervision against the time and
+                memory limits, its end (its command line and environment:
+                ``trt_inline_interpreter``, below the package, since the ``trt-inline``
+                command starts the interpreter before it imports torch)
+``zygote``      one clean interpreter that forks the children (``reusing_interpreter``;
+                its loop: ``serve``)
 ``pipes``       the request, report, progress and read-ahead pipes (the request written on a
                 thread; the others drained by the supervising loop)
 ``limits``      ``Limits``, sizes, the memory available, this process's own memory

@@ -170,7 +170,7 @@ def run_isolated(
                 outcome = run_fresh(work, pipes, limits)
         if debug:
             sys.stderr.write(tail(work / "stderr.txt"))
-        return _outcome(outcome, limits, where)
+        return _outcome(outcome, limits, where, files)
     finally:
         try:
             if feed is not None:
@@ -205,7 +205,7 @@ def _feed_reader(path: str | None) -> FeedReader | None:
         return None  # the child says what is wrong with the file
 
 
-def _outcome(ended: Ended, limits: Limits, where: str) -> ChildResult:
+def _outcome(ended: Ended, limits: Limits, where: str, files: tuple[str, ...] = ()) -> ChildResult:
     if ended.stopped == "time":
         raise IsolationError(f"{where}: stopped after {limits.timeout:g} s, the time limit (--timeout raises it)")
     if ended.stopped == "memory":
@@ -255,8 +255,9 @@ def _outcome(ended: Ended, limits: Limits, where: str) -> ChildResult:
         kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError, RankSetError)
         kind = {cls.__name__: cls for cls in kinds}.get(str(result["error"]), VerifyInputError)
         message = first_line(Exception(str(result.get("message", ""))))
-        # The child's own errors name the file; a limit it hit or an unexpected error may not.
-        raise kind(message if message.startswith(where) else f"{where}: {message}")
+        # The child's own errors name the file (one of the job's: diff's second); an unexpected error may not.
+        named = message.startswith((where, *(f"{file}: " for file in files)))
+        raise kind(message if named else f"{where}: {message}")
     sandbox = result.get("sandbox")
     # The job process's own peak: the process that waits for it (namespaces) holds the whole
     # interpreter too, and the wait status's figure is the larger of the two.

@@ -1,7 +1,8 @@
-"""Starting and supervising a child interpreter: its command line, its environment, its process group, its end.
+"""Starting and supervising a child interpreter: its process group, its supervision, its end.
 
 A child is ``python -I`` with the parent's import path and only the variables
-that configure Python, torch and the devices; the parent polls it against the
+that configure Python, torch and the devices (its command line and environment:
+:mod:`trt_inline_interpreter`, known before torch is imported); the parent polls it against the
 time limit and, where CUDA makes the address-space limit useless, against the
 resident memory of its process group, and kills the group when it is done.
 """
@@ -9,14 +10,9 @@ resident memory of its process group, and kills the group when it is done.
 from __future__ import annotations
 
 import contextlib
-import functools
-import getpass
-import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +20,7 @@ from pathlib import Path
 
 from trt_inline.isolation.limits import Limits, proc_kib_field
 from trt_inline.isolation.pipes import POLL_SECONDS, Pipes
+from trt_inline_interpreter import child_environment, interpreter_command
 
 
 @dataclass(frozen=True)
@@ -34,50 +31,6 @@ class Ended:
     result: bytes
     overflow: bool
     limited: bool = False  # the child said it set its address-space limit (the job ran under it)
-
-
-def interpreter_command(code: str, *arguments: str) -> list[str]:
-    """``python -I -c code`` with this process's import path (absolute entries only) as its ``sys.path``."""
-    path = [entry for entry in sys.path if entry and os.path.isabs(entry)]
-    prelude = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    return [sys.executable, "-I", "-c", prelude + code, json.dumps(path), *arguments]
-
-
-# Environment variables a child keeps: what configures the interpreter, torch, its threads, its
-# allocator and the devices it sees. A change in one of them needs a new interpreter to fork from.
-_STARTUP_VARIABLES = re.compile(
-    r"^(PYTHON|PYTORCH_|LD_|MALLOC_|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|CUDA_|NVIDIA_|TORCH|TRT_INLINE_|LANG$|LC_|TZ$)"
-)
-
-
-def child_environment(work: Path | None = None) -> dict[str, str]:
-    """The variables a child gets: the startup ones of this process, and where its temporary files go.
-
-    Each thread's malloc arena reserves 64 MiB of address space: few arenas, so that the
-    address-space limit measures memory rather than the machine's core count. OpenBLAS
-    (numpy's) would start a thread at import, and a process with threads cannot enter new
-    namespaces; torch does not use it.
-    """
-    environment = {k: v for k, v in os.environ.items() if _STARTUP_VARIABLES.match(k)}
-    # The user's name, as a normal call sees it: the sandbox hides /etc/passwd, where getpass.getuser()
-    # looks without these, and torch before 2.13 names its cache folder after it (KeyError otherwise).
-    environment.update(USER=_user_name(), LOGNAME=_user_name(), MALLOC_ARENA_MAX="2", OPENBLAS_NUM_THREADS="1")
-    if work is not None:
-        private = str(work / "tmp")
-        environment.update(
-            TMPDIR=private, HOME=private, CUDA_CACHE_PATH=private, XDG_CACHE_HOME=private,
-            TORCHINDUCTOR_CACHE_DIR=private, TRITON_CACHE_DIR=private,
-        )  # fmt: skip
-    return environment
-
-
-@functools.cache
-def _user_name() -> str:
-    """This process's user name (``getpass.getuser()``), ``uid_N`` where the system has none for it."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError, ImportError):
-        return f"uid_{os.getuid()}"
 
 
 def run_fresh(work: Path, pipes: Pipes, limits: Limits) -> Ended:

@@ -11,57 +11,63 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import logging
+import os
 import select
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from trt_inline.isolation.limits import Limits
 from trt_inline.isolation.pipes import Pipes
-from trt_inline.isolation.process import Ended, child_environment, interpreter_command, kill_group, supervise
+from trt_inline.isolation.process import Ended, kill_group, supervise
+from trt_inline_interpreter import StartedInterpreter, child_environment, start_interpreter, zygote_key
 
-# The interpreter's loop: for each job it receives (its folder, environment and its pipe ends,
-# over a UNIX socket), fork a child that becomes what a fresh interpreter running
-# child_main(folder) would be; report its pid, then its wait status and peak RSS.
-_ZYGOTE = """
-import os, socket, tempfile
-import torch
-from trt_inline import compat
-from trt_inline.isolation.inside import child_main
-compat.import_loaders()
-channel = socket.socket(fileno=int(sys.argv[2]))
-while True:
-    message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 4)
-    if not message:
-        break
-    folder, environment = json.loads(message)
-    pid = os.fork()
-    if pid == 0:
-        channel.close()
-        os.environ.clear()
-        os.environ.update(environment)
-        os.setsid()
-        output = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(descriptors[0], 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        os.dup2(descriptors[1], 3)
-        os.dup2(descriptors[2], 4)
-        os.dup2(descriptors[3], 5)
-        os.closerange(6, 1 << 16)
-        os.environ["TRT_INLINE_RESULT_FD"] = "3"
-        os.environ["TRT_INLINE_PROGRESS_FD"] = "4"
-        os.environ["TRT_INLINE_FEED_FD"] = "5"
-        tempfile.tempdir = None
-        child_main(folder)
-    for descriptor in descriptors:
-        os.close(descriptor)
-    channel.sendall(f"pid {pid}\\n".encode())
-    _, status, usage = os.wait4(pid, 0)
-    channel.sendall(f"exit {status} {usage.ru_maxrss}\\n".encode())
-"""
+log = logging.getLogger(__name__)
+
+
+def serve(channel_fd: int) -> None:
+    """The interpreter's loop: for each job it receives (its folder, environment and its pipe ends, over
+    the UNIX socket ``channel_fd``), fork a child that becomes what a fresh interpreter running
+    ``child_main(folder)`` would be; report its pid, then its wait status and peak RSS."""
+    import tempfile
+
+    import torch  # noqa: F401  (what the children would import first: done once, here)
+
+    from trt_inline import compat
+    from trt_inline.isolation.inside import child_main
+
+    compat.import_loaders()
+    channel = socket.socket(fileno=channel_fd)
+    while True:
+        message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 4)
+        if not message:
+            break
+        folder, environment = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            channel.close()
+            os.environ.clear()
+            os.environ.update(environment)
+            os.setsid()
+            output = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(descriptors[0], 0)
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            os.dup2(descriptors[1], 3)
+            os.dup2(descriptors[2], 4)
+            os.dup2(descriptors[3], 5)
+            os.closerange(6, 1 << 16)
+            os.environ["TRT_INLINE_RESULT_FD"] = "3"
+            os.environ["TRT_INLINE_PROGRESS_FD"] = "4"
+            os.environ["TRT_INLINE_FEED_FD"] = "5"
+            tempfile.tempdir = None
+            child_main(folder)
+        for descriptor in descriptors:
+            os.close(descriptor)
+        channel.sendall(f"pid {pid}\n".encode())
+        _, status, usage = os.wait4(pid, 0)
+        channel.sendall(f"exit {status} {usage.ru_maxrss}\n".encode())
 
 
 class _Zygote:
@@ -71,20 +77,13 @@ class _Zygote:
     enters the sandbox and the limits itself, exactly as a fresh interpreter's ``child_main``.
     """
 
-    def __init__(self) -> None:
-        self.key = _zygote_key()
+    def __init__(self, started: StartedInterpreter | None = None) -> None:
+        self.prestarted = started is not None
+        self.started = started if started is not None else start_interpreter()
+        self.key = self.started.key
+        self.process = self.started.process
+        self.channel = self.started.channel
         self._pending = b""
-        self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with theirs:
-            self.process = subprocess.Popen(
-                interpreter_command(_ZYGOTE, str(theirs.fileno())),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-                env=child_environment(),
-            )
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -103,6 +102,10 @@ class _Zygote:
         return line.decode().split()
 
     def run(self, work: Path, pipes: Pipes, limits: Limits) -> Ended:
+        log.debug(
+            "forking the child from the interpreter started %s",
+            "before this process imported torch" if self.prestarted else "for this block",
+        )
         message = json.dumps([str(work), child_environment(work)]).encode()
         socket.send_fds(self.channel, [message], list(pipes.child_ends()))
         pipes.handed_over()
@@ -127,18 +130,7 @@ class _Zygote:
             kill_group(pid)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.channel.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            kill_group(self.process.pid)
-            self.process.wait()
-
-
-def _zygote_key() -> tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """What a child inherits from the interpreter it is forked from: a change here needs a new one."""
-    return sys.executable, tuple(sys.path), tuple(sorted(child_environment().items()))
+        self.started.stop()
 
 
 # The reusable interpreter of the innermost reusing_interpreter() block, if any.
@@ -150,7 +142,11 @@ def zygote_for_now() -> _Zygote | None:
     slot = _reusable.get()
     if slot is None:
         return None
-    if slot and (not slot[0].alive() or slot[0].key != _zygote_key()):
+    if slot and (not slot[0].alive() or slot[0].key != zygote_key()):
+        log.debug(
+            "the interpreter the children are forked from %s: starting another",
+            "ended" if not slot[0].alive() else "has another environment than a child would get now",
+        )
         slot.pop().close()
     if not slot:
         slot.append(_Zygote())
@@ -158,14 +154,15 @@ def zygote_for_now() -> _Zygote | None:
 
 
 @contextlib.contextmanager
-def reusing_interpreter() -> Iterator[None]:
+def reusing_interpreter(started: StartedInterpreter | None = None) -> Iterator[None]:
     """Within the block, ``verify``, ``inspect`` and ``diff`` fork their children from one clean interpreter.
 
     Each child is as isolated as a fresh one (own session, sandbox, limits,
     private folder); the block only saves starting an interpreter and importing
-    torch per file. The interpreter is stopped when the block ends.
+    torch per file. The interpreter is stopped when the block ends. ``started``: one already started
+    (:func:`trt_inline_interpreter.prestart`), used while what its children inherit is unchanged.
     """
-    slot: list[_Zygote] = []
+    slot: list[_Zygote] = [] if started is None else [_Zygote(started)]
     token = _reusable.set(slot)
     try:
         yield

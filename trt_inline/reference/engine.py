@@ -43,6 +43,7 @@ from trt_inline import compat, engines, scalars
 from trt_inline.attributes import resolve_attribute
 from trt_inline.engines import EngineSignature
 from trt_inline.errors import EngineFormatError
+from trt_inline.module_paths import node_origin
 from trt_inline.reference.program import (
     ALIGN,
     FORMAT,
@@ -207,6 +208,9 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
                 )
             except Unencodable as exc:
                 raise EngineFormatError(f"{name}: node {node.name} has an {exc}") from exc
+            origin = node_origin(node)  # (what a report inside the engine names: its module path, source line)
+            if origin.module or origin.source:
+                steps[-1]["origin"] = [origin.module, origin.source]
             refs[node] = next_ref
             next_ref += 1
         elif node.op == "output":

@@ -13,6 +13,10 @@ with its dtype and, for a SymInt, the size expression it equals
 (:mod:`trt_inline.symbolic`). A scalar input arrives as a 0-d tensor and is
 read back with ``item()``, or, while tracing, recomputed from the input sizes;
 a scalar output leaves as a 0-d tensor.
+
+A step may record where its node came from (``origin``: the module path and
+source line :func:`trt_inline.module_paths.node_origin` gave when the engine was
+built), so that a report can name an op inside an engine in the user's terms.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch.fx
 from trt_inline import allowed_ops, compat, scalars, symbolic
 from trt_inline.engines import ValueSpec
 from trt_inline.errors import EngineFormatError, RefusedOperatorError, printable
+from trt_inline.module_paths import NodeOrigin, file_origin
 
 __all__ = [
     "ALIGN",
@@ -199,11 +204,15 @@ class WeightSpec:
     nbytes: int
 
 
+_NO_ORIGIN = NodeOrigin("", "")
+
+
 @dataclass(frozen=True)
 class _Step:
     target: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    origin: NodeOrigin = _NO_ORIGIN  # the module path and source line its node was traced from
 
 
 @dataclass(frozen=True)
@@ -278,7 +287,8 @@ class EngineProgram:
         return [as_tensor(env[i], spec, device) for i, spec in zip(self.outputs, self.output_specs, strict=True)]
 
     def step_values(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor, *, upcast: bool) -> list[Any]:
-        """What each step returns, in order; ``upcast``: its floating inputs and weights in float64 first."""
+        """What each step returns, in order; ``upcast``: its floating inputs and weights in float64 first, and
+        a floating dtype a step asks for (a cast) float64 too."""
         env, _ = self._run_steps(inputs, payload, upcast=upcast)
         return env[len(env) - len(self.steps) :]
 
@@ -297,14 +307,46 @@ class EngineProgram:
         for step in self.steps:
             args = _substitute(step.args, env, device)
             kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
+            dtype = kwargs.get("dtype")
+            if upcast and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+                kwargs["dtype"] = torch.float64  # (a cast to float16 or float32 stays float64: never narrower)
             # (as_strided only where it reads its source's elements in order; index arguments within range)
             allowed_ops.check_run(step.target, args, kwargs)
             env.append(step.target(*args, **kwargs))
         return env, device
 
+    def values(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor) -> list[Any]:
+        """Every value a run computes, numbered as steps refer to them: the inputs, the weights, each step's result."""
+        return self._run_steps(inputs, payload, upcast=False)[0]
+
+    def run_step(
+        self,
+        index: int,
+        values: list[Any],
+        device: torch.device,
+        convert: Callable[[tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]],
+    ) -> Any:
+        """Step ``index`` run again on ``values`` (as :meth:`values` numbers them), its arguments passed through
+        ``convert`` first (widened, say), and checked as a run checks them."""
+        step = self.steps[index]
+        args = _substitute(step.args, values, device)
+        kwargs = {k: _substitute(v, values, device) for k, v in step.kwargs.items()}
+        args, kwargs = convert(args, kwargs)
+        allowed_ops.check_run(step.target, args, kwargs)
+        return step.target(*args, **kwargs)
+
     def step_names(self) -> list[str]:
         """Each step's target, as the program names it (``aten::addmm.default``)."""
         return [encodable_target(step.target) or repr(step.target) for step in self.steps]
+
+    def step_origins(self) -> list[NodeOrigin]:
+        """Each step's module path and source line, where the program records them (both empty where not)."""
+        return [step.origin for step in self.steps]
+
+    def step_reads(self, index: int) -> list[int]:
+        """The values step ``index`` reads, numbered as :meth:`values` numbers them, in argument order."""
+        step = self.steps[index]
+        return [ref.index for ref in _refs((step.args, step.kwargs))]
 
 
 def as_tensor(value: Any, spec: ValueSpec | None, device: torch.device) -> torch.Tensor:
@@ -368,7 +410,7 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
                 allowed_ops.check_call(target, args, kwargs)  # a random operator: only where it cannot draw
             except RefusedOperatorError as exc:
                 raise RefusedOperatorError(f"step {index} {exc}") from None
-            steps.append(_Step(target=target, args=args, kwargs=kwargs))
+            steps.append(_Step(target=target, args=args, kwargs=kwargs, origin=_decode_origin(raw.get("origin"))))
             num_values += 1
         outputs = tuple(int(i) for i in doc["outputs"])
         raw_inputs = doc.get("input_specs", [None] * num_inputs)
@@ -394,6 +436,16 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
     return EngineProgram(
         num_inputs, input_specs, weights, tuple(steps), outputs, output_specs, input_symbols, scalar_exprs, input_terms
     )
+
+
+def _decode_origin(raw: Any) -> NodeOrigin:
+    """A step's ``origin`` (``[module path, source line]``, what :func:`~trt_inline.module_paths.node_origin` said
+    when the engine was built), escaped and cut as any text from a file; none recorded: both empty."""
+    if raw is None:
+        return _NO_ORIGIN
+    if not (isinstance(raw, list) and len(raw) == 2 and all(isinstance(part, str) for part in raw)):
+        raise EngineFormatError("engine program has a step origin that is not [module, source]")
+    return file_origin(raw[0], raw[1])
 
 
 def _check_reads(steps: Sequence[_Step], first: int, outputs: Sequence[int]) -> None:

@@ -6,7 +6,10 @@ A file is opened by :mod:`trt_inline.archive` in a sandboxed child process
 ==================  ===================================================================
 module              concern
 ==================  ===================================================================
-``verifier``        ``verify``: all of the below in order, in the child and the parent
+``verifier``        ``verify``: the caller's side (the expected module, the child, what
+                    it hands back written) and the child's jobs
+``pipeline``        one verification, a step each: open, reference, run, compare,
+                    localize, more runs; what it hands back, typed
 ``options``         the option groups every entry point takes, each option declared once
 ``jobs``            what each child job is sent (one request per job, built in one place)
                     and what ``inspect`` and ``check`` hand back
@@ -23,7 +26,10 @@ module              concern
                     saved program's run at them
 ``graph_table``     the program's regions by engine, as ``inspect`` prints them
 ``localize``        boundary by boundary against a reference: the first divergence
-``drill``           inside a reference engine that diverged: its first step that does
+``drill``           inside the first divergent engine, op by op: the first op whose own
+                    error (run again in float64 on its inputs) crosses its tolerance,
+                    with its module path and source line; a TensorRT engine's region
+                    rebuilt one engine per step
 ``extract``         the diverging engine cut out as a program of its own
 ``report``          ``VerifyReport`` and its text / JSON forms
 ``plot``            the error at each boundary as a chart (``--plot FILE``)

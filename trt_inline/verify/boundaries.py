@@ -13,7 +13,9 @@ given a recording, it also runs each engine alone on its recorded inputs, which
 is that engine's own error rather than the one it inherits. For each engine
 input it also names the fallback region that produced it (its torch nodes, their
 producers and consumers in the ``inspect`` vocabulary), which is what a report
-names when the error first appears there.
+names when the error first appears there; and, in the user's terms where the file
+records them, the modules an engine's steps come from and what it reads and feeds
+(:mod:`trt_inline.module_paths`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from torch.utils import _pytree as pytree
 
 from trt_inline import engines, progress
 from trt_inline.archive.reference_io import EngineBoundary
-from trt_inline.engines import is_accelerated_call, is_engine_call
+from trt_inline.engines import EngineOp, is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.module_paths import Coverage
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.checked_run import CheckedRun, running_as
 from trt_inline.verify.compare import isolated_run, normal_call
@@ -212,6 +215,14 @@ class EngineCall:
     consumers: list[str]  # who reads its outputs
     alone: list[torch.Tensor] | None = None  # its outputs run alone on the recorded inputs
     alone_problem: str | None = None  # why it could not be run alone
+    # The engine op and its arguments after the inputs (a reference engine's payload and program): what the drill
+    # inside a divergent engine runs (:mod:`trt_inline.verify.op_drill`).
+    op: EngineOp | None = field(default=None, compare=False, repr=False)
+    engine: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    # In the user's terms, where the file records them (:mod:`trt_inline.module_paths`): the modules and source
+    # lines its steps come from, and what it reads and feeds (``reads relu: 0.act (ReLU); model.py:31 ...``).
+    coverage: Coverage = field(default_factory=Coverage)
+    near: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -300,6 +311,8 @@ class _Tracer(CheckedRun):
             [self.words.region(a) for a in wired],
             [c for out in n.users for c in self.words.consumers(out)],
         )
+        call.op, call.engine = engines.engine_op(n), tuple(args[1:])
+        call.coverage, call.near = self.words.coverage(n), self.words.near(n)
         if self.recorded is not None and index < len(self.recorded):
             call.alone, call.alone_problem = self._alone(n, args, kwargs, self.recorded[index])
         self.calls.append(call)
@@ -317,7 +330,7 @@ class _Tracer(CheckedRun):
         result = []
         for offset, n in enumerate(later):
             index = len(self.calls) + offset
-            call = EngineCall(index, n.name, _label(n, index), [], [], [], [], [])
+            call = EngineCall(index, n.name, _label(n, index), [], [], [], [], [], coverage=self.words.coverage(n))
             if self.recorded is not None and index < len(self.recorded):
                 record = self.recorded[index]
                 try:

@@ -305,6 +305,28 @@ def modes_disagree(
     return problems
 
 
+@dataclass(frozen=True)
+class Criteria:
+    """When a value is close enough: the tolerances normalized once (one for every value, or per output or engine:
+    :func:`tolerance_for`), the statistic held to them (:data:`ERROR_STATS`), and the top-k agreement of logits.
+    Every comparison a verification makes takes this one value (``Tolerances.criteria()``), as does the fix
+    search."""
+
+    atol: float | Mapping[str, float] | None = None
+    rtol: float | Mapping[str, float] | None = None
+    stat: str = "elemwise"
+    top_k: int | None = None
+    min_top_k_agreement: float | None = None
+
+    def output(self, index: int, actual: Any, expected: torch.Tensor, *, ranked: bool = True) -> OutputComparison:
+        """Output ``index`` against its reference (:func:`compare_output`); ``ranked``: with its top-k agreement."""
+        return compare_output(
+            index, actual, expected, tolerance_for(self.atol, index), tolerance_for(self.rtol, index), self.stat,
+            top_k=self.top_k if ranked else None,
+            min_top_k_agreement=self.min_top_k_agreement if ranked else None,
+        )  # fmt: skip
+
+
 def compare_output(
     index: int,
     actual: Any,

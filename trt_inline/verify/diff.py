@@ -30,11 +30,10 @@ from trt_inline.isolation import Limits, default_memory_limit
 from trt_inline.output_tree import OutputTree, describe_spec, paired_by_path, structure_problems
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import as_boundaries, trace_program
-from trt_inline.verify.compare import compare_output, ranked, run_on, tolerance_for
+from trt_inline.verify.compare import Criteria, ranked, run_on
 from trt_inline.verify.jobs import DiffRequest
 from trt_inline.verify.localize import (
     Reference,
-    Tolerance,
     localize,
     localize_partitions,
     own_error_problems,
@@ -49,13 +48,13 @@ from trt_inline.verify.options import (
     Tolerances,
     Trust,
     gather,
-    normalize_tolerance,
 )
+from trt_inline.verify.pipeline import capture_device, inputs_mismatch
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.range_ends import End
 from trt_inline.verify.report import OutputComparison, VerifyReport
 from trt_inline.verify.structure import structural_problems
-from trt_inline.verify.verifier import capture_device, report_of_child, save_target, save_tensors
+from trt_inline.verify.verifier import report_of_child, save_target, save_tensors
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -177,20 +176,15 @@ def _outputs_by_path(
     report: VerifyReport,
     outputs: tuple[Sequence[Any], Sequence[Any]],
     trees: tuple[OutputTree, OutputTree],
-    atol: Tolerance,
-    rtol: Tolerance,
-    stat: str,
+    criteria: Criteria,
 ) -> list[OutputComparison]:
     """The program outputs of A compared with B's at the same path, where the two structure them otherwise (the
     comparison by position of the last boundary row pairs what a caller reads under different names)."""
     order = paired_by_path(*trees)
     if order is None or any(len(values) != len(tree.paths) for values, tree in zip(outputs, trees, strict=True)):
         return report.outputs
-    comparisons = [
-        compare_output(index, outputs[0][order[index]], want, tolerance_for(atol, index), tolerance_for(rtol, index),
-                       stat)
-        for index, want in enumerate(outputs[1])
-    ]  # fmt: skip
+    comparisons = [criteria.output(index, outputs[0][order[index]], want, ranked=False)
+                   for index, want in enumerate(outputs[1])]  # fmt: skip
     report.problems += [comparison.problem for comparison in comparisons if comparison.problem]
     return comparisons
 
@@ -200,15 +194,16 @@ def diff_job(request: DiffRequest, tensors: dict[str, Any]) -> Any:
     as well."""
     path_a, path_b = request.path_a, request.path_b
     inputs, tolerances, trust = request.inputs, request.tolerances, request.trust
-    atol, rtol = normalize_tolerance(tolerances.atol), normalize_tolerance(tolerances.rtol)
-    stat = tolerances.check_error_stat
+    criteria = tolerances.criteria()
+    atol, rtol, stat = criteria.atol, criteria.rtol, criteria.stat
+    # (the policy given to what opens each file, and ambient once around the runs: the engine op's kernel reads it)
     with allowed_ops.allowing(trust.allow_ops, native_code=trust.allow_native_code):
         opened = [
             open_file(
                 path,
                 allow_pickle=trust.allow_pickle,
                 allow_native_code=trust.allow_native_code,
-                allow_ops=sorted(allowed_ops.allowed_now()),
+                allow_ops=trust.allow_ops,
             )
             for path in (path_a, path_b)
         ]
@@ -224,6 +219,11 @@ def diff_job(request: DiffRequest, tensors: dict[str, Any]) -> Any:
         report.problems += structure_problems(tree_a, tree_b, Path(path_b).name)
         args, kwargs, captured = _inputs(tensors, *opened)
         device = inputs.device or captured
+        if tensors.get("args") is not None or tensors.get("kwargs"):  # (the user's: said as verify says it)
+            for path, module in ((path_b, module_b), (path_a, module_a)):
+                unlike = inputs_mismatch(module, args, kwargs, "given")
+                if unlike is not None:
+                    raise VerifyInputError(f"{path}: the program does not accept the given inputs: {unlike}")
         # Each set of inputs: the inputs above (None), then the ends of A's dynamic ranges, then random draws.
         sets: list[tuple[End | Draw | None, list[Any], dict[str, Any]]] = [(None, args, kwargs)]
         plan = range_ends.plan(program_a, (args, kwargs), inputs.seed, inputs.range_ends)
@@ -299,7 +299,7 @@ def diff_job(request: DiffRequest, tensors: dict[str, Any]) -> Any:
                 report.outputs = rows[-1].values if trace_a.crash is None else []
                 if tree_a.structure != tree_b.structure and trace_a.crash is None:
                     report.outputs = _outputs_by_path(
-                        report, (trace_a.outputs, trace_b.outputs), (tree_a, tree_b), atol, rtol, stat
+                        report, (trace_a.outputs, trace_b.outputs), (tree_a, tree_b), criteria
                     )
                 if tolerances.top_k is not None:
                     _rank_outputs(report, trace_a.outputs, trace_b.outputs, tolerances.top_k,

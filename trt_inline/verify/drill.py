@@ -1,25 +1,39 @@
-"""Inside a diverging reference engine: its program's steps against the same steps in float64.
+"""Inside the first divergent engine, op by op: the first op whose own error crosses its tolerance, in the user's terms.
 
-A reference engine (:mod:`trt_inline.reference`) is a program of ATen steps over
-its weights. Run on the inputs the compiled module recorded for it, each step's
-result is compared with that of the same steps run eagerly with every floating
-input and weight in float64; the first step past its dtype's tolerance is where
-precision is lost (a half-precision product that overflows, a sum that cancels)::
+:mod:`~trt_inline.verify.localize` names the first engine whose inputs agree with
+the reference and whose outputs do not. A reference engine
+(:mod:`trt_inline.reference`) carries its program: its ops in order, each with
+the module path and source line its node was traced from. The drill runs that
+program on the engine's inputs in the divergent run, keeping every value, then
+runs each op again alone, in float64, on the float64 versions of its own inputs
+as the engine computed them: the difference is that op's own error, not the one
+it inherits from the ops before it::
 
-    in_0 ─► step 0 permute ─► step 1 addmm ─► step 2 split ─► out
-                                  ▲
-                                  └─ float32 and float64 part here: named
+    in_0 ─► mul ─► _to_copy(float16) ─► _to_copy(float32) ─► div ─► … ─► out
+             │          │
+             │          └─ again in float64 on mul's value: 1e5 where the engine has Inf ─► named
+             └─ again in float64 on in_0: agrees
 
-Where every step agrees with its float64 run, the engine computes what its
-program says to the precision it runs at: what differs from the compiled module
-is the program or its weights. The CPU stand-in for comparing every layer of a
-TensorRT engine (Polygraphy's ``--mark all``), which needs the GPU.
+Float64 is the exact reference of an op computing in a narrower floating dtype:
+each floating dtype widens into it exactly, and a cast an op is asked for (a
+``dtype`` argument: the store of a value in float16) is made to float64 instead.
+Each op is held to the tolerance of its result's dtype
+(:func:`~trt_inline.verify.compare.default_tolerance`, compared by
+:func:`~trt_inline.verify.compare.compare_output`, the one comparison). An op
+with no narrower floating result (indices, sizes, masks, float64 itself) has no
+wider reference and is not run again; nor is one that only moves values
+(``getitem``, ``as_strided``, which reads its input's storage as laid out); one
+whose float64 run raises or gives other shapes is counted as not measured.
 
-A TensorRT engine's layers cannot be observed from its plan: :func:`rebuild_drill_down`
-rebuilds the region an engine covers (its ATen graph) as one engine per step,
-with the compiler given (``torch_tensorrt.dynamo.compile`` on a GPU), and
-compares each step's engine, run on what the steps before it compute in float64,
-with the same step in float64::
+An op without a module path of its own (a rounding a reduced-precision build
+inserts) is named by the op whose value it reads: the float16 overflow of
+``big = h * h`` reads as that line. A TensorRT engine is a serialized plan
+without its subgraph: there is no op-level program, and the report says so.
+
+Where the region a TensorRT engine covers is at hand (its ATen graph, on a GPU),
+:func:`rebuild_drill_down` rebuilds it as one engine per step, with the compiler
+given, and compares each step's engine, run on what the steps before it compute
+in float64, with the same step in float64::
 
     region:  in_0 ─► addmm ─► relu ─► sub ─► out       rebuilt:  [addmm] [relu] [sub]   each alone
                        ▲                                             ▲
@@ -30,47 +44,203 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 
-from trt_inline.engines import REFERENCE_OP, engine_op
-from trt_inline.errors import VerifyInputError, first_line
-from trt_inline.reference.program import load_program
-from trt_inline.verify.compare import compare_output, default_tolerance
+from trt_inline import progress
+from trt_inline.engines import REFERENCE_OP, EngineOp
+from trt_inline.errors import EngineFormatError, RefusedOperatorError, VerifyInputError, first_line
+from trt_inline.reference.program import EngineProgram, load_program
+from trt_inline.verify.boundaries import EngineCall, ProgramTrace
+from trt_inline.verify.compare import compare_output, default_tolerance, isolated_run
+from trt_inline.verify.extract import diverged_engine
+from trt_inline.verify.report import Divergence, OpDrill
 
-__all__ = ["drill_down", "rebuild_drill_down"]
+__all__ = [
+    "OpError", "drill_call", "drill_divergence", "drill_program", "op_level_program", "own_errors",
+    "rebuild_drill_down",
+]  # fmt: skip
 
 # Compiles a one-step program for its inputs into something callable on them: an engine of that step.
 StepCompiler = Callable[[torch.fx.GraphModule, list[torch.Tensor]], Callable[..., Any]]
 
+NO_PROGRAM = "a TensorRT engine: its serialized plan carries no op-level program, so no op inside it can be named"
+# Ops that only select or move values: exact in any dtype, and as_strided reads its input's storage as laid out.
+_MOVES_ONLY = frozenset({"aten::as_strided.default", "aten::as_strided_copy.default"})
 
-def drill_down(module: torch.fx.GraphModule, engine_node_name: str, inputs: Sequence[torch.Tensor]) -> str | None:
-    """A sentence on where inside reference engine ``engine_node_name`` precision is lost; None for another kind."""
-    node = next((n for n in module.graph.nodes if n.name == engine_node_name), None)
-    if node is None or engine_op(node) is not REFERENCE_OP or len(node.args) < 3:
-        return None
-    payload_node, text = node.args[1], node.args[2]
-    if not isinstance(payload_node, torch.fx.Node) or payload_node.op != "get_attr" or not isinstance(text, str):
-        return None
-    program = load_program(text)
-    payload = getattr(module, str(payload_node.target))
-    with torch.no_grad():
-        at_precision = program.step_values(list(inputs), payload, upcast=False)
-        in_float64 = program.step_values(list(inputs), payload, upcast=True)
+
+@dataclass(frozen=True)
+class OpError:
+    """One op's own error: its result against the same op run again in float64 on its inputs as computed."""
+
+    step: int
+    ok: bool
+    error: str  # how it differs, where past tolerance: "16 Inf where the reference is finite in float16 (...)"
+
+
+def drill_divergence(trace: ProgramTrace, divergence: Divergence | None) -> Divergence | None:
+    """``divergence``, its :attr:`~trt_inline.verify.report.Divergence.op_drill` set where it names an engine of
+    ``trace`` whose outputs diverge (kind ``"engine"``); any other divergence as it is."""
+    index = diverged_engine(divergence)
+    if divergence is None or divergence.kind != "engine" or index is None or index >= len(trace.calls):
+        return divergence
+    divergence.op_drill = drill_call(trace.calls[index])
+    return divergence
+
+
+def op_level_program(op: EngineOp | None, engine: Sequence[Any]) -> EngineProgram | str | None:
+    """What an engine call's engine can be drilled with: the program of a reference engine (``engine``: its
+    payload and program, the call's arguments after the inputs), a line saying why there is none (a TensorRT
+    engine), or None for a call that runs no engine."""
+    if op is REFERENCE_OP:
+        if not (len(engine) >= 2 and isinstance(engine[0], torch.Tensor) and isinstance(engine[1], str)):
+            return "its call carries no program to run op by op"
+        try:
+            return load_program(engine[1])  # (the run loaded it under the file's operator policy: cached)
+        except EngineFormatError as exc:
+            return f"its program does not decode ({first_line(exc)})"
+    if op is not None and op.backend == "tensorrt":
+        return NO_PROGRAM
+    return None
+
+
+def drill_call(call: EngineCall) -> OpDrill | None:
+    """The op drill of one engine call of a run, on the inputs it got there; None for a call that runs no engine."""
+    program = op_level_program(call.op, call.engine)
+    if program is None or isinstance(program, str):
+        return None if program is None else OpDrill(program)
+    progress.report(f"running engine {call.index} ({call.label}) op by op against float64")
+    return drill_program(program, call.engine[0], call.inputs)
+
+
+def drill_program(program: EngineProgram, payload: torch.Tensor, inputs: Sequence[torch.Tensor]) -> OpDrill:
+    """The first op of ``program`` whose own error on ``inputs`` crosses its tolerance, with its module path and
+    source line; where none does, a line saying so. A program that cannot be run op by op is said in one line."""
+    try:
+        errors = own_errors(program, payload, inputs)
+    except RefusedOperatorError:
+        raise
+    except Exception as exc:
+        return OpDrill(f"its program could not be run op by op ({type(exc).__name__}: {first_line(exc)})")
     names = program.step_names()
-    for index, (value, exact) in enumerate(zip(at_precision, in_float64, strict=True)):
-        error = _past_tolerance(value, exact)
-        if error is not None:
-            return (
-                f"inside it, step {index} ({names[index]}) of its {len(names)} is the first whose result differs "
-                f"from the same steps run in float64 ({error}): precision is lost there"
-            )
-    return (
-        f"inside it, each of its {len(names)} steps agrees with the same steps run in float64: it computes what "
-        "its program says, so its program or its weights differ from the compiled module's"
-    )
+    total, measured = len(errors), sum(1 for e in errors if e is not None)
+    past = [e for e in errors if e is not None and not e.ok]
+    if not past:
+        return OpDrill(
+            f"no op's own error crosses its tolerance: each of the {measured} ops measured (of its {total}) agrees "
+            "with itself run again alone in float64 on its inputs as the engine computed them; the error "
+            "accumulates over many ops, or the program or its weights differ from the reference's"
+        )
+    first = past[0]
+    named = _named_by(program, first.step)
+    what = f"step {first.step} of {total} ({names[first.step]}"
+    if named != first.step:
+        what += f", which the build inserted, on the result of step {named}, {names[named]}"
+    what += ")"
+    others = f"; {len(past) - 1} more after it" if len(past) > 1 else ""
+    origin = program.step_origins()[named]
+    return OpDrill(
+        f"{what} is the first op whose own error crosses its tolerance: {first.error}, against itself run again "
+        f"alone in float64 on its inputs as the engine computed them{others}",
+        first.step, names[first.step], origin.module, origin.source,
+    )  # fmt: skip
+
+
+def own_errors(program: EngineProgram, payload: torch.Tensor, inputs: Sequence[torch.Tensor]) -> list[OpError | None]:
+    """Each step's own error (None where it has no wider reference or is not measured), in program order.
+
+    The program runs on ``inputs`` moved to the payload's device (where the engine ran); each step is then run
+    again on the values it read, widened (:func:`_widened`), and its result compared with the step's own.
+    """
+    device = payload.device
+    names = program.step_names()
+    with torch.no_grad(), isolated_run():
+        values = program.values([t.to(device) for t in inputs], payload)
+        first = len(values) - len(program.steps)
+        errors: list[OpError | None] = []
+        for index, name in enumerate(names):
+            value = values[first + index]
+            if name in _MOVES_ONLY or program.steps[index].target is operator.getitem or not _narrow(value):
+                errors.append(None)
+                continue
+            try:
+                exact = program.run_step(index, values, device, _widened)
+            except RefusedOperatorError:
+                raise
+            except Exception:  # (an op float64 does not run: not measured)
+                errors.append(None)
+                continue
+            errors.append(_compared(index, value, exact))
+    return errors
+
+
+def _named_by(program: EngineProgram, index: int) -> int:
+    """The step whose module path and source line name step ``index``: itself, or for a step without any (one the
+    build inserted), the nearest step before it, through what it reads, that has them."""
+    origins, first = program.step_origins(), program.num_inputs + len(program.weights)
+    seen = index
+    while not (origins[seen].module or origins[seen].source):
+        steps = [value - first for value in program.step_reads(seen) if value >= first]
+        if not steps:
+            return index
+        seen = steps[0]
+    return seen
+
+
+def _narrow(value: Any) -> bool:
+    """Whether a step's result holds a tensor of a floating dtype narrower than float64 (its own error is
+    measurable against float64)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != torch.float64 for v in values)
+
+
+def _widened(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A step's arguments in float64: every floating tensor widened (exactly), a floating ``dtype`` asked for made
+    float64 (a cast to float16 becomes the value itself); a dtype given positionally (a view as another dtype,
+    which reads bits) is left as it is."""
+
+    def wide(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(torch.float64)
+        if isinstance(value, (list, tuple)):
+            return type(value)(wide(v) for v in value)
+        return value
+
+    dtype = kwargs.get("dtype")
+    wider = {k: wide(v) for k, v in kwargs.items()}
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        wider["dtype"] = torch.float64
+    return wide(args), wider
+
+
+def _compared(index: int, value: Any, exact: Any) -> OpError | None:
+    """Step ``index``'s result against its float64 run: each narrow floating tensor at its dtype's tolerance; the
+    first past it decides. None where the two do not pair up (other shapes: not measured)."""
+    pairs = list(zip(value, exact, strict=False)) if isinstance(value, (list, tuple)) else [(value, exact)]
+    if isinstance(value, (list, tuple)) and (not isinstance(exact, (list, tuple)) or len(exact) != len(value)):
+        return None
+    worst = None
+    for got, want in pairs:
+        if not (isinstance(got, torch.Tensor) and got.is_floating_point() and got.dtype != torch.float64):
+            continue
+        if not isinstance(want, torch.Tensor) or want.shape != got.shape or not want.is_floating_point():
+            return None
+        atol, rtol = default_tolerance(got.dtype)
+        wide, exact = got.to(torch.float64), want.to(torch.float64)
+        # Within atol + rtol * |exact| everywhere (an Inf only against the same Inf, NaN against NaN) is within for
+        # compare_output too: it is asked, for its verdict and its words, only where this one pass does not settle it.
+        if torch.allclose(wide, exact, rtol=rtol, atol=atol, equal_nan=True):
+            worst = worst or OpError(index, True, "")
+            continue
+        found = compare_output(0, wide.cpu(), exact.cpu(), atol, rtol)
+        text = f"{found.error_text()} in {str(got.dtype).removeprefix('torch.')} (atol {atol:g}, rtol {rtol:g})"
+        if not found.ok:
+            return OpError(index, False, text)
+        worst = worst or OpError(index, True, text)
+    return worst
 
 
 def rebuild_drill_down(region: torch.fx.GraphModule, inputs: Sequence[torch.Tensor], compile_step: StepCompiler) -> str:

@@ -4,6 +4,19 @@ For each engine: which producer feeds each input position, and who consumes each
 output. For each op left to PyTorch: its producers and consumers. A miswired
 input shows up as an engine output feeding the wrong position, or an op reading
 a producer from the wrong engine.
+
+In the user's terms (:mod:`trt_inline.module_paths`), each engine shows the
+modules its steps come from where its engine records them (a reference engine's
+program does, step by step; a TensorRT plan does not)::
+
+    engine 1 execute_engine_1   trt_inline.execute_engine.default (_run_on_acc_3)
+      in[0]                     <- relu
+      covers                    0.proj (Linear), 1.fc (Linear)
+
+and an op left to PyTorch its module path and source line where its node
+carries them (``[1.act (ReLU); model.py:32 in forward: h = self.act(h)]``: a
+program torch loaded itself; a file's strict reading drops node metadata).
+Where nothing shown carries them, one line says so.
 """
 
 from __future__ import annotations
@@ -26,13 +39,15 @@ from trt_inline.distributed.manifest import (
     group_argument,
     is_collective,
 )
-from trt_inline.engines import engine_inputs, engine_submodule_name, is_engine_call
-from trt_inline.errors import printable
+from trt_inline.engines import REFERENCE_OP, engine_inputs, engine_op, engine_submodule_name, is_engine_call
+from trt_inline.errors import EngineFormatError, RefusedOperatorError, printable
 from trt_inline.formats import format_size
+from trt_inline.module_paths import NOT_RECORDED, Coverage, NodeOrigin, covered, node_origin
 from trt_inline.output_tree import describe_spec
+from trt_inline.reference.program import load_program
 from trt_inline.verify.report import describe_value
 
-__all__ = ["Region", "Vocabulary", "brief", "describe_file", "describe_program"]
+__all__ = ["Region", "Vocabulary", "brief", "describe_file", "describe_program", "engine_coverage"]
 
 
 def describe_file(loaded: LoadedFile) -> str:
@@ -76,6 +91,13 @@ class Region:
 
     nodes: list[str] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)
+    # In the user's terms (:mod:`trt_inline.module_paths`), "" or empty where the file does not record them: the
+    # module path and class and the source line of the node computing the value, the modules of all its nodes,
+    # and what each value it reads is in the model (parallel to ``reads``).
+    module: str = ""
+    source: str = ""
+    modules: list[str] = field(default_factory=list)
+    read_origins: list[str] = field(default_factory=list)
 
     def name(self) -> str:
         """``fallback region relu_1``: its nodes, the middle of a long region elided."""
@@ -106,6 +128,7 @@ class Vocabulary:
         self.kinds = kinds or {}
         self._order = {n: i for i, n in enumerate(graph.nodes)}
         self._regions: dict[torch.fx.Node, Region] = {}
+        self._coverage: dict[torch.fx.Node, Coverage] = {}
 
     def engine_output(self, node: torch.fx.Node) -> bool:
         return bool(
@@ -141,8 +164,59 @@ class Vocabulary:
             return Region()
         if value not in self._regions:
             nodes, reads = self.region_nodes(value)
-            self._regions[value] = Region([n.name for n in nodes], [self.producer(n) for n in reads])
+            origin = self.origin(value) if nodes else NodeOrigin("", "")
+            self._regions[value] = Region(
+                [n.name for n in nodes], [self.producer(n) for n in reads], origin.module, origin.source,
+                list(covered(nodes).modules), [self.in_model(n) for n in reads],
+            )  # fmt: skip
         return self._regions[value]
+
+    def origin(self, node: torch.fx.Node) -> NodeOrigin:
+        """A torch node's module path and source line (both empty for an engine call, its outputs, an input)."""
+        if node.op != "call_function" or node in self.engine_index or self.engine_output(node):
+            return NodeOrigin("", "")
+        return node_origin(node)
+
+    def coverage(self, engine_node: torch.fx.Node) -> Coverage:
+        """The modules and source lines an engine call's steps come from, where its engine records them."""
+        if engine_node not in self._coverage:
+            self._coverage[engine_node] = engine_coverage(engine_node)
+        return self._coverage[engine_node]
+
+    def in_model(self, node: Any) -> str:
+        """What a value is in the user's terms: a torch node's module and source line, the modules of the engine an
+        engine output comes from; "" where the file does not say (a program input is its own name)."""
+        if not isinstance(node, torch.fx.Node):
+            return ""
+        engine = node.args[0] if self.engine_output(node) else node if node in self.engine_index else None
+        if isinstance(engine, torch.fx.Node):
+            modules = self.coverage(engine).module_text()
+            return f"engine {self.engine_index[engine]} covers {modules}" if modules else ""
+        return self.origin(node).describe()
+
+    def near(self, engine_node: torch.fx.Node) -> list[str]:
+        """What an engine call reads and feeds, in the user's terms: ``reads relu: 0.act (ReLU); model.py:31 ...``
+        for each producer and consumer the file records an origin of."""
+        found: dict[str, None] = {}
+        for value in engine_inputs(engine_node):
+            if isinstance(value, torch.fx.Node) and (origin := self.in_model(value)):
+                found.setdefault(f"reads {self.producer(value)}: {origin}")
+        for output in engine_node.users:
+            value = output if self.engine_output(output) else engine_node
+            for user in value.users if value is output else [output]:
+                if user.op != "output" and (origin := self.in_model(user)):
+                    what = f"engine {self.engine_index[user]} in[{engine_inputs(user).index(value)}]" if (
+                        user in self.engine_index) else user.name  # fmt: skip
+                    found.setdefault(f"feeds {what}: {origin}")
+        return list(found)
+
+    def recorded(self, graph: torch.fx.Graph) -> bool:
+        """Whether any torch node or engine of ``graph`` carries a module path or a source line."""
+        return any(
+            self.coverage(node) if node in self.engine_index else self.origin(node).describe()
+            for node in graph.nodes
+            if node.op == "call_function"
+        )
 
     def region_nodes(self, value: torch.fx.Node) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
         """:meth:`region` as nodes: the region's torch nodes and the boundary values it reads, in graph order."""
@@ -162,6 +236,22 @@ class Vocabulary:
                 stack.extend(node.all_input_nodes)
             # get_attr (a weight or constant): part of the region, not a boundary
         return sorted(nodes, key=self._order.__getitem__), sorted(reads, key=self._order.__getitem__)
+
+
+def engine_coverage(engine_node: torch.fx.Node) -> Coverage:
+    """What an engine call covers in the user's terms, where its engine records the nodes it was built from.
+
+    A reference engine's program records, step by step, the module path and source line of the node each step
+    was built from (:meth:`~trt_inline.reference.program.EngineProgram.step_origins`); a TensorRT plan records
+    none: its coverage is empty, as is that of a program that does not decode (said where it is run).
+    """
+    text = engine_node.args[2] if len(engine_node.args) > 2 else None
+    if engine_op(engine_node) is not REFERENCE_OP or not isinstance(text, str):
+        return Coverage()
+    try:
+        return covered(load_program(text).step_origins())
+    except (EngineFormatError, RefusedOperatorError):
+        return Coverage()
 
 
 def _input_kinds(program: ExportedProgram) -> dict[str, str]:
@@ -232,12 +322,16 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
             for user in node.users:
                 index = user.args[1] if user.target is operator.getitem else "?"
                 lines.append(row(f"  out[{index}]", user.name, _shape(user), f"-> {consumers(user)}"))
+            if modules := words.coverage(node).module_text(_COVERS_SHOWN):
+                lines.append(row("  covers", "", "", modules))
         elif node.op == "call_function" and not words.engine_output(node):
             target = str(node.target).removeprefix("aten.")
             sources = ", ".join(producer(a) for a in node.all_input_nodes if kinds.get(a.name) not in _WEIGHT_KINDS)
             wiring = f"{target}({sources}) -> {consumers(node)}"
             if is_collective(node.target):
                 wiring += collective(node)
+            if origin := words.origin(node).describe():
+                wiring += f"  [{origin}]"
             lines.append(row("torch", node.name, _shape(node), wiring))
         elif node.op == "output":
             outputs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
@@ -245,6 +339,8 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
             for position, value in enumerate(outputs):
                 lines.append(row(f"output {position}", paths[position], "", f"<- {producer(value)}"))
     table = _aligned(rows)
+    if not words.recorded(graph) and any(cells[0] == "torch" or cells[0].startswith("engine ") for cells in rows):
+        table.append(NOT_RECORDED)  # (once, not on every row)
     if manifest is not None:
         table.insert(
             0,
@@ -302,3 +398,4 @@ def _summary(
 
 
 _WEIGHT_KINDS = {"parameter", "buffer", "constant tensor", "custom obj"}
+_COVERS_SHOWN = 6  # modules an engine's row of inspect names before a count

@@ -60,6 +60,14 @@ def _boundary_failure(row: BoundaryRow) -> tuple[str, str]:
     return f"{row.boundary}: {'; '.join(parts)}", "\n".join(details)
 
 
+def _details(report: VerifyReport, problem: str) -> str:
+    """A problem's details; the first divergence's are its whole text: why, and what it is in the model (its
+    modules and source lines, where the file records them)."""
+    if report.divergence is not None and problem.startswith("first divergence"):
+        return f"{problem}\n{report.divergence.to_text()}"
+    return problem
+
+
 def _failures(report: VerifyReport) -> list[tuple[str, str, str]]:
     """(kind, message, details) of every failure of a report: each output, boundary and other problem."""
     failures = [("output", *_output_failure(output)) for output in report.outputs if not output.ok]
@@ -71,7 +79,7 @@ def _failures(report: VerifyReport) -> list[tuple[str, str, str]]:
         and not (program_outputs and row.engine is None and row.boundary == "program outputs")
     ]
     said = {output.problem for output in report.outputs if not output.ok}
-    failures += [("problem", problem, problem) for problem in report.problems if problem not in said]
+    failures += [("problem", problem, _details(report, problem)) for problem in report.problems if problem not in said]
     if not failures and report.status == "FAIL":  # (a verdict never fails without a failure to show)
         failures.append(("problem", "the report failed", report.to_text()))
     return failures

@@ -11,14 +11,17 @@ trace of a second file), the boundaries are compared in the order they ran::
                                           outputs → the engine itself
 
 An engine whose inputs agree and whose outputs do not is the divergence, and its
-own error (run alone on the recorded inputs) says so independently of the run.
+own error (run alone on the recorded inputs) says so independently of the run. Inside such an engine,
+:mod:`~trt_inline.verify.drill` names its first op past tolerance. The divergence and each engine's
+rows are also named in the user's terms where the file records them (:mod:`trt_inline.module_paths`):
+the modules and source lines an engine's steps come from, a region's module and line, what each reads.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -26,6 +29,7 @@ import torch
 from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace, Region
 from trt_inline.verify.compare import boundary_tolerance, compare_output, exactly_as, tolerance_for
+from trt_inline.verify.drill import drill_divergence
 from trt_inline.verify.report import BoundaryRow, Divergence, OutputComparison
 
 __all__ = ["Reference", "localize", "localize_partitions", "own_error_problems", "same_partition"]
@@ -123,7 +127,9 @@ def _value_divergence(
             f"{where_value} differs ({error}); the fallback region that computes it reads {', '.join(mine)} where "
             f"the reference's reads {', '.join(their_reads)}: it is wired to another value. Reference side: {theirs}"
         )
-        return Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes))
+        return _region_named(
+            Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes)), region
+        )
     if region.nodes:
         where = f"{region.name()} (feeding {where_value})"
         detail = (
@@ -131,13 +137,15 @@ def _value_divergence(
             "with the reference, so its ops or its wiring differ from the compiled module's (which, diff against "
             f"a good save of the same module tells). Reference side: {theirs}"
         )
-        return Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes))
+        return _region_named(
+            Divergence("fallback", where, detail, list(region.reads), feeds, list(region.nodes)), region
+        )
     where = f"{where_value}, wired from {', '.join(region.reads) or 'nothing'}"
     detail = (
         f"{where_value} differs ({error}) and is wired straight from a value that agrees with the reference: "
         f"it is wired to the wrong value. Reference side: {theirs}"
     )
-    return Divergence("wiring", where, detail, list(region.reads), feeds)
+    return _region_named(Divergence("wiring", where, detail, list(region.reads), feeds), region)
 
 
 def localize(
@@ -199,7 +207,7 @@ def localize(
             own = None if call.alone is None else compare(call, call.alone, reference.boundaries[call.index].outputs)
             title = f"engine {call.index} ({call.label}) outputs (not reached)"
             rows.append(BoundaryRow(title, call.index, [], own, call.alone_problem))
-        return rows, _crashed(trace, rows, divergence)
+        return _named_rows(trace, rows), drill_divergence(trace, _named(trace, _crashed(trace, rows, divergence)))
     if divergence is None and len(trace.calls) != len(reference.boundaries):
         divergence = Divergence(
             "signature",
@@ -217,7 +225,8 @@ def localize(
             their_region = reference.trace.output_regions[bad.index]
             theirs = f"in {reference.name}: {their_region.describe()}"
         divergence = _value_divergence(f"output {bad.index}", region, bad, theirs, ["OUTPUT"], their_region)
-    return rows, divergence
+    # (inside a divergent reference engine: its first op past)
+    return _named_rows(trace, rows), drill_divergence(trace, _named(trace, divergence))
 
 
 def _crashed(trace: ProgramTrace, rows: Sequence[BoundaryRow], divergence: Divergence | None) -> Divergence:
@@ -233,10 +242,7 @@ def _crashed(trace: ProgramTrace, rows: Sequence[BoundaryRow], divergence: Diver
     where = crash.where(trace.calls)
     then = f"the run then raised at {where}: {crash.error}"
     if divergence is not None:
-        return Divergence(
-            divergence.kind, divergence.where, f"{divergence.detail}; {then}", divergence.producers,
-            divergence.consumers, divergence.nodes,
-        )  # fmt: skip
+        return replace(divergence, detail=f"{divergence.detail}; {then}")
     if crash.engine is not None:
         call = trace.calls[crash.engine]
         row = next((r for r in rows if r.engine == crash.engine and r.own is not None), None)
@@ -253,7 +259,7 @@ def _crashed(trace: ProgramTrace, rows: Sequence[BoundaryRow], divergence: Diver
     detail = f"every engine before it agrees with the reference, and node {crash.node} raised {crash.error}" + (
         f"; the region reads {', '.join(region.reads)}" if region.reads else ""
     )
-    return Divergence("crash", where, detail, list(region.reads), [], list(region.nodes))
+    return _region_named(Divergence("crash", where, detail, list(region.reads), [], list(region.nodes)), region)
 
 
 def _amplified(rows: Sequence[BoundaryRow], divergence: Divergence | None, trace: ProgramTrace) -> Divergence | None:
@@ -340,6 +346,8 @@ class _Cut:
     reads: list[str]  # the values its fallback region reads (none for an engine's output)
     nodes: list[str]  # its fallback region's nodes (none for an engine's output)
     feeds: list[str]  # the engine input or program output it is (none for an engine's output)
+    region: Region | None = None  # what computes it: its fallback region, or the engine whose output it is
+    call: EngineCall | None = None
 
 
 def _cuts(trace: ProgramTrace, provenance: Mapping[str, Any] | None) -> dict[str, _Cut]:
@@ -356,10 +364,12 @@ def _cuts(trace: ProgramTrace, provenance: Mapping[str, Any] | None) -> dict[str
     cuts: dict[str, _Cut] = {}
     engines = provenance.get("engines", []) if provenance is not None else []
 
-    def add(name: str, value: Any, where: str, what: str, region: Region | None = None) -> None:
+    def add(
+        name: str, value: Any, where: str, what: str, region: Region | None = None, call: EngineCall | None = None
+    ) -> None:
         if name and isinstance(value, torch.Tensor):
             reads, nodes, feeds = (list(region.reads), list(region.nodes), [where]) if region else ([], [], [])
-            cuts.setdefault(name, _Cut(name, value, where, what, reads, nodes, feeds))
+            cuts.setdefault(name, _Cut(name, value, where, what, reads, nodes, feeds, region, call))
 
     def key(producer: str, recorded: Sequence[str], index: int) -> str:
         if provenance is not None:
@@ -374,7 +384,7 @@ def _cuts(trace: ProgramTrace, provenance: Mapping[str, Any] | None) -> dict[str
         if provenance is not None:
             for index, value in enumerate(call.outputs):
                 name = key("", recorded.get("outputs", []), index)
-                add(name, value, f"engine {call.index} out[{index}]", f"engine {call.index} ({call.label})")
+                add(name, value, f"engine {call.index} out[{index}]", f"engine {call.index} ({call.label})", call=call)
     returned = provenance.get("outputs", []) if provenance is not None else []
     for index, (producer, value, region) in enumerate(
         zip(trace.output_producers, trace.outputs, trace.output_regions, strict=False)
@@ -424,7 +434,7 @@ def localize_partitions(
                 f"{last_agreeing}: what computes {key} from it differs (the engines and regions in between). "
                 f"Here: {a.what}; in {name}: {b.what}"
             )
-            divergence = Divergence("partition", f"{key} ({a.where})", detail, a.reads, a.feeds, a.nodes)
+            divergence = _cut_named(Divergence("partition", f"{key} ({a.where})", detail, a.reads, a.feeds, a.nodes), a)
         elif divergence is None:
             last_agreeing = key
     if trace.crash is None:
@@ -450,7 +460,7 @@ def localize_partitions(
         f"{len(reference.calls)}; compared at the {len(shared)} values both hand between PyTorch and an engine "
         f"(or return), matched by {recorded}"
     )
-    return rows, divergence, how
+    return rows, _named(trace, divergence), how
 
 
 def _inner(tolerance: Tolerance) -> Tolerance:
@@ -458,3 +468,63 @@ def _inner(tolerance: Tolerance) -> Tolerance:
     if not isinstance(tolerance, Mapping):
         return tolerance
     return {"*": tolerance["*"]} if "*" in tolerance else None
+
+
+# ---------------------------------------------------------------------------
+# Names in the user's terms (:mod:`trt_inline.module_paths`), where the file records them
+# ---------------------------------------------------------------------------
+
+_NAMES_ENGINE = re.compile(r"^engine (\d+)\b")
+_ENGINE_INPUT = re.compile(r"^engine (\d+) in\[\d+\]$")
+
+
+def _region_named(divergence: Divergence, region: Region) -> Divergence:
+    """``divergence`` with its region's module path, source line and modules, and what each value it reads is."""
+    divergence.module, divergence.source, divergence.modules = region.module, region.source, list(region.modules)
+    divergence.near = [
+        f"reads {read}: {origin}" for read, origin in zip(region.reads, region.read_origins, strict=False) if origin
+    ]
+    return divergence
+
+
+def _engine_named(divergence: Divergence, call: EngineCall) -> Divergence:
+    """``divergence`` with the modules and source lines of an engine's steps, and what it reads and feeds."""
+    divergence.modules, divergence.source = list(call.coverage.modules), call.coverage.source_text()
+    divergence.near = list(call.near)
+    return divergence
+
+
+def _cut_named(divergence: Divergence, cut: _Cut) -> Divergence:
+    """A partition divergence at ``cut``, named by what computes it there: its fallback region, or its engine."""
+    if cut.region is not None and cut.region.nodes:
+        return _region_named(divergence, cut.region)
+    return _engine_named(divergence, cut.call) if cut.call is not None else divergence
+
+
+def _named(trace: ProgramTrace, divergence: Divergence | None) -> Divergence | None:
+    """``divergence`` named in the user's terms: the engine it names (where nothing named it yet), and each engine
+    whose input it feeds (``feeds engine 2 in[0]: engine 2 covers 1.proj (Linear)``)."""
+    if divergence is None:
+        return None
+    calls = {call.index: call for call in (*trace.calls, *trace.unreached)}
+    match = _NAMES_ENGINE.match(divergence.where)
+    named = calls.get(int(match.group(1))) if match else None
+    if named is not None and not divergence.named():
+        _engine_named(divergence, named)
+    for fed in divergence.consumers:
+        match = _ENGINE_INPUT.match(fed)
+        call = calls.get(int(match.group(1))) if match else None
+        said = any(entry.startswith(f"feeds {fed}: ") for entry in divergence.near)
+        if call is not None and call is not named and not said and (modules := call.coverage.module_text()):
+            divergence.near.append(f"feeds {fed}: engine {call.index} covers {modules}")
+    return divergence
+
+
+def _named_rows(trace: ProgramTrace, rows: list[BoundaryRow]) -> list[BoundaryRow]:
+    """``rows``, each engine's with the modules its steps come from."""
+    calls = {call.index: call for call in (*trace.calls, *trace.unreached)}
+    for row in rows:
+        call = calls.get(row.engine) if row.engine is not None else None
+        if call is not None:
+            row.origin = call.coverage.module_text()
+    return rows

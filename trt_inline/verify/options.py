@@ -36,7 +36,7 @@ import torch
 
 from trt_inline.errors import VerifyInputError
 from trt_inline.messages import wire, wire_of
-from trt_inline.verify.compare import ERROR_STATS, tolerance_key
+from trt_inline.verify.compare import ERROR_STATS, Criteria, tolerance_key
 from trt_inline.verify.range_ends import GROWTH, MODES, SMALL_BYTES, modes_checked
 
 __all__ = [
@@ -320,6 +320,13 @@ class Tolerances(OptionGroup):
         "--strict", used_by=_CHECKED, action="store_true"))
     # fmt: on
 
+    def criteria(self) -> Criteria:
+        """The one value every comparison takes: these tolerances normalized once."""
+        return Criteria(
+            normalize_tolerance(self.atol), normalize_tolerance(self.rtol), self.check_error_stat, self.top_k,
+            self.min_top_k_agreement,
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Trust(OptionGroup):
@@ -377,7 +384,8 @@ class Isolation(OptionGroup):
 
 @dataclass(frozen=True)
 class Outputs(OptionGroup):
-    """The files written besides the report, each checked to be writable before the run."""
+    """The files written besides the report, each checked to be writable before the run and written once the
+    verification is done (in the child or in this process alike: nothing where it raised)."""
 
     # fmt: off
     save_outputs: str | os.PathLike[str] | None = field(default=None, metadata=declared(

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 from trt_inline.errors import decoded_text
+from trt_inline.module_paths import NOT_RECORDED, brief
 
 __all__ = [
-    "EXIT_STATUS", "MAX_COMPARISONS", "RANGE_END_NAMES", "BoundaryRow", "Divergence", "OutputComparison",
+    "EXIT_STATUS", "MAX_COMPARISONS", "RANGE_END_NAMES", "BoundaryRow", "Divergence", "OpDrill", "OutputComparison",
     "VerifyReport", "describe_value",
 ]  # fmt: skip
 
@@ -124,6 +125,8 @@ class BoundaryRow:
     values: list[OutputComparison]
     own: list[OutputComparison] | None = None
     own_problem: str | None = None
+    # An engine's row: the modules its steps come from, where the file records them ("0.proj (Linear), 1.fc (Linear)").
+    origin: str = ""
 
     @property
     def ok(self) -> bool:
@@ -143,6 +146,23 @@ class BoundaryRow:
 
 
 @dataclass
+class OpDrill:
+    """Inside a divergent engine, op by op (:mod:`trt_inline.verify.op_drill`): the first op whose own error crosses
+    its tolerance, in the user's terms; or, with no ``step``, a line saying why no op is named."""
+
+    summary: str  # the op and its own error; or every op within tolerance; or no op-level program
+    step: int | None = None  # the op's step in the engine's program
+    op: str = ""  # "aten::mul.Tensor"
+    module: str = ""  # "stages.1.boost (Boost)"
+    source: str = ""  # "model.py:41 in forward: big = x * self.gain"
+
+    def to_text(self) -> list[str]:
+        lines = [f"  inside it: {self.summary}"]
+        return lines + [f"    {label}: {text}" for label, text in (("module", self.module), ("source", self.source))
+                        if text]  # fmt: skip
+
+
+@dataclass
 class Divergence:
     """Where a run first leaves its reference: an engine, a fallback region, or a wire.
 
@@ -159,13 +179,34 @@ class Divergence:
     consumers: list[str] = field(default_factory=list)
     # A fallback region's nodes, every one (``where`` elides the middle of a long region).
     nodes: list[str] = field(default_factory=list)
+    # Inside a divergent engine: its first op past tolerance (``kind`` "engine" only).
+    op_drill: OpDrill | None = None
+    # In the user's terms, where the file records them (:mod:`trt_inline.module_paths`): the module path and class
+    # and the source line of the node computing the diverging value (an engine: its steps' source lines), every
+    # module it covers, and what it reads and feeds (``reads relu: 0.act (ReLU); model.py:31 in forward: ...``).
+    module: str = ""
+    source: str = ""
+    modules: list[str] = field(default_factory=list)
+    near: list[str] = field(default_factory=list)
+
+    def named(self) -> bool:
+        """Whether it names anything in the user's terms."""
+        return bool(self.module or self.source or self.modules or self.near)
 
     def to_text(self) -> str:
         lines = [f"first divergence: {self.where}", f"  {self.detail}"]
+        if self.module:
+            lines.append(f"  module: {self.module}")
+        if self.modules and self.modules != [self.module]:
+            lines.append(f"  covers: {brief(self.modules)}")
+        if self.source:
+            lines.append(f"  source: {self.source}")
+        lines += self.op_drill.to_text() if self.op_drill is not None else []
         if self.producers:
             lines.append(f"  reads: {', '.join(self.producers)}")
         if self.consumers:
             lines.append(f"  feeds: {', '.join(self.consumers)}")
+        lines += [f"  {entry}" for entry in self.near]
         return "\n".join(lines)
 
 
@@ -199,6 +240,16 @@ def boundary_table(rows: list[BoundaryRow]) -> list[str]:
             f"{own_text:>13}  {status}"
         )
     return lines
+
+
+def _engine_legend(rows: list[BoundaryRow]) -> list[str]:
+    """Each engine of the table in the user's terms, once: the modules its steps come from."""
+    named = {row.engine: row.origin for row in rows if row.engine is not None and row.origin}
+    if not named:
+        return []
+    return ["engines in the model (the modules their steps come from):"] + [
+        f"  engine {engine}: {origin}" for engine, origin in named.items()
+    ]
 
 
 @dataclass
@@ -259,13 +310,15 @@ class VerifyReport:
             {
                 "boundary": row.boundary, "engine": row.engine, "values": [dict(vars(v)) for v in row.values],
                 "own": None if row.own is None else [dict(vars(v)) for v in row.own], "own_problem": row.own_problem,
-                "ok": row.ok, "own_ok": row.own_ok,
+                "ok": row.ok, "own_ok": row.own_ok, "origin": row.origin,
             }
             for row in self.boundaries
         ]  # fmt: skip
         result["divergence"] = None if self.divergence is None else {
             f.name: getattr(self.divergence, f.name) for f in fields(self.divergence)
         }  # fmt: skip
+        if self.divergence is not None and self.divergence.op_drill is not None:
+            result["divergence"]["op_drill"] = dict(vars(self.divergence.op_drill))
         result["random_runs"] = [dict(run) for run in self.random_runs]
         result["range_end_runs"] = [dict(run) for run in self.range_end_runs]
         result.update(ok=self.ok, compared=self.compared)
@@ -317,8 +370,13 @@ class VerifyReport:
                 "run; own error: the engine run alone on the reference's inputs to it):"
             )
             lines += boundary_table(self.boundaries)
+            lines += _engine_legend(self.boundaries)
         if self.divergence is not None:
             lines.append(self.divergence.to_text())
+        if (self.boundaries or self.divergence is not None) and not (
+            any(row.origin for row in self.boundaries) or (self.divergence is not None and self.divergence.named())
+        ):
+            lines.append(f"  in the model: {NOT_RECORDED}")  # (said once, not on every line)
         lines += [f"  problem: {problem}" for problem in self.problems]
         lines += [f"  warning: {warning}" for warning in self.warnings]
         lines += [f"  note: {note}" for note in self.notes]
@@ -332,6 +390,7 @@ class VerifyReport:
 _COMPARISON_FIELDS = {f.name for f in fields(OutputComparison)}
 _BOUNDARY_FIELDS = {f.name for f in fields(BoundaryRow)} | {"ok", "own_ok"}
 _DIVERGENCE_FIELDS = {f.name for f in fields(Divergence)}
+_OP_DRILL_FIELDS = {f.name for f in fields(OpDrill)}
 _REPORT_FIELDS = {f.name for f in fields(VerifyReport)} | {"ok", "compared"}
 _RUN_FIELDS = {"iteration", "sizes", "symbols", "ok", "problem"}
 _RANGE_END_FIELDS = {"end", "sizes", "symbols", "ok", "problem", "compared"}
@@ -464,6 +523,7 @@ class _Reader:
             [self.comparison(v, f"{what} value") for v in self._items(data["values"], f"{what} values")],
             None if own is None else [self.comparison(v, f"{what} own") for v in self._items(own, f"{what} own")],
             self._text(data.get("own_problem"), f"{what} own_problem", optional=True),
+            self._text(data.get("origin", ""), f"{what} origin"),
         )
 
     def _texts(self, value: Any, what: str) -> list[str]:
@@ -475,7 +535,22 @@ class _Reader:
             self._text(data["kind"], "divergence kind"),
             self._text(data["where"], "divergence where"),
             self._text(data["detail"], "divergence detail"),
-            *(self._texts(data.get(name, []), f"divergence {name}") for name in ("producers", "consumers", "nodes")),
+            producers=self._texts(data.get("producers", []), "divergence producers"),
+            consumers=self._texts(data.get("consumers", []), "divergence consumers"),
+            nodes=self._texts(data.get("nodes", []), "divergence nodes"),
+            op_drill=None if data.get("op_drill") is None else self.op_drill(data["op_drill"]),
+            module=self._text(data.get("module", ""), "divergence module"),
+            source=self._text(data.get("source", ""), "divergence source"),
+            modules=self._texts(data.get("modules", []), "divergence modules"),
+            near=self._texts(data.get("near", []), "divergence near"),
+        )
+
+    def op_drill(self, data: Any) -> OpDrill:
+        data = self._fields(data, _OP_DRILL_FIELDS, {"summary"}, "divergence op_drill")
+        return OpDrill(
+            self._text(data["summary"], "op_drill summary"),
+            self._count_of(data.get("step"), "op_drill step", least=0),
+            *(self._text(data.get(name, ""), f"op_drill {name}") for name in ("op", "module", "source")),
         )
 
     def _sizes(self, value: Any, what: str) -> list[Any]:

@@ -1,0 +1,146 @@
+"""One build with a set changed, measured: the compile used, its settings, its error per case, its partition.
+
+:func:`default_compile` is ``torch_tensorrt.dynamo.compile`` where it imports and CUDA runs, the reference
+backend otherwise (its engines compute as a reduced-precision build does:
+:mod:`trt_inline.reference.precision`). :func:`settings_with` adds a set to the user's settings
+(``autocast_excluded_nodes`` anchored on each node's name, or ``torch_executed_ops``), :func:`compile_call`
+writes them as the call to paste, and :func:`measure` compiles with them and compares every case.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from trt_inline.engines import is_accelerated_call, is_fallback_call
+from trt_inline.errors import VerifyInputError
+from trt_inline.fixing.cases import HeldCase, flat_tensors
+from trt_inline.fixing.report import BuildShape, settings_arguments
+from trt_inline.verify.options import Tolerances
+
+__all__ = ["Compile", "Measured", "compile_call", "default_compile", "measure", "settings_with"]
+
+Compile = Callable[..., torch.nn.Module]
+# How the call to paste names each compile this module picks (any other by its module and name).
+_TENSORRT_CALL = "torch_tensorrt.dynamo.compile"
+_REFERENCE_CALL = "trt_inline.reference.compile"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A build's worst max abs error per case (inf for a NaN or Inf where the expected value is finite), whether
+    each case is within tolerance, and its partition."""
+
+    errors: tuple[float, ...]
+    ok: tuple[bool, ...]
+    shape: BuildShape
+
+    @property
+    def passes(self) -> bool:
+        return all(self.ok)
+
+    @property
+    def worst(self) -> float:
+        return max(self.errors, default=0.0)
+
+
+def default_compile() -> Compile:
+    """``torch_tensorrt.dynamo.compile`` where it imports and CUDA runs; else the reference backend."""
+    if torch.cuda.is_available():
+        try:
+            import torch_tensorrt  # type: ignore[import-not-found]  # noqa: F401
+
+            return _tensorrt_compile
+        except Exception:  # (not installed, or not importable here: the reference backend rehearses it)
+            pass
+    from trt_inline.reference import compile as reference_compile
+
+    return reference_compile
+
+
+def _tensorrt_compile(model: torch.nn.Module, arg_inputs: Sequence[Any], **settings: Any) -> Any:
+    import torch_tensorrt
+
+    program = torch.export.export(model, tuple(arg_inputs))
+    return torch_tensorrt.dynamo.compile(program, arg_inputs=list(arg_inputs), **settings)
+
+
+def compile_call(build: Compile, settings: Mapping[str, Any]) -> str:
+    """The call that compiles the model as ``build`` did with ``settings``, to paste into the user's code."""
+    keywords = settings_arguments(settings)
+    tail = f", {keywords}" if keywords else ""
+    if build is _tensorrt_compile:
+        return f"{_TENSORRT_CALL}(torch.export.export(model, tuple(arg_inputs)), arg_inputs=list(arg_inputs){tail})"
+    from trt_inline.reference import compile as reference_compile
+
+    if build is reference_compile:
+        name = _REFERENCE_CALL
+    else:
+        name = ".".join(part for part in (getattr(build, "__module__", ""), getattr(build, "__qualname__", "")) if part)
+    return f"{name or 'compile'}(model, arg_inputs{tail})"
+
+
+def settings_with(given: Mapping[str, Any], strategy: str, chosen: Sequence[str]) -> dict[str, Any]:
+    """``given`` with ``chosen`` kept in fp32 (``autocast_excluded_nodes``: each name anchored, ``^div$``) or run in
+    PyTorch (``torch_executed_ops``), after what ``given`` names there already."""
+    settings = dict(given)
+    if strategy == "higher_precision":
+        settings["autocast_excluded_nodes"] = [*settings.get("autocast_excluded_nodes", ()),
+                                               *(f"^{re.escape(name)}$" for name in chosen)]  # fmt: skip
+    else:
+        settings["torch_executed_ops"] = [*settings.get("torch_executed_ops", ()), *chosen]
+    return settings
+
+
+def measure(
+    build: Compile,
+    model: torch.nn.Module,
+    arg_inputs: Sequence[Any],
+    settings: Mapping[str, Any],
+    cases: Sequence[HeldCase],
+    tolerance: Tolerances,
+    seed: int,
+) -> Measured:
+    """Compile ``model`` with ``settings`` and run every case, from the random state ``seed`` (the verdicts
+    repeat)."""
+    with torch.random.fork_rng():  # (the caller's random state is left as it was)
+        torch.manual_seed(seed)
+        return _measured(build(model, arg_inputs, **settings), cases, tolerance)
+
+
+def _measured(compiled: torch.nn.Module, cases: Sequence[HeldCase], tolerance: Tolerances) -> Measured:
+    """Every case run through ``compiled`` and compared with its expected outputs."""
+    criteria = tolerance.criteria()  # (verify's comparison: the same value every verdict of it takes)
+    errors, oks = [], []
+    for case in cases:
+        with torch.no_grad():
+            got = flat_tensors(compiled(*case.args, **case.kwargs))
+        if len(got) != len(case.expected):
+            raise VerifyInputError(
+                f"case {case.name}: the compiled model returns {len(got)} outputs, the case expects "
+                f"{len(case.expected)}"
+            )
+        worst, ok = 0.0, True
+        for index, (actual, want) in enumerate(zip(got, case.expected, strict=True)):
+            comparison = criteria.output(index, actual, want)
+            error = comparison.max_abs_diff if math.isfinite(comparison.max_abs_diff) else math.inf
+            worst, ok = max(worst, error), ok and comparison.ok
+        errors.append(worst)
+        oks.append(ok)
+    return Measured(tuple(errors), tuple(oks), shape_of(compiled))
+
+
+def shape_of(compiled: torch.nn.Module) -> BuildShape:
+    """The engines and fallbacks a compiled module calls (None where it is no partitioned ``GraphModule``)."""
+    if not isinstance(compiled, torch.fx.GraphModule):
+        return BuildShape(None, None)
+    calls = [node for node in compiled.graph.nodes if node.op == "call_module"]
+    engines = sum(1 for node in calls if is_accelerated_call(compiled, node))
+    fallbacks = sum(1 for node in calls if is_fallback_call(compiled, node))
+    return BuildShape(engines, fallbacks)
