@@ -502,3 +502,44 @@ class Fp16Overflow(nn.Module):
         big = h * h
         small = big / 1e5
         return self.head(torch.relu(small) + 1)
+
+
+class LongSum(nn.Module):
+    """A sum over 4096 values of about 20 (about 8e4, past the fp16 range) that the next node turns into a mean:
+    an fp16 build stores the sum as inf (tests/test_fix.py; the benchmark's spot of the same name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 4096)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = (self.up(x) + 20.0).sum(-1, keepdim=True)
+        return self.head(x + (total / 4096.0 - 20.0))
+
+
+class LargeLogits(nn.Module):
+    """Logits near 1000 with a spread of a few units: fp16 keeps them to 0.5, and the softmax reads them so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.proj(x) * 8.0 + 1000.0
+        return self.head(torch.softmax(logits, dim=-1) * 8.0)
+
+
+class LargeMeanNorm(nn.Module):
+    """Values of 100 ± 0.05, stored in fp16 (to 1/16) before a LayerNorm divides by their spread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values = self.proj(x) * 0.05 + 100.0
+        return self.head(self.norm(values))

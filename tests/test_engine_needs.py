@@ -26,6 +26,7 @@ import torch
 from conftest import new_interpreter, run_forked
 from hostile import read_entries, write_entries
 from releases import Unavailable, release_file
+from test_verify import cli
 
 import trt_inline
 from trt_inline import deployment
@@ -311,6 +312,10 @@ def test_patched_torch_tensorrt_load_checks_before_the_stock_load(
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command line; ``check`` (which reads the file as data, in the calling process) in this process, every
+    other command (which starts a child or asks torch about CUDA) in a new interpreter, as a user runs it."""
+    if args[:1] == ("check",):
+        return cli(*args)
     return new_interpreter("-m", "trt_inline", *args, timeout=300)
 
 

@@ -142,7 +142,8 @@ def test_the_command_ends_on_a_closed_pipe_with_its_status(saved_seed: SavedSeed
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-@pytest.mark.parametrize("closed", ["stdout", "stdin and stdout", "stdin and stderr"])
+# (stdin and stdout: the pair a socket of the interpreter would be given first, the case that breaks it)
+@pytest.mark.parametrize("closed", ["stdin and stdout"])
 def test_the_command_with_a_standard_descriptor_closed_ends_as_the_module_does(
     saved_seed: SavedSeed, closed: str, tmp_path: Path
 ) -> None:

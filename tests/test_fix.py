@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import load_in_fresh_process
-from models import Fp16Overflow
+from models import Fp16Overflow, LargeLogits, LargeMeanNorm, LongSum
 from torch import nn
 
 import trt_inline
@@ -227,8 +227,7 @@ def test_ctrl_c_during_the_search_returns_the_best_set_found_so_far() -> None:
     assert text.startswith("interrupted after 5 compiles: the best set found so far, ") and "smaller one" in text
     assert "stopped by Ctrl-C" in text and "compile with:" in text
     assert _error(model, x, report.settings) < 1e-2  # (the best set does bring the case within tolerance)
-    complete = trt_inline.find_fix(model, (x,), settings=AUTOCAST)
-    assert len(complete.nodes) <= len(report.nodes)
+    assert len(report.nodes) >= 2  # (both spots are needed: the complete search finds exactly those two, below)
 
 
 def test_ctrl_c_before_the_first_compile_ends_reports_nothing_found() -> None:
@@ -267,7 +266,7 @@ def test_every_case_is_reported_before_and_after() -> None:
 
 
 def test_progress_is_one_line_per_compile_and_repeats_for_a_seed() -> None:
-    x, model = _inputs(), TwoSpots().eval()
+    x, model = _inputs(), Fp16Overflow().eval()
     runs: list[list[str]] = []
     reports: list[FixReport] = []
     for _ in range(2):
@@ -329,3 +328,29 @@ def test_the_search_asks_once_per_neighbour_of_a_cluster() -> None:
 
     assert search(candidates, passes) == ["n40", "n41", "n42", "n43"]
     assert len(asked) <= (math.log2(64) + 2) + 3 * 2 + 1, len(asked)
+
+
+@pytest.mark.parametrize(
+    ("spot", "line"),
+    [(LongSum, "return self.head(x + (total / 4096.0 - 20.0))"),
+     (LargeLogits, "return self.head(torch.softmax(logits, dim=-1) * 8.0)"),
+     (LargeMeanNorm, "values = self.proj(x) * 0.05 + 100.0")],
+    ids=["long sum", "large logits", "large mean before a LayerNorm"],
+)  # fmt: skip
+def test_each_kind_of_planted_spot_is_found_named_and_its_fix_verified(
+    spot: type[nn.Module], line: str, tmp_path: Path
+) -> None:
+    """The benchmark's kinds of precision-sensitive spot, each alone: the fp16 build is out of tolerance, the
+    search names the spot's source line, and the fix, saved, verifies within tolerance against fp32."""
+    torch.manual_seed(0)
+    model, x = spot().eval(), torch.randn(8, 16)
+    with torch.no_grad():
+        exact = model(x)
+    assert not _error(model, x, AUTOCAST) <= 1e-2  # (structure first: the fp16 build is wrong; NaN is wrong too)
+    report = trt_inline.find_fix(model, (x,), settings=AUTOCAST)
+    assert report.outcome == "fixed", report.to_text()
+    assert any(line in node.source for node in report.nodes), report.to_text()
+    path = tmp_path / "fixed.pt2"
+    trt_inline.save(trt_inline.reference.compile(model, (x,), **report.settings), path, arg_inputs=(x,))
+    verdict = trt_inline.verify(path, arg_inputs=[x], expected=[exact], atol=1e-2, rtol=1e-2)
+    assert verdict.ok, verdict.to_text()
