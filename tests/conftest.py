@@ -337,6 +337,34 @@ def _new_file(folder: Path, suffix: str) -> Path:
     return Path(name)
 
 
+def run_with_stderr_on_a_terminal(*args: str | Path, timeout: float = 300) -> tuple[int, str, str]:
+    """``python -m trt_inline ARGS`` as a process whose stderr is a pseudo-terminal (stdout piped), as a person
+    watching progress runs it: (exit status, stdout, what the terminal showed)."""
+    import pty
+    import select
+
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trt_inline", *map(str, args)], stdout=subprocess.PIPE, stderr=terminal, cwd=REPO
+    )
+    os.close(terminal)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([controller], [], [], timeout)
+        if not ready:
+            break
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # (the terminal's other side closed)
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = process.communicate(timeout=timeout)[0].decode()
+    os.close(controller)
+    return process.returncode, out, seen.decode(errors="replace")
+
+
 def run_forked(
     code: str,
     arguments: Sequence[str],

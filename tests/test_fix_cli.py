@@ -10,20 +10,15 @@ on stderr and exit 2.
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
 import runpy
-import select
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, load_in_fresh_process, new_interpreter
+from conftest import REPO, load_in_fresh_process, new_interpreter, run_with_stderr_on_a_terminal
 
 from trt_inline import cli
 from trt_inline.fixing import runner
@@ -95,33 +90,9 @@ def _fix(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, st
     return code, out, err
 
 
-def _with_stderr_on_a_terminal(*args: str | Path) -> tuple[int, str, str]:
-    """The command as a new process whose stderr is a pseudo-terminal (stdout piped): (status, stdout, stderr)."""
-    controller, terminal = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trt_inline", *map(str, args)], stdout=subprocess.PIPE, stderr=terminal, cwd=REPO
-    )
-    os.close(terminal)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([controller], [], [], 300)
-        if not ready:
-            break
-        try:
-            chunk = os.read(controller, 4096)
-        except OSError:  # (the terminal's other side closed)
-            break
-        if not chunk:
-            break
-        seen += chunk
-    out = process.communicate(timeout=300)[0].decode()
-    os.close(controller)
-    return process.returncode, out, seen.decode(errors="replace")
-
-
 def test_the_spot_is_named_and_the_fix_saved_and_verified(tmp_path: Path) -> None:
     script, out = _script(tmp_path, SPOT), tmp_path / "fixed.pt2"
-    code, stdout, stderr = _with_stderr_on_a_terminal("fix", script, "--out", out)
+    code, stdout, stderr = run_with_stderr_on_a_terminal("fix", script, "--out", out)
     assert code == 0, stdout + stderr
     head = stdout.splitlines()[0]
     found = re.match(r"fixed: (\d+) of (\d+) candidate nodes kept in fp32 .*; (\d+) compiles\)$", head)

@@ -8,17 +8,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pty
 import select
-import subprocess
-import sys
 import warnings
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, SavedSeed, new_interpreter
+from conftest import REPO, SavedSeed, new_interpreter, run_with_stderr_on_a_terminal
 from hostile import read_entries, write_entries
 
 import trt_inline
@@ -82,30 +79,6 @@ def test_a_loaded_file_runs_on_weights_mapped_from_it(saved_seed: SavedSeed) -> 
         assert all(t.untyped_storage().data_ptr() % 64 == 0 for t in constants)
 
 
-def _run_with_stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
-    """The CLI as a process whose stderr is a pseudo-terminal (stdout piped): (exit code, stdout, stderr)."""
-    controller, terminal = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trt_inline", *args], stdout=subprocess.PIPE, stderr=terminal, cwd=REPO
-    )
-    os.close(terminal)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([controller], [], [], 120)
-        if not ready:
-            break
-        try:
-            chunk = os.read(controller, 4096)
-        except OSError:  # the terminal's other side closed
-            break
-        if not chunk:
-            break
-        seen += chunk
-    out = process.communicate(timeout=300)[0].decode()
-    os.close(controller)
-    return process.returncode, out, seen.decode(errors="replace")
-
-
 def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,13 +131,13 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
 
 
 def test_progress_on_a_terminal_and_never_when_piped_or_json(saved_seed: SavedSeed) -> None:
-    code, out, err = _run_with_stderr_on_a_terminal("verify", str(saved_seed.good))
+    code, out, err = run_with_stderr_on_a_terminal("verify", str(saved_seed.good))
     assert code == 0 and out.startswith("PASS"), out + err
     lines = [line for line in err.splitlines() if line.startswith("trt-inline: [")]
     assert any("reading the archive" in line for line in lines), err
     assert any("running the program on the reference inputs" in line for line in lines), err
 
-    code, out, err = _run_with_stderr_on_a_terminal("verify", str(saved_seed.good), "--json")
+    code, out, err = run_with_stderr_on_a_terminal("verify", str(saved_seed.good), "--json")
     assert code == 0 and out.lstrip().startswith("{"), out
     assert "trt-inline: [" not in err, err
 

@@ -312,8 +312,7 @@ class Verification:
             if (not own_inputs or rank_file or runnable is not module or module is None or chosen.want is None
                     or is_allocation_failure(exc)):  # fmt: skip
                 raise
-            _localize_crash(report, module, chosen.recorded, chosen.args, chosen.kwargs, chosen.want, chosen.device,
-                            self.criteria, exc, self._repro())  # fmt: skip
+            _localize_crash(report, module, chosen, self.criteria, exc, self._repro())
             return None
         return run
 
@@ -368,8 +367,7 @@ class Verification:
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
                 _compare_boundaries(
-                    self.report, opened.module, chosen.recorded, chosen.args, chosen.kwargs, chosen.want,
-                    chosen.device, self.criteria, automatic=not per_engine,
+                    self.report, opened.module, chosen, self.criteria, automatic=not per_engine,
                     packaged=loaded is not None and loaded.kind == AOTI_PACKAGE, repro=self._repro(),
                 )  # fmt: skip
         except VerifyInputError as exc:
@@ -434,18 +432,16 @@ def _by_path(report: VerifyReport, got: list[Any], tree: OutputTree | None, want
 def _compare_boundaries(
     report: VerifyReport,
     module: torch.fx.GraphModule | None,
-    recorded: list[EngineBoundary] | None,
-    args: Sequence[torch.Tensor],
-    kwargs: dict[str, torch.Tensor],
-    want: list[torch.Tensor],
-    device: str | None,
+    chosen: _Chosen,
     criteria: Criteria,
     *,
     automatic: bool,
     packaged: bool,
-    repro: list[Any] | None = None,
+    repro: list[tuple[str, bytes]] | None = None,
 ) -> None:
     """Engine by engine against the recorded boundaries: the per-boundary table and the first divergence."""
+    recorded, args, kwargs, want, device = chosen.recorded, chosen.args, chosen.kwargs, chosen.want, chosen.device
+    assert want is not None
     if recorded is None:
         raise VerifyInputError(
             f"{report.source}: no engine boundary data to compare with (save with embed_reference='boundaries', "
@@ -547,16 +543,14 @@ def _extract(
 def _localize_crash(
     report: VerifyReport,
     module: torch.fx.GraphModule,
-    recorded: list[EngineBoundary] | None,
-    args: Sequence[torch.Tensor],
-    kwargs: dict[str, torch.Tensor],
-    want: list[torch.Tensor],
-    device: str | None,
+    chosen: _Chosen,
     criteria: Criteria,
     failure: VerifyInputError,
     repro: list[tuple[str, bytes]] | None = None,
 ) -> None:
     """The program raised on its own reference inputs: the report names where, engine by engine where it can."""
+    recorded, args, kwargs, want, device = chosen.recorded, chosen.args, chosen.kwargs, chosen.want, chosen.device
+    assert want is not None
     cause = failure.__cause__ or failure
     report.problems.append(f"the program raises on its reference inputs ({type(cause).__name__}: {first_line(cause)})")
     progress.report("the run raised: walking the program boundary by boundary to where it did")
