@@ -332,7 +332,6 @@ class _Reader:
         self.as_data = False
         self.by_name = {entry.name: entry for entry in entries}
         self.claimed: set[str] = set()
-        self.origins: dict[str, NodeOrigin] = {}  # (of the program document, read as data: _document)
 
     # -- entries ---------------------------------------------------------------
 
@@ -451,8 +450,7 @@ class _Reader:
             if not package:
                 raise VerifyInputError(f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model")
             return contents
-        contents.document = self._document(program)
-        contents.origins = self.origins
+        contents.document = self._document(program, contents)
         if pickled:
             contents.weights = self._pickled_payload(root + _PICKLED_WEIGHTS, "weights", contents)
             contents.constants = self._pickled_payload(root + _PICKLED_CONSTANTS, "constants", contents)
@@ -483,8 +481,7 @@ class _Reader:
             raise VerifyInputError(
                 f"{self.file}: a zip archive without an ExportedProgram or an AOTInductor model in it"
             )
-        contents.document = self._document(program)
-        contents.origins = self.origins
+        contents.document = self._document(program, contents)
         contents.weights = self._pickled_payload("serialized_state_dict.pt", "weights", contents)
         contents.constants = self._pickled_payload("serialized_constants.pt", "constants", contents)
         contents.sample_inputs = self._sample_inputs("serialized_example_inputs.pt", contents)
@@ -511,7 +508,9 @@ class _Reader:
                 f"{self.where(entry.name)}: refused: not a readable program ({printable(str(exc))[:120]})"
             ) from None
 
-    def _document(self, entry: ZipEntry) -> dict[str, Any]:
+    def _document(self, entry: ZipEntry, contents: Contents) -> dict[str, Any]:
+        """The program document of ``entry``, checked (rebuilt from what this torch's schema defines); its nodes'
+        module paths and source lines, read as data, into ``contents.origins``."""
         if self.as_data:
             document = self._json(entry)
             if not isinstance(document, dict):
@@ -520,7 +519,7 @@ class _Reader:
         progress.report(f"checking its program against torch's schema ({format_size(entry.file_size)})")
         document = self._json(entry)
         canonical = program_checks.canonical_document(document, self.file, entry.name, mutations=self.mutations)
-        self.origins = program_checks.node_origins(document)  # (of a document checked first: its shape is known)
+        contents.origins = program_checks.node_origins(document)  # (of a document checked first: its shape known)
         return canonical
 
     # -- weights and constants ---------------------------------------------------------

@@ -80,21 +80,18 @@ class _Zygote:
     def __init__(self, started: StartedInterpreter | None = None) -> None:
         self.prestarted = started is not None
         self.started = started if started is not None else start_interpreter()
-        self.key = self.started.key
-        self.process = self.started.process
-        self.channel = self.started.channel
         self._pending = b""
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.started.process.poll() is None
 
     def _line(self, timeout: float | None) -> list[str] | None:
         """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended."""
         while b"\n" not in self._pending:
-            ready, _, _ = select.select([self.channel], [], [], timeout)
+            ready, _, _ = select.select([self.started.channel], [], [], timeout)
             if not ready:
                 return None
-            chunk = self.channel.recv(4096)
+            chunk = self.started.channel.recv(4096)
             if not chunk:
                 raise EOFError("the interpreter that forks the children ended")
             self._pending += chunk
@@ -107,7 +104,7 @@ class _Zygote:
             "before this process imported torch" if self.prestarted else "for this block",
         )
         message = json.dumps([str(work), child_environment(work)]).encode()
-        socket.send_fds(self.channel, [message], list(pipes.child_ends()))
+        socket.send_fds(self.started.channel, [message], list(pipes.child_ends()))
         pipes.handed_over()
         started = self._line(None)
         if not started or started[0] != "pid":
@@ -142,7 +139,7 @@ def zygote_for_now() -> _Zygote | None:
     slot = _reusable.get()
     if slot is None:
         return None
-    if slot and (not slot[0].alive() or slot[0].key != zygote_key()):
+    if slot and (not slot[0].alive() or slot[0].started.key != zygote_key()):
         log.debug(
             "the interpreter the children are forked from %s: starting another",
             "ended" if not slot[0].alive() else "has another environment than a child would get now",
