@@ -3,9 +3,13 @@
 These are known before ``trt_inline`` (and so torch) is imported, so the ``trt-inline`` command
 (:mod:`trt_inline_command`) starts the interpreter its child will be forked from first, and imports
 torch while that interpreter imports it too: on two cores the two imports overlap rather than follow
-one another. The rest of the isolation — the zygote's loop, the sandbox, the limits, the supervision —
-is in :mod:`trt_inline.isolation`, which reads the command line and the environment from here.
-This module imports nothing but the standard library (the lowest floor of ``python3 .ci/imports``).
+one another. Such an interpreter's loop (:func:`fork_per_job`: a job over a UNIX socket, a child forked
+for it, its pid and its end reported) and the parent's side of it (:class:`StartedInterpreter`) are here
+too; what a child becomes is given by the module the interpreter serves: the sandboxed child's
+(:func:`trt_inline.isolation.zygote.serve`), or the tests' own. The rest of the isolation — the sandbox,
+the limits, the supervision — is in :mod:`trt_inline.isolation`, which reads the command line and the
+environment from here. This module imports nothing but the standard library (the lowest floor of
+``python3 .ci/imports``).
 """
 
 from __future__ import annotations
@@ -17,16 +21,19 @@ import getpass
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 __all__ = [
-    "StartedInterpreter", "child_environment", "interpreter_command", "prestart", "start_interpreter",
-    "take_prestarted", "user_name", "zygote_key",
+    "StartedInterpreter", "child_environment", "fork_per_job", "interpreter_command", "prestart",
+    "start_interpreter", "take_prestarted", "user_name", "zygote_key",
 ]  # fmt: skip
 
 
@@ -79,33 +86,113 @@ Key = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]
 
 def zygote_key() -> Key:
     """What a child inherits from the interpreter it is forked from: a change here needs a new one."""
-    return sys.executable, tuple(sys.path), tuple(sorted(child_environment().items()))
+    return _key(child_environment())
 
 
-# The zygote's loop (trt_inline.isolation.zygote.serve), given its end of the socket.
-_ZYGOTE_CODE = "from trt_inline.isolation.zygote import serve; serve(int(sys.argv[2]))"
+def _key(environment: dict[str, str]) -> Key:
+    return sys.executable, tuple(sys.path), tuple(sorted(environment.items()))
+
+
+# What an interpreter runs: serve(channel_fd, *arguments) of the module named after its import path (sys.argv[2]).
+_SERVE = "import importlib; importlib.import_module(sys.argv[2]).serve(int(sys.argv[3]), *sys.argv[4:])"
+
+
+def fork_per_job(channel_fd: int, child: Callable[[Any, list[int]], object]) -> None:
+    """An interpreter's loop: for each job it receives over the UNIX socket ``channel_fd`` (one JSON message with
+    up to 4 descriptors), fork a child that runs ``child(job, descriptors)`` and ends there; report ``pid N``, then
+    ``exit STATUS MAXRSS`` (its wait status, its peak RSS in KiB). Ends when the socket is closed.
+
+    A job is data for ``child``: what a child runs is fixed by the interpreter's start, never by a message.
+    """
+    channel = socket.socket(fileno=channel_fd)
+    while True:
+        message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 4)
+        if not message:
+            break
+        job = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                channel.close()
+                child(job, descriptors)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:  # (``child`` does not return; should it, or raise, its process must not serve this loop too)
+                os._exit(1)
+        for descriptor in descriptors:
+            os.close(descriptor)
+        channel.sendall(f"pid {pid}\n".encode())
+        _, status, usage = os.wait4(pid, 0)
+        channel.sendall(f"exit {status} {usage.ru_maxrss}\n".encode())
 
 
 @dataclass
 class StartedInterpreter:
-    """A clean interpreter (``python -I``, in a session of its own) importing torch and trt-inline, then
-    forking one child per job it receives on ``channel``. ``key``: what its children inherit."""
+    """A clean interpreter (``python -I``, in a session of its own) importing torch and what its loop needs,
+    then forking one child per job it receives on ``channel`` (:func:`fork_per_job`). ``key``: what its
+    children inherit."""
 
     process: subprocess.Popen[bytes]
     channel: socket.socket
     key: Key
+    _pending: bytes = field(default=b"", init=False, repr=False)
+
+    def fork(self, job: object, descriptors: Sequence[int] = ()) -> None:
+        """Ask for a child for ``job`` (JSON, kept short: it is read in one piece), handing it ``descriptors``."""
+        socket.send_fds(self.channel, [json.dumps(job).encode()], list(descriptors))
+
+    def forked(self, timeout: float | None = None) -> int:
+        """The pid of the child asked for. Raises TimeoutError after ``timeout`` seconds, EOFError if it ended."""
+        line = self._line(timeout)
+        if line is None:
+            raise TimeoutError("the interpreter that forks the children gave no child in time")
+        if not line or line[0] != "pid":
+            raise EOFError("the interpreter that forks the children gave no child")
+        return int(line[1])
+
+    def ended(self, timeout: float | None = None) -> tuple[int, int] | None:
+        """That child's wait status and peak RSS in bytes once it has ended; None after ``timeout`` seconds.
+        Raises EOFError if the interpreter ended."""
+        line = self._line(timeout)
+        return None if line is None else (int(line[1]), int(line[2]) * 1024)
+
+    def _line(self, timeout: float | None) -> list[str] | None:
+        """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended."""
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([self.channel], [], [], timeout)
+            if not ready:
+                return None
+            chunk = self.channel.recv(4096)
+            if not chunk:
+                raise EOFError("the interpreter that forks the children ended")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode().split()
 
     def stop(self) -> None:
-        """Close its socket and kill its process group (it holds nothing worth a graceful end)."""
+        """Close its socket and kill its process group (it holds nothing worth a graceful end). Once it has been
+        waited for (``poll()`` saw it end) its pid may be another process's: then nothing is killed."""
         with contextlib.suppress(OSError):
             self.channel.close()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
 
-def start_interpreter() -> StartedInterpreter:
-    """Start the interpreter the children are forked from; it imports torch while the caller goes on."""
+def start_interpreter(
+    loop: str = "trt_inline.isolation.zygote",
+    *arguments: str,
+    environment: dict[str, str] | None = None,
+    output: IO[bytes] | None = None,
+) -> StartedInterpreter:
+    """Start an interpreter whose loop is ``loop.serve(channel_fd, *arguments)``: by default the one the sandboxed
+    children are forked from, which imports torch while the caller goes on. ``environment``: its variables (by
+    default a child's, :func:`child_environment`); ``output``: where its stdout and stderr go (by default nowhere).
+    """
+    environment = child_environment() if environment is None else environment
     ours, first = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # Its end on a descriptor above 2: where the caller started with 0, 1 or 2 closed, the pair may be given
     # those, and the interpreter's stdin, stdout and stderr (/dev/null) would replace its end.
@@ -113,15 +200,15 @@ def start_interpreter() -> StartedInterpreter:
     first.close()
     with theirs:
         process = subprocess.Popen(
-            interpreter_command(_ZYGOTE_CODE, str(theirs.fileno())),
+            interpreter_command(_SERVE, loop, str(theirs.fileno()), *arguments),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if output is None else output,
+            stderr=subprocess.DEVNULL if output is None else output,
             pass_fds=(theirs.fileno(),),
             start_new_session=True,
-            env=child_environment(),
+            env=environment,
         )
-    return StartedInterpreter(process, ours, zygote_key())
+    return StartedInterpreter(process, ours, _key(environment))
 
 
 _prestarted: list[StartedInterpreter] = []

@@ -3,12 +3,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import select
-import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import trt_inline
 from trt_inline.isolation import reusing_interpreter
 from trt_inline.passes import produced_value
 from trt_inline.scalars import is_scalar
+from trt_inline_interpreter import start_interpreter
 
 # Hypothesis profiles for the random-graph suite (tests/test_fuzz.py): `ci` is
 # derandomized so that CI is reproducible (TRT_INLINE_FUZZ_EXAMPLES sets how many:
@@ -152,9 +152,14 @@ def python_path(*first: str | Path) -> str:
 #   and its entry points, the hash seed, what start-up prints), for the ``trt-inline`` command and the scripts as
 #   users run them, and for jobs (torchrun) that are processes of their own by nature;
 # - run_forked (and run_forked_each, load_runs_in_fresh_process): code that needs only a process of its own,
-#   forked from a clean interpreter of this test worker that has imported torch and nothing else it would not;
-# - the package's own ``reusing_interpreter`` (the fixture below) forks the verify/inspect/diff children only:
-#   its interpreter runs the sandboxed child's entry point and nothing else, so no test code goes through it.
+#   forked from a clean interpreter of this test worker that has imported torch and nothing else it would not. That
+#   interpreter is the package's kind (``trt_inline_interpreter.start_interpreter``, the loop ``fork_per_job``: a job
+#   over a socket, a child forked, its pid and its end reported) serving ``tests/forking.py``, which says what a
+#   child does: the request's output files, folder, ``path`` and arguments, its code run as ``__main__``;
+# - the package's own ``reusing_interpreter`` (the fixture below) forks the verify/inspect/diff children only: its
+#   interpreter serves ``trt_inline.isolation.zygote``, whose children run the sandboxed child's entry point and
+#   nothing else (what a child runs is fixed when its interpreter starts, never by a job), so no test code goes
+#   through it.
 
 
 def new_interpreter(
@@ -213,90 +218,39 @@ _LOADER = textwrap.dedent(
 )
 
 
-# A clean interpreter (torch and ``preload`` imported, nothing else: no file loaded, no tensor op run) that forks a
-# child for each request: the child runs the request's code as a new ``python -c CODE ARGS`` would after those
-# imports (``path`` put first on sys.path, as PYTHONPATH would), without starting an interpreter and importing
-# torch per run. Requests are one JSON line each on its stdin; it answers each with the child's exit status.
-_FORKING_INTERPRETER = textwrap.dedent(
-    """
-    import importlib, json, os, sys, traceback
-    import torch
-    for name in sys.argv[1:]:
-        importlib.import_module(name)
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
-            if request["stderr"] is None:
-                os.dup2(1, 2)
-            else:
-                os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
-            os.chdir(request["cwd"])
-            sys.path[:0] = request["path"]
-            sys.argv = ["-c", *request["argv"]]
-            status = 0
-            try:
-                exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
-            except SystemExit as exc:
-                if exc.code is None or isinstance(exc.code, int):
-                    status = exc.code or 0
-                else:
-                    print(exc.code, file=sys.stderr)
-                    status = 1
-            except BaseException:
-                traceback.print_exc()
-                status = 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(f"{os.waitstatus_to_exitcode(status)}\\n")
-        sys.stdout.flush()
-    """
-)
-
-
 class _ForkingInterpreter:
-    def __init__(self, preload: Sequence[str], env: dict[str, str]) -> None:
-        self.stderr = tempfile.TemporaryFile()  # what it says itself (an import that fails, say)
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _FORKING_INTERPRETER, *preload],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
+    """The package's kind of interpreter that forks children (``trt_inline_interpreter.start_interpreter``, its loop
+    ``fork_per_job``) serving the tests' module ``forking``: torch and ``preload`` imported, ``env`` its environment.
+    A request is the name of a file holding it (what ``forking.run`` reads), so that the message stays short."""
 
-    def run(self, request: dict[str, Any], timeout: float) -> tuple[int | None, str]:
+    def __init__(self, preload: Sequence[str], env: dict[str, str]) -> None:
+        self.said = tempfile.TemporaryFile()  # what it says itself (an import that fails, say)
+        self.started = start_interpreter("forking", *preload, environment=env, output=self.said)
+
+    def alive(self) -> bool:
+        return self.started.process.poll() is None
+
+    def run(self, request: Path, timeout: float) -> tuple[int | None, str]:
         """Its child's exit status (None if it or the interpreter did not answer within ``timeout`` seconds), and
         what the interpreter itself said then."""
-        assert self.process.stdin is not None and self.process.stdout is not None
+        deadline = time.monotonic() + timeout
         try:
-            self.process.stdin.write(json.dumps({**request, "cwd": os.getcwd()}) + "\n")
-            self.process.stdin.flush()
-        except BrokenPipeError:  # it ended (it could not import, say)
-            pass
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        line = self.process.stdout.readline() if ready else ""
-        if not line.strip():  # timed out, or the interpreter ended: nothing of it may outlive the call
-            self.stderr.seek(0)
-            said = self.stderr.read().decode(errors="replace")
+            self.started.fork(str(request))
+            self.started.forked(timeout)
+            ended = self.started.ended(max(0.0, deadline - time.monotonic()))
+        except (OSError, EOFError):  # it ended (it could not import, say), or gave no child in time
+            ended = None
+        if ended is None:  # timed out, or the interpreter ended: nothing of it may outlive the call
+            self.said.seek(0)
+            said = self.said.read().decode(errors="replace")
             self.close()
             return None, said
-        return int(line), ""
+        return os.waitstatus_to_exitcode(ended[0]), ""
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait()
-        self.stderr.close()
+        """Its process group killed (its children are in it, not in sessions of their own), then waited for."""
+        self.started.stop()
+        self.said.close()
 
 
 # The worker's forking interpreters, the most recently used last (at most _KEPT are kept running).
@@ -309,9 +263,10 @@ def _forking_interpreter(preload: Sequence[str], env: dict[str, str]) -> _Forkin
 
     ``PYTEST_CURRENT_TEST`` (pytest sets it for each test) is no reason to start another.
     """
-    key = (sys.executable, tuple(preload), tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
+    variables = tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
+    key = (sys.executable, tuple(sys.path), tuple(preload), variables)  # (its sys.path: this worker's, then env's)
     interpreter = _forking_interpreters.pop(key, None)
-    if interpreter is not None and interpreter.process.poll() is not None:
+    if interpreter is not None and not interpreter.alive():
         interpreter.close()
         interpreter = None
     if interpreter is None:
@@ -378,24 +333,22 @@ def run_forked(
 ) -> subprocess.CompletedProcess[str]:
     """``python -c code arguments`` with ``env`` (and ``path`` first on ``sys.path``) as a process of its own: a
     child forked from a clean interpreter of this test worker that has imported only torch and ``preload``
-    (nothing the code does not import first anyway), which never runs anything itself. What a new interpreter
-    gives the code after those imports, without starting one and importing torch per run; nothing of the
-    caller's process is in it. Its stdout and stderr go to files in ``folder`` (one file with ``merged``: then
-    ``stdout`` holds both). A run past ``timeout`` seconds ends with ``returncode`` None.
+    (nothing the code does not import first anyway) beside its loop (``forking.serve``, the package's
+    ``fork_per_job``), which never runs anything itself. What a new interpreter gives the code after those
+    imports, without starting one and importing torch per run; nothing of the caller's process is in it. Its
+    stdout and stderr go to files in ``folder`` (one file with ``merged``: then ``stdout`` holds both). A run
+    past ``timeout`` seconds ends with ``returncode`` None (and nothing of it left running).
     """
     folder.mkdir(parents=True, exist_ok=True)
     out = _new_file(folder, ".out")
     err = None if merged else _new_file(folder, ".err")
-    request = {
-        "code": code,
-        "argv": list(arguments),
-        "path": [str(entry) for entry in path],
-        "stdout": str(out),
-        "stderr": None if err is None else str(err),
-    }
+    request = _new_file(folder, ".json")  # (what forking.run reads: the message itself stays short)
+    job = {"code": code, "argv": list(arguments), "path": [str(entry) for entry in path], "cwd": os.getcwd()}
+    request.write_text(json.dumps({**job, "stdout": str(out), "stderr": None if err is None else str(err)}))
     status, said = _forking_interpreter(preload, env).run(request, timeout)
     stdout = out.read_text(errors="replace")
     stderr = ("" if err is None else err.read_text(errors="replace")) + said
+    request.unlink()
     out.unlink()
     if err is not None:
         err.unlink()

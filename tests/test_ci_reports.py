@@ -137,20 +137,21 @@ def test_top_k_agreement_counts_rows_whose_top_k_sets_agree() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "fragment"),
     [
-        ("sqnr_db", "14.8", "output sqnr_db is not a number"),
-        ("sqnr_db", True, "output sqnr_db is not a number"),
-        ("top_k", 2.0, "output top_k is not an integer"),
-        ("top_k", 0, "output top_k is less than 1"),
-        ("top_k_rows", -3, "output top_k_rows is less than 1"),
-        ("top_k_agreement", 1.5, "output top_k_agreement is not a fraction from 0 to 1"),
-        ("top_k_agreement", math.nan, "output top_k_agreement is not a fraction from 0 to 1"),
-        ("top_k_first_disagreement", "2", "output top_k_first_disagreement is not an integer"),
+        ("sqnr_db", "14.8", "outputs[0].sqnr_db: a str, not a number"),
+        ("sqnr_db", True, "outputs[0].sqnr_db: true or false, not a number"),
+        ("sqnr_db", math.nan, "outputs[0].sqnr_db: nan, not a number other than NaN"),
+        ("top_k", 2.0, "outputs[0].top_k: a float, not an integer"),
+        ("top_k", 0, "outputs[0].top_k: 0, not at least 1"),
+        ("top_k_rows", -3, "outputs[0].top_k_rows: -3, not at least 1"),
+        ("top_k_agreement", 1.5, "outputs[0].top_k_agreement: 1.5, not from 0 to 1"),
+        ("top_k_agreement", math.nan, "outputs[0].top_k_agreement: nan, not from 0 to 1"),
+        ("top_k_first_disagreement", "2", "outputs[0].top_k_first_disagreement: a str, not an integer"),
     ],
 )
 def test_the_new_fields_are_read_strictly(field: str, value: object, fragment: str) -> None:
     document = report_of(3)
     document["outputs"][0][field] = value
-    with pytest.raises(ValueError, match=fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
         VerifyReport.from_dict(document)
 
 

@@ -289,6 +289,35 @@ def test_diff_of_two_saves_of_one_module_exits_0(files: Files, tmp_path: Path) -
     assert_unusable(cli("verify", str(files.good), "--save-outputs", str(missing)), "does not exist")
 
 
+class _WithNone(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None, torch.Tensor]:
+        return x + 1, None, x * 2
+
+
+class _WithoutNone(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + 1, x * 2
+
+
+def test_diff_of_programs_one_returning_none_is_a_fail_not_a_crash(tmp_path: Path) -> None:
+    """A program returning ``None`` among its outputs, diffed against one that does not (either way round) or
+    against itself: the None is a value compared like the others, never an error of the tool."""
+    x = torch.randn(2, 3)
+    paths = {}
+    for name, model in (("none", _WithNone()), ("plain", _WithoutNone())):
+        paths[name] = tmp_path / f"{name}.pt2"
+        trt_inline.save(trt_inline.reference.compile(model, (x,), min_block_size=1), paths[name], arg_inputs=(x,))
+    for a, b in (("plain", "none"), ("none", "plain")):
+        proc = cli("diff", str(paths[a]), str(paths[b]))
+        assert proc.returncode == 1 and proc.stdout.startswith("FAIL"), proc.stdout + proc.stderr
+        assert "the outputs are structured otherwise" in proc.stdout and not proc.stderr, proc.stdout + proc.stderr
+    report = trt_inline.diff(paths["plain"], paths["none"], isolate=False)
+    assert report.outputs[1].problem == "output 1 is float32[2, 3], expected None"
+    assert "  DIFF output 1  None  max abs diff inf" in report.to_text()
+    same = cli("diff", str(paths["none"]), str(paths["none"]))
+    assert same.returncode == 0 and same.stdout.startswith("PASS"), same.stdout + same.stderr
+
+
 def test_diff_of_an_engine_fault_runs_each_engine_on_the_other_files_inputs(files: Files) -> None:
     report = trt_inline.diff(_engine_fault(files, engine=2), files.good, isolate=False)
     assert not report.ok and report.divergence is not None

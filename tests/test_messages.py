@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, ClassVar, Literal, Optional, TypedDict
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ import torch
 from trt_inline.deployment import EngineInfo
 from trt_inline.errors import IsolationError, VerifyInputError
 from trt_inline.isolation import child, inside
-from trt_inline.messages import MessageError, decode, encode, wire
+from trt_inline.messages import Bounds, MessageError, Wire, decode, encode, wire
 from trt_inline.output_tree import OutputTree
 from trt_inline.verify import engine_needs, verifier
 from trt_inline.verify.jobs import (
@@ -76,30 +78,30 @@ def test_every_annotation_accepted() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "fragment"),
     [
-        ("text", 1, "text: a int, not text"),
+        ("text", 1, "text: an int, not text"),
         ("whole", True, "whole: true or false, not an integer"),  # a bool is no int
         ("whole", 1.0, "whole: a float, not an integer"),
         ("number", False, "number: true or false, not a number"),
         ("number", "1", "number: a str, not a number"),
-        ("flag", 1, "flag: a int, not true or false"),
-        ("nothing", 0, "nothing: a int, not None"),
+        ("flag", 1, "flag: an int, not true or false"),
+        ("nothing", 0, "nothing: an int, not None"),
         ("maybe", "1", "maybe: a str, not an integer"),
         ("maybe", True, "maybe: true or false, not an integer"),
         ("either", 1.5, "either: a float, not an integer or text or None"),
         ("choice", "c", "choice: not one of 'a', 'b', 3"),
         ("choice", 3.0, "choice: not one of"),  # of the same type
         ("names", "xy", "names: a str, not a list"),
-        ("names", ["x", 1], "names[1]: a int, not text"),
+        ("names", ["x", 1], "names[1]: an int, not text"),
         ("names", ("x",), "names: a tuple, not a list"),  # plain data: JSON has lists only
         ("pair", [1], "pair: 1 items, not 2"),
-        ("pair", [1, 2], "pair[1]: a int, not text"),
+        ("pair", [1, 2], "pair[1]: an int, not text"),
         ("items", [1, True], "items[1]: true or false, not a number"),
         ("table", [], "table: a list, not an object"),
         ("table", {"k": "1"}, "table.k: a str, not an integer"),
         ("inner", {"name": "n"}, "inner.count: missing"),
         ("inner", {"name": "n", "count": 1, "more": 1}, "inner.more: no such field of Inner"),
         ("inner", ["n", 1], "inner: a list, not an object (Inner)"),
-        ("inners", [{"name": 2, "count": 1}], "inners[0].name: a int, not text"),
+        ("inners", [{"name": 2, "count": 1}], "inners[0].name: an int, not text"),
         ("anything", {"a": {1, 2}}, "anything.a: a set, not plain data"),
     ],
 )
@@ -168,7 +170,7 @@ def test_fields_that_stay_and_fields_carried_as_another_type() -> None:
         decode(Carried, {"path": None, "names": [], "tensors": None})
     with pytest.raises(MessageError, match=r"^tensors: a field that stays here holds other than its default"):
         encode(Carried("a", [torch.ones(1)]))
-    with pytest.raises(MessageError, match=r"^path: a int, not text$"):
+    with pytest.raises(MessageError, match=r"^path: an int, not text$"):
         decode(Carried, {"path": 1, "names": []})
 
 
@@ -298,7 +300,7 @@ def test_engine_infos_round_trip_within_the_limits_of_the_reader_they_replace() 
         (dict(metadata={str(i): i for i in range(65)}), "metadata: 65 items, more than 64"),
         (dict(metadata=["settings"]), "metadata: a list, not an object"),  # (as EngineInfo declares it)
         (dict(engine_bytes=True), "engine_bytes: true or false, not an integer"),
-        (dict(fields={"k": 1}), "fields.k: a int, not text"),
+        (dict(fields={"k": 1}), "fields.k: an int, not text"),
         (dict(where=None), "where: None, not text"),
         (dict(extra=1), "extra: no such field of EngineInfo"),
     ):
@@ -313,3 +315,91 @@ def test_engine_infos_round_trip_within_the_limits_of_the_reader_they_replace() 
         decode(NeedsResponse, {"engines": [_info()] * 4097})
     with pytest.raises(IsolationError, match=r"^m.pt2: the child process handed back a malformed answer \(lines"):
         response_of_child(InspectResponse, {"lines": "a line", "engines": []}, "m.pt2")
+
+
+# -- what a whole message declares: per-level bounds, typed dicts, derived properties, bounds on the message ----
+
+
+class Run(TypedDict):
+    name: str
+    sizes: Annotated[list[Annotated[list[int], Wire(max_items=2)]], Wire(max_items=3)]
+
+
+@dataclass
+class Counted:
+    value: float = field(default=0.0, metadata=wire(at_least=0.0, at_most=1.0))
+    floor: float | None = field(default=None, metadata=wire(at_least=-math.inf))
+    count: int = 0
+
+    __wire_derived__: ClassVar[tuple[str, ...]] = ("positive",)
+
+    @property
+    def positive(self) -> bool:
+        return self.count > 0
+
+
+@dataclass
+class Whole:
+    note: str = ""
+    runs: list[Run] = field(default_factory=list)
+    counted: list[Counted] = field(default_factory=list)
+    more: list[Counted] = field(default_factory=list)
+
+
+def test_each_level_of_an_annotated_type_has_its_own_bounds() -> None:
+    assert decode(Whole, {"note": "", "runs": [{"name": "r", "sizes": [[1, 2]] * 3}], "counted": [], "more": []})
+    for sizes, fragment in (
+        ([[1]] * 4, "runs[0].sizes: 4 items, more than 3"),
+        ([[1, 2, 3]], "runs[0].sizes[0]: 3 items, more than 2"),
+        ([[True]], "runs[0].sizes[0][0]: true or false, not an integer"),
+    ):
+        with pytest.raises(MessageError) as raised:
+            decode(Whole, {"note": "", "runs": [{"name": "r", "sizes": sizes}], "counted": [], "more": []})
+        assert str(raised.value) == fragment
+
+
+def test_a_typed_dict_is_read_as_a_dict_of_its_keys() -> None:
+    run = {"name": "r", "sizes": [[1]]}
+    whole = decode(Whole, {"note": "", "runs": [run], "counted": [], "more": []})
+    assert whole.runs == [run] and type(whole.runs[0]) is dict
+    for change, fragment in (({"extra": 1}, "runs[0].extra: no such field of Run"), ({"name": 1}, "runs[0].name")):
+        with pytest.raises(MessageError, match=re.escape(fragment)):
+            decode(Whole, {"note": "", "runs": [{**run, **change}], "counted": [], "more": []})
+    with pytest.raises(MessageError, match=re.escape("runs[0].sizes: missing")):
+        decode(Whole, {"note": "", "runs": [{"name": "r"}], "counted": [], "more": []})
+
+
+def test_numbers_within_their_range_and_64_bits() -> None:
+    assert decode(Counted, {"value": 1, "floor": -math.inf, "count": (1 << 63) - 1}).floor == -math.inf
+    for change, fragment in (
+        ({"value": 1.5}, "value: 1.5, not from 0 to 1"),
+        ({"value": math.nan}, "value: nan, not from 0 to 1"),  # (NaN is outside every range)
+        ({"floor": math.nan}, "floor: nan, not a number other than NaN"),
+        ({"count": 1 << 63}, "count: an integer of more than 64 bits"),
+        ({"value": -(1 << 64)}, "value: an integer of more than 64 bits"),
+    ):
+        with pytest.raises(MessageError) as raised:
+            decode(Counted, {"value": 0.5, "floor": None, "count": 0, **change})
+        assert str(raised.value) == fragment
+
+
+def test_derived_properties_are_written_read_as_their_type_and_computed_again() -> None:
+    counted = Counted(0.5, None, 2)
+    assert encode(counted) == {"value": 0.5, "floor": None, "count": 2, "positive": True}
+    forged = {"value": 0.5, "floor": None, "count": 0, "positive": True}
+    assert decode(Counted, forged).positive is False  # (what it says is not what it is)
+    with pytest.raises(MessageError, match=r"^positive: an int, not true or false$"):
+        decode(Counted, {**forged, "positive": 1})
+
+
+def test_the_bounds_of_a_whole_message() -> None:
+    one = {"value": 0.5, "floor": None, "count": 0}
+    bounds = Bounds(items=20, counted=((Counted, 3, "counted things"),), text=5, defaults=True)
+    whole = decode(Whole, {"note": "\x1b[2J" + "n" * 10, "counted": [one, one], "more": [one]}, bounds)
+    assert whole.note == "\\x1b[... (12 more characters)" and whole.runs == []  # (cut as a document's text; a default)
+    with pytest.raises(MessageError, match=re.escape("more[1]: the message holds more than 3 counted things")):
+        decode(Whole, {"counted": [one, one], "more": [one, one]}, bounds)
+    with pytest.raises(MessageError, match="the message holds more than 20 items in all"):
+        decode(Whole, {"counted": [one], "more": [one], "runs": [{"name": "r", "sizes": [[1, 2]] * 3}] * 2}, bounds)
+    with pytest.raises(MessageError, match=r"^note: missing$"):  # (without defaults, every field is sent)
+        decode(Whole, {"runs": [], "counted": [], "more": []})

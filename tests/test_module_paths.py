@@ -28,6 +28,7 @@ import trt_inline
 from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io
 from trt_inline.module_paths import NOT_RECORDED, NodeOrigin, covered, node_origin
 from trt_inline.verify.boundaries import trace_program
+from trt_inline.verify.compare import Criteria
 from trt_inline.verify.localize import Reference, localize
 
 HERE = Path(__file__)
@@ -209,7 +210,7 @@ def test_a_fallback_region_is_named_where_its_nodes_carry_their_metadata(saved: 
     recorded = decode_reference_io(reference_io_text(saved.good))
     assert recorded.boundaries is not None
     trace = trace_program(program.module(), [saved.x], {}, None, recorded.boundaries)
-    _, divergence = localize(trace, Reference("the compiled module", recorded.boundaries, recorded.outputs), None, None)
+    _, divergence = localize(trace, Reference("the compiled module", recorded.boundaries, recorded.outputs), Criteria())
     assert divergence is not None and divergence.kind == "fallback", divergence
     assert divergence.where == "fallback region relu_1 (feeding engine 2 in[0])", divergence.where
     assert (divergence.module, divergence.source) == ("stages.1.act (ReLU)", _line("h = self.act(h)"))

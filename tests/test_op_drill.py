@@ -29,6 +29,7 @@ from trt_inline.engines import CROSS_COMPILE_OP, REFERENCE_OP, TENSORRT_OP
 from trt_inline.errors import EngineFormatError
 from trt_inline.reference.program import FORMAT, EngineProgram, load_program
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace, trace_program
+from trt_inline.verify.compare import Criteria
 from trt_inline.verify.drill import NO_PROGRAM, drill_call, op_level_program, own_errors
 from trt_inline.verify.localize import Reference, localize
 from trt_inline.verify.report import VerifyReport
@@ -226,7 +227,7 @@ def test_a_tensorrt_engine_has_no_op_level_program() -> None:
     call.op, call.engine = TENSORRT_OP, (object(),)
     trace = ProgramTrace([call], [out], ["engine 0 output 0"], [])
     reference = Reference("the compiled module", [EngineBoundary("_run_on_acc_0", [x], [torch.ones(2)])], [x])
-    _, divergence = localize(trace, reference, None, None)
+    _, divergence = localize(trace, reference, Criteria())
     assert divergence is not None and divergence.kind == "engine" and divergence.op_drill is not None
     assert divergence.op_drill.summary == NO_PROGRAM and divergence.op_drill.step is None
     assert [line for line in divergence.to_text().splitlines() if "inside it" in line] == [f"  inside it: {NO_PROGRAM}"]

@@ -10,6 +10,7 @@ it. Files are verified as a caller does, in the default sandboxed child, unless 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -313,15 +314,15 @@ def test_the_json_report_holds_each_run_read_strictly(
     assert VerifyReport.from_dict(document).range_end_runs == document["range_end_runs"]
     run = document["range_end_runs"][0]
     for change, fragment in (
-        ({"end": "middle"}, "range end run end is not one of"),
-        ({"compared": 1}, "range end run compared is not true or false"),
-        ({"sizes": [[1.5]]}, "range end run size is not an integer"),
-        ({"symbols": {"s0": "1"}}, "range end run symbol is not an integer"),
-        ({"extra": 1}, "range end run has a field 'extra'"),
+        ({"end": "middle"}, "range_end_runs[0].end: not one of 'minimum', 'maximum', 'optimization point'"),
+        ({"compared": 1}, "range_end_runs[0].compared: an int, not true or false"),
+        ({"sizes": [[1.5]]}, "range_end_runs[0].sizes[0][0]: a float, not an integer"),
+        ({"symbols": {"s0": "1"}}, "range_end_runs[0].symbols.s0: a str, not an integer"),
+        ({"extra": 1}, "range_end_runs[0].extra: no such field of RangeEndRun"),
     ):
-        with pytest.raises(ValueError, match=fragment):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
             VerifyReport.from_dict({**document, "range_end_runs": [{**run, **change}]})
-    with pytest.raises(ValueError, match="range end runs holds 4 items, more than 3"):
+    with pytest.raises(ValueError, match="range_end_runs: 4 items, more than 3"):
         VerifyReport.from_dict({**document, "range_end_runs": [run] * 4})
 
 

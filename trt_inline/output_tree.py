@@ -6,7 +6,7 @@ leaves agree one by one but whose dict keys come in another order give a caller
 ``out["scores"]`` of one and ``out["boxes"]`` of the other. So the structure is
 kept beside the leaves (:class:`OutputTree`) and compared with the reference's
 (:func:`structure_problems`), and values are paired by path, not by position
-(:func:`paired_by_path`).
+(:func:`paired_by_path`); :func:`by_path` gives both, what ``verify`` and ``diff`` hold a program's outputs to.
 
 A ``None`` in the outputs is part of the structure (it is written ``None`` there)
 and no value to compare: :func:`values` leaves it out, on every torch (older
@@ -16,8 +16,9 @@ torches' pytree has no leaf for it, newer ones have).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils import _pytree as pytree
 
@@ -26,6 +27,8 @@ from trt_inline.messages import wire
 
 __all__ = [
     "OutputTree",
+    "Pairing",
+    "by_path",
     "describe",
     "describe_spec",
     "is_flat",
@@ -33,6 +36,8 @@ __all__ = [
     "structure_problems",
     "values",
 ]
+
+_T = TypeVar("_T")
 
 # A bound on what a file may declare (a structure text is carried in reference I/O and read back).
 MAX_STRUCTURE = 1 << 20
@@ -193,3 +198,33 @@ def paired_by_path(got: OutputTree, want: OutputTree) -> list[int] | None:
     if len(where) != len(got.paths) or sorted(where) != sorted(want.paths):
         return None
     return [where[path] for path in want.paths]
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A program's values against a reference's: how they pair, and what the structures say (:func:`by_path`)."""
+
+    # For each of the reference's values, the index of the program's at the same path; None: paired by position.
+    order: tuple[int, ...] | None = None
+    problems: tuple[str, ...] = ()  # where the structures differ, each naming the first path it concerns
+    notes: tuple[str, ...] = ()  # what was not checked (the reference says nothing of names)
+
+    def ordered(self, got: Sequence[_T]) -> list[_T]:
+        """The program's values ``got`` in the reference's order (as they are where paired by position)."""
+        return list(got) if self.order is None else [got[index] for index in self.order]
+
+
+def by_path(got: OutputTree | None, want: OutputTree | None, what: str = "the reference") -> Pairing:
+    """A program's outputs (structured as ``got``) paired with a reference's (``want``, named ``what``) by path,
+    their structures held to each other; where the reference is a flat list of values (``want`` None), a note that
+    names were not checked; where the program's structure is unknown (``got`` None), by position."""
+    if got is None:
+        return Pairing()
+    if want is None:
+        note = (
+            "output names were not checked: the reference is a flat list of values, and the program returns "
+            f"{got.structure[:120]}"
+        )
+        return Pairing(notes=(note,) if got.named else ())
+    order = paired_by_path(got, want)
+    return Pairing(None if order is None else tuple(order), tuple(structure_problems(got, want, what)))

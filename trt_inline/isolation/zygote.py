@@ -10,26 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import os
-import select
-import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from trt_inline.isolation.limits import Limits
 from trt_inline.isolation.pipes import Pipes
 from trt_inline.isolation.process import Ended, kill_group, supervise
-from trt_inline_interpreter import StartedInterpreter, child_environment, start_interpreter, zygote_key
+from trt_inline_interpreter import StartedInterpreter, child_environment, fork_per_job, start_interpreter, zygote_key
 
 log = logging.getLogger(__name__)
 
 
 def serve(channel_fd: int) -> None:
-    """The interpreter's loop: for each job it receives (its folder, environment and its pipe ends, over
-    the UNIX socket ``channel_fd``), fork a child that becomes what a fresh interpreter running
-    ``child_main(folder)`` would be; report its pid, then its wait status and peak RSS."""
+    """The interpreter's loop (:func:`trt_inline_interpreter.fork_per_job` over the UNIX socket ``channel_fd``):
+    each job (its folder and environment, with its pipe ends) becomes a child that is what a fresh interpreter
+    running ``child_main(folder)`` would be; its pid, then its wait status and peak RSS, are reported."""
     import tempfile
 
     import torch  # noqa: F401  (what the children would import first: done once, here)
@@ -38,36 +36,28 @@ def serve(channel_fd: int) -> None:
     from trt_inline.isolation.inside import child_main
 
     compat.import_loaders()
-    channel = socket.socket(fileno=channel_fd)
-    while True:
-        message, descriptors, _, _ = socket.recv_fds(channel, 1 << 20, 4)
-        if not message:
-            break
-        folder, environment = json.loads(message)
-        pid = os.fork()
-        if pid == 0:
-            channel.close()
-            os.environ.clear()
-            os.environ.update(environment)
-            os.setsid()
-            output = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.dup2(descriptors[0], 0)
-            os.dup2(output, 1)
-            os.dup2(output, 2)
-            os.dup2(descriptors[1], 3)
-            os.dup2(descriptors[2], 4)
-            os.dup2(descriptors[3], 5)
-            os.closerange(6, 1 << 16)
-            os.environ["TRT_INLINE_RESULT_FD"] = "3"
-            os.environ["TRT_INLINE_PROGRESS_FD"] = "4"
-            os.environ["TRT_INLINE_FEED_FD"] = "5"
-            tempfile.tempdir = None
-            child_main(folder)
-        for descriptor in descriptors:
-            os.close(descriptor)
-        channel.sendall(f"pid {pid}\n".encode())
-        _, status, usage = os.wait4(pid, 0)
-        channel.sendall(f"exit {status} {usage.ru_maxrss}\n".encode())
+
+    def become_child(job: Any, descriptors: list[int]) -> None:
+        """In the forked child: the session, environment and descriptors a fresh child gets, then its entry point."""
+        folder, environment = job
+        os.environ.clear()
+        os.environ.update(environment)
+        os.setsid()
+        output = os.open(os.path.join(folder, "stderr.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(descriptors[0], 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.dup2(descriptors[1], 3)
+        os.dup2(descriptors[2], 4)
+        os.dup2(descriptors[3], 5)
+        os.closerange(6, 1 << 16)
+        os.environ["TRT_INLINE_RESULT_FD"] = "3"
+        os.environ["TRT_INLINE_PROGRESS_FD"] = "4"
+        os.environ["TRT_INLINE_FEED_FD"] = "5"
+        tempfile.tempdir = None
+        child_main(folder)
+
+    fork_per_job(channel_fd, become_child)
 
 
 class _Zygote:
@@ -80,45 +70,20 @@ class _Zygote:
     def __init__(self, started: StartedInterpreter | None = None) -> None:
         self.prestarted = started is not None
         self.started = started if started is not None else start_interpreter()
-        self._pending = b""
 
     def alive(self) -> bool:
         return self.started.process.poll() is None
-
-    def _line(self, timeout: float | None) -> list[str] | None:
-        """The next line it writes, split; None after ``timeout`` seconds. Raises EOFError if it ended."""
-        while b"\n" not in self._pending:
-            ready, _, _ = select.select([self.started.channel], [], [], timeout)
-            if not ready:
-                return None
-            chunk = self.started.channel.recv(4096)
-            if not chunk:
-                raise EOFError("the interpreter that forks the children ended")
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return line.decode().split()
 
     def run(self, work: Path, pipes: Pipes, limits: Limits) -> Ended:
         log.debug(
             "forking the child from the interpreter started %s",
             "before this process imported torch" if self.prestarted else "for this block",
         )
-        message = json.dumps([str(work), child_environment(work)]).encode()
-        socket.send_fds(self.started.channel, [message], list(pipes.child_ends()))
+        self.started.fork([str(work), child_environment(work)], pipes.child_ends())
         pipes.handed_over()
-        started = self._line(None)
-        if not started or started[0] != "pid":
-            raise EOFError("the interpreter that forks the children gave no child")
-        pid = int(started[1])
-
-        def ended() -> tuple[int, int] | None:
-            line = self._line(0)
-            if line is None:
-                return None
-            return int(line[1]), int(line[2]) * 1024
-
+        pid = self.started.forked()
         try:
-            return supervise(pid, limits, work, pipes, ended)
+            return supervise(pid, limits, work, pipes, lambda: self.started.ended(0))
         except BaseException:  # interrupted: neither the child nor the interpreter may outlive the call
             kill_group(pid)
             self.close()

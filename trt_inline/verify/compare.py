@@ -350,6 +350,13 @@ def compare_output(
     exact values (a difference is at least 1, however large the values); quantized values by their scale,
     zero point and integer representation. A value that differs is never reported as max abs diff 0.
     """
+    if not isinstance(expected, torch.Tensor):  # (a None output: diff's reference program may return one)
+        if actual is None and expected is None:
+            return OutputComparison(index, [], "None", 0.0, 0.0, 0.0, 0.0, True)
+        return OutputComparison(
+            index, [], describe_value(expected), float("inf"), float("inf"), 0.0, 0.0, False,
+            f"output {index} is {describe_value(actual)}, expected {describe_value(expected)}",
+        )  # fmt: skip
     default_atol, default_rtol = default_tolerance(expected.dtype)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
@@ -367,6 +374,8 @@ def compare_output(
                 f"output {index} is the {type(actual).__name__} {actual!r}, expected {describe_value(expected)}"
             )
         actual, expected = pair
+    if actual is None:
+        return mismatch(f"output {index} is None, expected {describe_value(expected)}")
     if not isinstance(actual, torch.Tensor):
         return mismatch(f"output {index} is a {type(actual).__name__}")
     actual = actual.detach().cpu()

@@ -19,8 +19,9 @@ request                job          sent by
 
 The engine infos ``inspect`` and ``needs`` hand back (:class:`InspectResponse`,
 :class:`NeedsResponse`) are read by the same decoder (:func:`response_of_child`), within the
-bounds :class:`~trt_inline.deployment.EngineInfo` declares; a ``verify`` or ``diff`` report has its
-own strict reader (:meth:`~trt_inline.verify.report.VerifyReport.from_dict`).
+bounds :class:`~trt_inline.deployment.EngineInfo` declares; a ``verify`` or ``diff`` report too
+(:meth:`~trt_inline.verify.report.VerifyReport.from_dict`), within the bounds its fields declare
+and the whole report's (:data:`~trt_inline.verify.report.REPORT_BOUNDS`).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import torch
 
 from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace, Region
-from trt_inline.verify.compare import boundary_tolerance, compare_output, exactly_as, tolerance_for
+from trt_inline.verify.compare import Criteria, boundary_tolerance, compare_output, exactly_as, tolerance_for
 from trt_inline.verify.drill import drill_divergence
 from trt_inline.verify.report import BoundaryRow, Divergence, OutputComparison
 
@@ -149,14 +149,15 @@ def _value_divergence(
 
 
 def localize(
-    trace: ProgramTrace, reference: Reference, atol: Tolerance, rtol: Tolerance, stat: str = "elemwise"
+    trace: ProgramTrace, reference: Reference, criteria: Criteria
 ) -> tuple[list[BoundaryRow], Divergence | None]:
     """Every boundary of ``trace`` compared with ``reference``, and the first one past tolerance, named.
 
-    An engine's inputs and outputs are held to the tolerance keyed by that engine
+    An engine's inputs and outputs are held to the tolerance of ``criteria`` keyed by that engine
     (``engine2``, ``_run_on_acc_5``), else the one for every value (``*`` or a plain
     number), else the dtype's; the program's outputs to theirs (:func:`tolerance_for`).
     """
+    atol, rtol, stat = criteria.atol, criteria.rtol, criteria.stat
     rows: list[BoundaryRow] = []
     divergence: Divergence | None = None
 
@@ -397,9 +398,7 @@ def localize_partitions(
     trace: ProgramTrace,
     reference: ProgramTrace,
     name: str,
-    atol: Tolerance,
-    rtol: Tolerance,
-    stat: str = "elemwise",
+    criteria: Criteria,
     provenance: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
 ) -> tuple[list[BoundaryRow], Divergence | None, str]:
     """Two runs of one program partitioned differently, compared at the cut points both share.
@@ -414,6 +413,7 @@ def localize_partitions(
     agreeing cut and that one. Returns the rows, the divergence, and a line
     saying how the partitions differ.
     """
+    atol, rtol, stat = criteria.atol, criteria.rtol, criteria.stat
     both = provenance if all(p is not None for p in provenance) else (None, None)  # one namespace or the other
     mine, theirs = _cuts(trace, both[0]), _cuts(reference, both[1])
     shared = [

@@ -45,7 +45,7 @@ from trt_inline.distributed.manifest import collectives_of, decode_manifest, pro
 from trt_inline.errors import RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.isolation import is_allocation_failure
 from trt_inline.module_state import buffers_restored
-from trt_inline.output_tree import OutputTree, describe, is_flat, paired_by_path, structure_problems
+from trt_inline.output_tree import OutputTree, by_path, describe, is_flat
 from trt_inline.package import load_package
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
@@ -61,8 +61,8 @@ from trt_inline.verify.report import VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 
 __all__ = [
-    "Handed", "Keep", "Verification", "capture_device", "given_tree", "inputs_mismatch", "module_differs",
-    "range_end_runs",
+    "Handed", "Keep", "Verification", "capture_device", "check_given_inputs", "given_tree", "inputs_mismatch",
+    "module_differs", "open_trusted", "range_end_runs",
 ]  # fmt: skip
 
 
@@ -181,10 +181,7 @@ class Verification:
         if isinstance(path_or_program, ExportedProgram):
             opened = _Opened(None, path_or_program, path_or_program.module(), None, "<ExportedProgram>")
         else:
-            loaded = open_file(
-                path_or_program, allow_pickle=trust.allow_pickle, allow_native_code=trust.allow_native_code,
-                allow_ops=trust.allow_ops, read_ahead=True,
-            )  # fmt: skip
+            loaded = open_trusted(path_or_program, trust, read_ahead=True)
             cleanup.callback(loaded.stop_reading_ahead)
             module = loaded.module if loaded.program is not None and loaded.kind != AOTI_PACKAGE else None
             opened = _Opened(loaded, loaded.program, module, loaded.reference, os.fspath(path_or_program))
@@ -292,9 +289,7 @@ class Verification:
         module, loaded, report = opened.module, opened.loaded, self.report
         user_inputs = self._user_inputs()
         if user_inputs and module is not None:
-            unlike = inputs_mismatch(module, chosen.args, chosen.kwargs, "given")
-            if unlike is not None:
-                raise VerifyInputError(f"{opened.source}: the program does not accept the given inputs: {unlike}")
+            check_given_inputs(module, chosen.args, chosen.kwargs, opened.source)
         progress.report("running the program on the " + ("given inputs" if user_inputs else "reference inputs"))
         try:
             with loaded.reading_ahead() if loaded is not None else contextlib.nullcontext():
@@ -319,8 +314,12 @@ class Verification:
     def take(self, opened: _Opened, chosen: _Chosen, runnable: Callable[..., Any], run: Run) -> list[Any]:
         """The run's outputs in the reference's order (paired by path), its problems, notes and warnings into the
         report; its outputs and its run engine by engine kept where asked for."""
-        report = self.report
-        got = run.outputs if chosen.want is None else _by_path(report, run.outputs, run.tree, chosen.want_tree)
+        report, got = self.report, run.outputs
+        if chosen.want is not None:
+            pairing = by_path(run.tree, chosen.want_tree)
+            report.problems += pairing.problems
+            report.notes += pairing.notes
+            got = pairing.ordered(run.outputs)
         report.problems.extend(run.problems)
         report.notes.extend(run.notes)
         report.warnings += run.warnings
@@ -411,24 +410,6 @@ def given_tree(expected: Any) -> OutputTree | None:
     return None if is_flat(expected) else describe(expected)
 
 
-def _by_path(report: VerifyReport, got: list[Any], tree: OutputTree | None, want: OutputTree | None) -> list[Any]:
-    """The program's output values in the reference's order, paired by path (:mod:`trt_inline.output_tree`), its
-    structure held to the reference's (a problem naming the path); where the reference is a flat list of values, a
-    note that names were not checked."""
-    if tree is None:
-        return got
-    if want is None:
-        if tree.named:
-            report.notes.append(
-                "output names were not checked: the reference is a flat list of values, and the program returns "
-                f"{tree.structure[:120]}"
-            )
-        return got
-    report.problems += structure_problems(tree, want)
-    order = paired_by_path(tree, want)
-    return got if order is None else [got[index] for index in order]
-
-
 def _compare_boundaries(
     report: VerifyReport,
     module: torch.fx.GraphModule | None,
@@ -502,7 +483,7 @@ def _localized(
     (inside it, for a reference engine: the first op whose own error crosses its tolerance,
     :mod:`~trt_inline.verify.drill`)."""
     reference = BoundaryReference("the compiled module", recorded, want)
-    report.boundaries, report.divergence = localize(trace, reference, criteria.atol, criteria.rtol, criteria.stat)
+    report.boundaries, report.divergence = localize(trace, reference, criteria)
     report.problems += own_error_problems(report.boundaries)
     if report.divergence is not None:
         report.problems.append(f"first divergence: {report.divergence.where}")
@@ -661,8 +642,8 @@ def _random_runs(
                 problem = f"NaN or Inf in output {', '.join(bad)}"
             elif expected_module is not None:
                 problem = module_differs(outputs, expected_module, draw.args, draw.kwargs, criteria)
-        run = {"iteration": iteration, "sizes": draw.shapes(), "symbols": draw.symbols}
-        report.random_runs.append({**run, "ok": problem is None, "problem": problem})
+        report.random_runs.append({"iteration": iteration, "sizes": draw.shapes(), "symbols": draw.symbols,
+                                   "ok": problem is None, "problem": problem})  # fmt: skip
         if problem is not None:
             report.problems.append(f"random inputs {iteration} (sizes {draw.shapes()}): {problem}")
     if expected_module is not None:
@@ -874,13 +855,27 @@ def _reference_of(path: str, trust: Trust) -> tuple[ReferenceIO, torch.fx.GraphM
         if is_boundaries_file(handle.read(64)):
             handle.seek(0)
             return decode_boundaries_file(handle.read(), os.fspath(path)), None
-    loaded = open_file(
-        path, allow_pickle=trust.allow_pickle, allow_native_code=trust.allow_native_code, allow_ops=trust.allow_ops
-    )
+    loaded = open_trusted(path, trust)
     if loaded.reference is None:
         raise VerifyInputError(f"{Path(path)}: carries no reference I/O to check against (save it with arg_inputs)")
     runnable = loaded.module if loaded.program is not None and loaded.kind != AOTI_PACKAGE else None
     return loaded.reference, runnable
+
+
+def open_trusted(path: str | os.PathLike[str], trust: Trust, *, read_ahead: bool = False) -> LoadedFile:
+    """A file opened through the strict reader with what ``trust`` lets through (:func:`open_file`)."""
+    return open_file(
+        path, allow_pickle=trust.allow_pickle, allow_native_code=trust.allow_native_code, allow_ops=trust.allow_ops,
+        read_ahead=read_ahead,
+    )  # fmt: skip
+
+
+def check_given_inputs(module: torch.fx.GraphModule, args: Sequence[Any], kwargs: dict[str, Any], source: str) -> None:
+    """The user's inputs refused, naming the first that differs, where the program of ``source`` does not take them
+    (:func:`inputs_mismatch`)."""
+    unlike = inputs_mismatch(module, args, kwargs, "given")
+    if unlike is not None:
+        raise VerifyInputError(f"{source}: the program does not accept the given inputs: {unlike}")
 
 
 def inputs_mismatch(

@@ -48,7 +48,7 @@ from trt_inline.verify.random_inputs import (
     size_ranges,
     user_input_values,
 )
-from trt_inline.verify.report import RANGE_END_NAMES
+from trt_inline.verify.report import RANGE_END_NAMES, RangeEnd
 
 __all__ = ["GROWTH", "MODES", "SMALL_BYTES", "End", "Plan", "is_dynamic", "modes_checked", "plan"]
 
@@ -74,7 +74,7 @@ def modes_checked(mode: object) -> str:
 class End:
     """One set of inputs at an end of the ranges: which end, and the inputs (with each symbol's value)."""
 
-    name: str  # one of RANGE_END_NAMES
+    name: RangeEnd
     draw: Draw
 
     @property

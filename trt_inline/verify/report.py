@@ -1,24 +1,28 @@
 """What verification found: per-output comparisons and the report, as text or JSON.
 
 A report crosses from a sandboxed child to its parent as JSON: :meth:`VerifyReport.from_dict` reads it
-strictly (every field of its type, every string escaped and cut, at most :data:`MAX_COMPARISONS` comparisons),
-so that what the parent then formats, plots or writes is bounded whatever the child sent.
+strictly with the one decoder of messages (:func:`trt_inline.messages.decode`: every field of its type and within
+the bounds declared beside it, every string escaped and cut, at most :data:`MAX_COMPARISONS` comparisons and
+:data:`REPORT_BOUNDS` items in all), so that what the parent then formats, plots or writes is bounded whatever the
+child sent.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
-from typing import Any
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal, TypedDict, get_args
 
 import torch
 
-from trt_inline.errors import decoded_text
+from trt_inline.errors import MAX_TEXT
+from trt_inline.messages import Bounds, Wire, decode, encode, wire
 from trt_inline.module_paths import NOT_RECORDED, brief
 
 __all__ = [
-    "EXIT_STATUS", "MAX_COMPARISONS", "RANGE_END_NAMES", "BoundaryRow", "Divergence", "OpDrill", "OutputComparison",
-    "VerifyReport", "describe_value",
+    "EXIT_STATUS", "MAX_COMPARISONS", "RANGE_END_NAMES", "REPORT_BOUNDS", "BoundaryRow", "Divergence", "OpDrill",
+    "OutputComparison", "RandomRun", "RangeEndRun", "VerifyReport", "describe_value",
 ]  # fmt: skip
 
 # What each verdict exits with: UNVERIFIED (nothing wrong found, nothing compared) its own status, apart from
@@ -35,16 +39,20 @@ _MAX_RUNS = 10_000  # random runs (--random-inputs)
 _MAX_INPUTS = 256  # sizes per random run
 _MAX_DIMS = 64
 # The ends of a program's dynamic ranges a run is made at (:mod:`trt_inline.verify.range_ends`), each at most once.
-RANGE_END_NAMES = ("minimum", "maximum", "optimization point")
+RangeEnd = Literal["minimum", "maximum", "optimization point"]
+RANGE_END_NAMES: tuple[RangeEnd, ...] = get_args(RangeEnd)
+_TEXTS = wire(max_items=MAX_COMPARISONS)  # problems, notes, a divergence's lists
+_LISTED = wire(max_items=MAX_COMPARISONS)  # comparisons, boundary rows
 
 
 def describe_value(val: Any) -> str:
-    """``float32[2, 3, 8, 8]`` for a tensor (fake or real), ``int`` for a scalar, the type's name otherwise."""
+    """``float32[2, 3, 8, 8]`` for a tensor (fake or real), ``int`` for a scalar, ``None``, the type's name
+    otherwise."""
     if isinstance(val, torch.Tensor):
         return f"{str(val.dtype).removeprefix('torch.')}{list(val.shape)}"
     if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return type(val).__name__.removeprefix("Sym").lower()
-    return type(val).__name__
+    return "None" if val is None else type(val).__name__
 
 
 @dataclass
@@ -52,7 +60,7 @@ class OutputComparison:
     """One value against its reference: the error statistics Polygraphy users read, and the verdict."""
 
     index: int
-    shape: list[int]
+    shape: list[int] = field(metadata=wire(max_items=_MAX_DIMS))
     dtype: str
     max_abs_diff: float
     max_rel_diff: float
@@ -70,13 +78,13 @@ class OutputComparison:
     # How many values are finite on both sides: the statistics are over these (none: no statistics).
     finite_count: int | None = None
     # Signal to quantization-noise ratio over those values, in dB: +inf where none differs, None where not measured.
-    sqnr_db: float | None = None
+    sqnr_db: float | None = field(default=None, metadata=wire(at_least=-math.inf))  # (NaN is refused)
     # With --top-k K (logits): of the rows (leading dimensions flattened), the fraction whose top-K indices are the
     # same set as the reference's, and the first row that does not (None: every row agrees). None: not ranked.
-    top_k: int | None = None
-    top_k_rows: int | None = None
-    top_k_agreement: float | None = None
-    top_k_first_disagreement: int | None = None
+    top_k: int | None = field(default=None, metadata=wire(at_least=1))
+    top_k_rows: int | None = field(default=None, metadata=wire(at_least=1))
+    top_k_agreement: float | None = field(default=None, metadata=wire(at_least=0.0, at_most=1.0))
+    top_k_first_disagreement: int | None = field(default=None, metadata=wire(at_least=0))
 
     def sqnr_text(self) -> str:
         """``SQNR 42.1 dB``; ``SQNR inf dB`` where no value differs."""
@@ -122,11 +130,13 @@ class BoundaryRow:
 
     boundary: str  # "engine 1 (_run_on_acc_3) inputs", "engine 1 (_run_on_acc_3) outputs", "program outputs"
     engine: int | None
-    values: list[OutputComparison]
-    own: list[OutputComparison] | None = None
+    values: list[OutputComparison] = field(metadata=_LISTED)
+    own: list[OutputComparison] | None = field(default=None, metadata=_LISTED)
     own_problem: str | None = None
     # An engine's row: the modules its steps come from, where the file records them ("0.proj (Linear), 1.fc (Linear)").
     origin: str = ""
+    # Written for readers of the JSON report; computed again where one is read.
+    __wire_derived__: ClassVar[tuple[str, ...]] = ("ok", "own_ok")
 
     @property
     def ok(self) -> bool:
@@ -140,10 +150,6 @@ class BoundaryRow:
     def worst(values: list[OutputComparison] | None) -> float | None:
         return None if values is None else max((v.max_abs_diff for v in values), default=0.0)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BoundaryRow:
-        return _Reader().boundary(data, "boundary")
-
 
 @dataclass
 class OpDrill:
@@ -151,7 +157,7 @@ class OpDrill:
     its tolerance, in the user's terms; or, with no ``step``, a line saying why no op is named."""
 
     summary: str  # the op and its own error; or every op within tolerance; or no op-level program
-    step: int | None = None  # the op's step in the engine's program
+    step: int | None = field(default=None, metadata=wire(at_least=0))  # the op's step in the engine's program
     op: str = ""  # "aten::mul.Tensor"
     module: str = ""  # "stages.1.boost (Boost)"
     source: str = ""  # "model.py:41 in forward: big = x * self.gain"
@@ -175,10 +181,10 @@ class Divergence:
     kind: str
     where: str
     detail: str
-    producers: list[str] = field(default_factory=list)
-    consumers: list[str] = field(default_factory=list)
+    producers: list[str] = field(default_factory=list, metadata=_TEXTS)
+    consumers: list[str] = field(default_factory=list, metadata=_TEXTS)
     # A fallback region's nodes, every one (``where`` elides the middle of a long region).
-    nodes: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list, metadata=_TEXTS)
     # Inside a divergent engine: its first op past tolerance (``kind`` "engine" only).
     op_drill: OpDrill | None = None
     # In the user's terms, where the file records them (:mod:`trt_inline.module_paths`): the module path and class
@@ -186,8 +192,8 @@ class Divergence:
     # module it covers, and what it reads and feeds (``reads relu: 0.act (ReLU); model.py:31 in forward: ...``).
     module: str = ""
     source: str = ""
-    modules: list[str] = field(default_factory=list)
-    near: list[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list, metadata=_TEXTS)
+    near: list[str] = field(default_factory=list, metadata=_TEXTS)
 
     def named(self) -> bool:
         """Whether it names anything in the user's terms."""
@@ -252,6 +258,33 @@ def _engine_legend(rows: list[BoundaryRow]) -> list[str]:
     ]
 
 
+# A run's input sizes: one list of dimensions per input.
+_Sizes = Annotated[list[Annotated[list[int], Wire(max_items=_MAX_DIMS)]], Wire(max_items=_MAX_INPUTS)]
+# A run's size symbols and their values.
+_Symbols = Annotated[dict[str, int], Wire(max_items=_MAX_INPUTS * _MAX_DIMS)]
+
+
+class RandomRun(TypedDict):
+    """A run on random inputs (``--random-inputs``): the sizes drawn, and what it found."""
+
+    iteration: int
+    sizes: _Sizes
+    symbols: _Symbols
+    ok: bool
+    problem: str | None
+
+
+class RangeEndRun(TypedDict):
+    """A run at an end of the dynamic ranges: which end, its sizes, what it found, whether it was compared."""
+
+    end: RangeEnd
+    sizes: _Sizes
+    symbols: _Symbols
+    ok: bool
+    problem: str | None
+    compared: bool
+
+
 @dataclass
 class VerifyReport:
     """What :func:`trt_inline.verify` found.
@@ -260,9 +293,9 @@ class VerifyReport:
     """
 
     source: str
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    outputs: list[OutputComparison] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list, metadata=_TEXTS)
+    notes: list[str] = field(default_factory=list, metadata=_TEXTS)
+    outputs: list[OutputComparison] = field(default_factory=list, metadata=_LISTED)
     # Where the expected outputs came from: "embedded", "given", "module", "from NEW.pt2", or "none".
     expected_source: str = "none"
     allow_pickle: bool = False
@@ -273,18 +306,20 @@ class VerifyReport:
     child_peak_anonymous_bytes: int | None = None
     child_peak_file_bytes: int | None = None
     # Per-engine comparison (``--per-engine``, or an output mismatch with boundary data embedded).
-    boundaries: list[BoundaryRow] = field(default_factory=list)
+    boundaries: list[BoundaryRow] = field(default_factory=list, metadata=_LISTED)
     # Which inputs the boundaries are of, where not the reference inputs the outputs above are compared on.
     boundaries_on: str = ""
     divergence: Divergence | None = None
     # Runs on random inputs (``--random-inputs``): the sizes drawn, and what each run found.
-    random_runs: list[dict[str, Any]] = field(default_factory=list)
+    random_runs: list[RandomRun] = field(default_factory=list, metadata=wire(max_items=_MAX_RUNS))
     # Runs at the ends of the dynamic ranges (:mod:`trt_inline.verify.range_ends`): which end, its sizes, whether
     # its outputs were compared with a reference, and what the run found.
-    range_end_runs: list[dict[str, Any]] = field(default_factory=list)
+    range_end_runs: list[RangeEndRun] = field(default_factory=list, metadata=wire(max_items=len(RANGE_END_NAMES)))
     # What looks like garbage without a reference (all zeros, NaN, constant, the same in every row):
     # :mod:`trt_inline.verify.garbage`. They fail only under ``strict`` (then they are problems too).
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list, metadata=_TEXTS)
+    # Written for readers of the JSON report; computed again where one is read.
+    __wire_derived__: ClassVar[tuple[str, ...]] = ("ok", "compared")
 
     @property
     def compared(self) -> bool:
@@ -300,36 +335,18 @@ class VerifyReport:
         return "PASS" if self.ok else ("FAIL" if self.problems else "UNVERIFIED")
 
     def to_dict(self) -> dict[str, Any]:
-        # By hand rather than dataclasses.asdict, which deep-copies every value: a report of a hundred thousand
-        # comparisons is encoded in a fraction of the time.
-        result = {f.name: getattr(self, f.name) for f in fields(self)}
-        result["problems"], result["notes"] = list(self.problems), list(self.notes)
-        result["warnings"] = list(self.warnings)
-        result["outputs"] = [dict(vars(output)) for output in self.outputs]
-        result["boundaries"] = [
-            {
-                "boundary": row.boundary, "engine": row.engine, "values": [dict(vars(v)) for v in row.values],
-                "own": None if row.own is None else [dict(vars(v)) for v in row.own], "own_problem": row.own_problem,
-                "ok": row.ok, "own_ok": row.own_ok, "origin": row.origin,
-            }
-            for row in self.boundaries
-        ]  # fmt: skip
-        result["divergence"] = None if self.divergence is None else {
-            f.name: getattr(self.divergence, f.name) for f in fields(self.divergence)
-        }  # fmt: skip
-        if self.divergence is not None and self.divergence.op_drill is not None:
-            result["divergence"]["op_drill"] = dict(vars(self.divergence.op_drill))
-        result["random_runs"] = [dict(run) for run in self.random_runs]
-        result["range_end_runs"] = [dict(run) for run in self.range_end_runs]
-        result.update(ok=self.ok, compared=self.compared)
-        return result
+        """The report as plain data (:func:`trt_inline.messages.encode`), with ``ok`` and ``compared`` (and each
+        boundary row's ``ok`` and ``own_ok``) for readers of the JSON."""
+        encoded: dict[str, Any] = encode(self)
+        return encoded
 
     @classmethod
     def from_dict(cls, data: Any) -> VerifyReport:
-        """The report :meth:`to_dict` gave (how a child process hands its report back), read strictly: raises
-        ``ValueError`` naming the field for anything else (a field of another type, an unknown key, more than
+        """The report :meth:`to_dict` gave (how a child process hands its report back), read strictly within
+        :data:`REPORT_BOUNDS` (:func:`trt_inline.messages.decode`): raises :class:`~trt_inline.messages.MessageError`
+        (a ``ValueError``) naming the field for anything else (a field of another type, an unknown key, more than
         :data:`MAX_COMPARISONS` comparisons); every string is escaped and cut."""
-        return _Reader().report(data)
+        return decode(cls, data, REPORT_BOUNDS)
 
     def to_json(self) -> str:
         """The report as JSON: indented, but on one line past 10,000 comparisons (the indenting encoder is
@@ -343,8 +360,9 @@ class VerifyReport:
             dims = ", ".join(map(str, output.shape))
             mark = "ok  " if output.ok else "DIFF"
             relative = "" if output.nan_count or output.inf_count else f"  max rel diff {output.max_rel_diff:.6g}"
+            kind = output.dtype if output.dtype == "None" else f"{output.dtype}[{dims}]"  # (a None output)
             lines.append(
-                f"  {mark} output {output.index}  {output.dtype}[{dims}]  {output.error_text()}{relative}  "
+                f"  {mark} output {output.index}  {kind}  {output.error_text()}{relative}  "
                 f"(atol {output.atol:g}, rtol {output.rtol:g})"
             )
             lines.append(f"       {output.statistics_text()}")
@@ -358,11 +376,11 @@ class VerifyReport:
                 + ("" if run["compared"] else ", not compared")
                 + (f": {run['problem']}" if run.get("problem") else "")
             )
-        for run in self.random_runs:
-            sizes = "; ".join(str(s) for s in run["sizes"])
+        for random_run in self.random_runs:
+            sizes = "; ".join(str(s) for s in random_run["sizes"])
             lines.append(
-                f"  {'ok  ' if run['ok'] else 'FAIL'} random inputs {run['iteration']} (sizes {sizes})"
-                + (f": {run['problem']}" if run.get("problem") else "")
+                f"  {'ok  ' if random_run['ok'] else 'FAIL'} random inputs {random_run['iteration']} (sizes {sizes})"
+                + (f": {random_run['problem']}" if random_run.get("problem") else "")
             )
         if self.boundaries:
             lines.append(
@@ -383,242 +401,9 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# Reading a report a child sent
-# ---------------------------------------------------------------------------
-
-_COMPARISON_FIELDS = {f.name for f in fields(OutputComparison)}
-_BOUNDARY_FIELDS = {f.name for f in fields(BoundaryRow)} | {"ok", "own_ok"}
-_DIVERGENCE_FIELDS = {f.name for f in fields(Divergence)}
-_OP_DRILL_FIELDS = {f.name for f in fields(OpDrill)}
-_REPORT_FIELDS = {f.name for f in fields(VerifyReport)} | {"ok", "compared"}
-_RUN_FIELDS = {"iteration", "sizes", "symbols", "ok", "problem"}
-_RANGE_END_FIELDS = {"end", "sizes", "symbols", "ok", "problem", "compared"}
-
-
-class _Reader:
-    """One report's strict reading: types checked field by field, strings escaped and cut, comparisons counted."""
-
-    def __init__(self) -> None:
-        self.comparisons = 0
-        self.items = 0
-
-    def _count(self, items: int) -> None:
-        self.items += items
-        if self.items > _MAX_ITEMS:
-            raise ValueError(f"the report holds more than {_MAX_ITEMS} items in all")
-
-    def _fields(self, data: Any, known: set[str], required: set[str], what: str) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise ValueError(f"{what} is not an object")
-        self._count(len(data))
-        unknown = [key for key in data if key not in known]
-        if unknown:
-            raise ValueError(f"{what} has a field {decoded_text(str(unknown[0]), 60)!r}")
-        missing = sorted(required - set(data))
-        if missing:
-            raise ValueError(f"{what} has no {missing[0]}")
-        return data
-
-    @staticmethod
-    def _text(value: Any, what: str, *, optional: bool = False) -> Any:
-        if value is None and optional:
-            return None
-        if not isinstance(value, str):
-            raise ValueError(f"{what} is not text")
-        return decoded_text(value)
-
-    @staticmethod
-    def _integer(value: Any, what: str, *, optional: bool = False) -> Any:
-        if value is None and optional:
-            return None
-        if type(value) is not int or abs(value) >= 1 << 63:
-            raise ValueError(f"{what} is not an integer")
-        return value
-
-    @staticmethod
-    def _number(value: Any, what: str) -> float:
-        if type(value) not in (int, float) or (type(value) is int and abs(value) >= 1 << 63):
-            raise ValueError(f"{what} is not a number")
-        return float(value)
-
-    @staticmethod
-    def _flag(value: Any, what: str) -> bool:
-        if type(value) is not bool:
-            raise ValueError(f"{what} is not true or false")
-        return value
-
-    def _items(self, value: Any, what: str, limit: int = MAX_COMPARISONS) -> list[Any]:
-        if not isinstance(value, list):
-            raise ValueError(f"{what} is not a list")
-        if len(value) > limit:
-            raise ValueError(f"{what} holds {len(value)} items, more than {limit}")
-        self._count(len(value))
-        return value
-
-    def comparison(self, data: Any, what: str) -> OutputComparison:
-        self.comparisons += 1
-        if self.comparisons > MAX_COMPARISONS:
-            raise ValueError(f"the report holds more than {MAX_COMPARISONS} comparisons")
-        data = self._fields(data, _COMPARISON_FIELDS, {"index", "shape", "dtype", "ok"}, what)
-        get = data.get
-        return OutputComparison(
-            index=self._integer(data["index"], f"{what} index"),
-            shape=[self._integer(d, f"{what} shape") for d in self._items(data["shape"], f"{what} shape", _MAX_DIMS)],
-            dtype=self._text(data["dtype"], f"{what} dtype"),
-            max_abs_diff=self._number(get("max_abs_diff", 0.0), f"{what} max_abs_diff"),
-            max_rel_diff=self._number(get("max_rel_diff", 0.0), f"{what} max_rel_diff"),
-            atol=self._number(get("atol", 0.0), f"{what} atol"),
-            rtol=self._number(get("rtol", 0.0), f"{what} rtol"),
-            ok=self._flag(data["ok"], f"{what} ok"),
-            problem=self._text(get("problem"), f"{what} problem", optional=True),
-            mean_abs_diff=self._number(get("mean_abs_diff", 0.0), f"{what} mean_abs_diff"),
-            median_abs_diff=self._number(get("median_abs_diff", 0.0), f"{what} median_abs_diff"),
-            p99_abs_diff=self._number(get("p99_abs_diff", 0.0), f"{what} p99_abs_diff"),
-            cosine_similarity=self._number(get("cosine_similarity", 1.0), f"{what} cosine_similarity"),
-            nan_count=self._integer(get("nan_count", 0), f"{what} nan_count"),
-            inf_count=self._integer(get("inf_count", 0), f"{what} inf_count"),
-            finite_count=self._integer(get("finite_count"), f"{what} finite_count", optional=True),
-            sqnr_db=None if get("sqnr_db") is None else self._not_nan(data["sqnr_db"], f"{what} sqnr_db"),
-            top_k=self._count_of(get("top_k"), f"{what} top_k", least=1),
-            top_k_rows=self._count_of(get("top_k_rows"), f"{what} top_k_rows", least=1),
-            top_k_agreement=self._fraction(get("top_k_agreement"), f"{what} top_k_agreement"),
-            top_k_first_disagreement=self._count_of(
-                get("top_k_first_disagreement"), f"{what} top_k_first_disagreement", least=0
-            ),
-        )
-
-    @classmethod
-    def _count_of(cls, value: Any, what: str, *, least: int) -> int | None:
-        """An optional integer of at least ``least`` (a count, a row index)."""
-        number: int | None = cls._integer(value, what, optional=True)
-        if number is not None and number < least:
-            raise ValueError(f"{what} is less than {least}")
-        return number
-
-    @classmethod
-    def _not_nan(cls, value: Any, what: str) -> float:
-        """A number that may be infinite (an SQNR where nothing differs), never NaN."""
-        number = cls._number(value, what)
-        if number != number:
-            raise ValueError(f"{what} is NaN")
-        return number
-
-    @classmethod
-    def _fraction(cls, value: Any, what: str) -> float | None:
-        """An optional number from 0 to 1 (NaN, outside every range, is refused)."""
-        if value is None:
-            return None
-        number = cls._number(value, what)
-        if not 0.0 <= number <= 1.0:
-            raise ValueError(f"{what} is not a fraction from 0 to 1")
-        return number
-
-    def boundary(self, data: Any, what: str) -> BoundaryRow:
-        data = self._fields(data, _BOUNDARY_FIELDS, {"boundary", "values"}, what)
-        own = data.get("own")
-        return BoundaryRow(
-            self._text(data["boundary"], f"{what} name"),
-            self._integer(data.get("engine"), f"{what} engine", optional=True),
-            [self.comparison(v, f"{what} value") for v in self._items(data["values"], f"{what} values")],
-            None if own is None else [self.comparison(v, f"{what} own") for v in self._items(own, f"{what} own")],
-            self._text(data.get("own_problem"), f"{what} own_problem", optional=True),
-            self._text(data.get("origin", ""), f"{what} origin"),
-        )
-
-    def _texts(self, value: Any, what: str) -> list[str]:
-        return [self._text(item, what) for item in self._items(value, what)]
-
-    def divergence(self, data: Any) -> Divergence:
-        data = self._fields(data, _DIVERGENCE_FIELDS, {"kind", "where", "detail"}, "divergence")
-        return Divergence(
-            self._text(data["kind"], "divergence kind"),
-            self._text(data["where"], "divergence where"),
-            self._text(data["detail"], "divergence detail"),
-            producers=self._texts(data.get("producers", []), "divergence producers"),
-            consumers=self._texts(data.get("consumers", []), "divergence consumers"),
-            nodes=self._texts(data.get("nodes", []), "divergence nodes"),
-            op_drill=None if data.get("op_drill") is None else self.op_drill(data["op_drill"]),
-            module=self._text(data.get("module", ""), "divergence module"),
-            source=self._text(data.get("source", ""), "divergence source"),
-            modules=self._texts(data.get("modules", []), "divergence modules"),
-            near=self._texts(data.get("near", []), "divergence near"),
-        )
-
-    def op_drill(self, data: Any) -> OpDrill:
-        data = self._fields(data, _OP_DRILL_FIELDS, {"summary"}, "divergence op_drill")
-        return OpDrill(
-            self._text(data["summary"], "op_drill summary"),
-            self._count_of(data.get("step"), "op_drill step", least=0),
-            *(self._text(data.get(name, ""), f"op_drill {name}") for name in ("op", "module", "source")),
-        )
-
-    def _sizes(self, value: Any, what: str) -> list[Any]:
-        """A run's input sizes: one list of dimensions per input (or a text)."""
-        return [
-            [self._integer(d, f"{what} size") for d in self._items(shape, f"{what} sizes", _MAX_DIMS)]
-            if isinstance(shape, list) else self._text(shape, f"{what} sizes")
-            for shape in self._items(value, f"{what} sizes", _MAX_INPUTS)
-        ]  # fmt: skip
-
-    def _symbols(self, value: Any, what: str) -> dict[str, int]:
-        """A run's size symbols and their values."""
-        if not isinstance(value, dict):
-            raise ValueError(f"{what} symbols is not an object")
-        if len(value) > _MAX_INPUTS * _MAX_DIMS:
-            raise ValueError(f"{what} symbols holds {len(value)} symbols, more than {_MAX_INPUTS * _MAX_DIMS}")
-        self._count(len(value))
-        return {self._text(k, f"{what} symbol"): self._integer(v, f"{what} symbol") for k, v in value.items()}
-
-    def random_run(self, data: Any) -> dict[str, Any]:
-        data = self._fields(data, _RUN_FIELDS, {"iteration", "sizes", "ok"}, "random run")
-        return {
-            "iteration": self._integer(data["iteration"], "random run iteration"),
-            "sizes": self._sizes(data["sizes"], "random run"),
-            "symbols": self._symbols(data.get("symbols", {}), "random run"),
-            "ok": self._flag(data["ok"], "random run ok"),
-            "problem": self._text(data.get("problem"), "random run problem", optional=True),
-        }
-
-    def range_end_run(self, data: Any) -> dict[str, Any]:
-        data = self._fields(data, _RANGE_END_FIELDS, _RANGE_END_FIELDS - {"problem"}, "range end run")
-        if data["end"] not in RANGE_END_NAMES:
-            raise ValueError(f"range end run end is not one of {', '.join(RANGE_END_NAMES)}")
-        return {
-            "end": data["end"],
-            "sizes": self._sizes(data["sizes"], "range end run"),
-            "symbols": self._symbols(data["symbols"], "range end run"),
-            "ok": self._flag(data["ok"], "range end run ok"),
-            "problem": self._text(data.get("problem"), "range end run problem", optional=True),
-            "compared": self._flag(data["compared"], "range end run compared"),
-        }
-
-    def report(self, data: Any) -> VerifyReport:
-        data = self._fields(
-            data, _REPORT_FIELDS, {"source", "problems", "notes", "outputs", "expected_source"}, "report"
-        )
-        divergence = data.get("divergence")
-        return VerifyReport(
-            source=self._text(data["source"], "report source"),
-            problems=self._texts(data["problems"], "report problems"),
-            notes=self._texts(data["notes"], "report notes"),
-            outputs=[self.comparison(o, "output") for o in self._items(data["outputs"], "report outputs")],
-            expected_source=self._text(data["expected_source"], "report expected_source"),
-            allow_pickle=self._flag(data.get("allow_pickle", False), "report allow_pickle"),
-            child_peak_extra_bytes=self._integer(data.get("child_peak_extra_bytes"), "report peak", optional=True),
-            child_peak_anonymous_bytes=self._integer(
-                data.get("child_peak_anonymous_bytes"), "report peak", optional=True
-            ),
-            child_peak_file_bytes=self._integer(data.get("child_peak_file_bytes"), "report peak", optional=True),
-            boundaries=[self.boundary(b, "boundary") for b in self._items(data.get("boundaries", []), "boundaries")],
-            boundaries_on=self._text(data.get("boundaries_on", ""), "report boundaries_on"),
-            divergence=None if divergence is None else self.divergence(divergence),
-            random_runs=[
-                self.random_run(run) for run in self._items(data.get("random_runs", []), "random runs", _MAX_RUNS)
-            ],
-            range_end_runs=[
-                self.range_end_run(run)
-                for run in self._items(data.get("range_end_runs", []), "range end runs", len(RANGE_END_NAMES))
-            ],
-            warnings=self._texts(data.get("warnings", []), "report warnings"),
-        )
+# What a report may hold in all: every item of every list and object (a comparison counts its fields), at most
+# MAX_COMPARISONS comparisons wherever they sit, every string escaped and cut; a field left out takes its default
+# (a report written by hand, or before the field was added).
+REPORT_BOUNDS = Bounds(
+    items=_MAX_ITEMS, counted=((OutputComparison, MAX_COMPARISONS, "comparisons"),), text=MAX_TEXT, defaults=True
+)
