@@ -40,8 +40,13 @@ def report_of(comparisons: int) -> dict[str, Any]:
 
 def report(arguments: dict[str, Any], tensors: Any) -> Any:
     """``kind``: ``report`` (``comparisons`` of them, and as many outputs handed back for ``--save-outputs``),
-    ``nested`` (a report nested a hundred thousand deep, written raw), ``mistyped`` (a diff given as text)."""
+    ``nested`` (a report nested a hundred thousand deep, written raw), ``mistyped`` (a diff given as text),
+    ``answer`` (``answer``, written raw as the child's whole answer)."""
     kind = arguments["kind"]
+    if kind == "answer":  # an answer as code in the child could write it in place of the one the child writes
+        with open(3, "wb", closefd=False) as out:
+            out.write(json.dumps(arguments["answer"]).encode() + b"\n")
+        os._exit(0)
     if kind == "nested":
         depth = 100_000
         raw = b'{"value": ' + b"[" * depth + b"]" * depth + b"}\n"

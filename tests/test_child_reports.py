@@ -19,7 +19,7 @@ import torch
 from report_probe import comparison, report_of
 
 from trt_inline import isolation
-from trt_inline.errors import IsolationError
+from trt_inline.errors import IsolationError, VerifyInputError
 from trt_inline.verify.report import MAX_COMPARISONS, VerifyReport
 from trt_inline.verify.verifier import report_of_child
 
@@ -72,6 +72,29 @@ def test_a_malformed_report_is_one_line(probe: None, kind: str, fragment: str) -
         _from_child({"kind": kind})
     message = str(info.value)
     assert message.startswith("at_cap.pt2: ") and fragment in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "fragment"),
+    [
+        ({"value": None, "peak_rss": "lots"}, IsolationError, "malformed answer (peak_rss: a str, not an integer)"),
+        ({"value": None, "base_rss": -1}, IsolationError, "malformed answer (base_rss: -1, not at least 0)"),
+        ({"value": None, "exit": 0}, IsolationError, "malformed answer (exit: no such field of Answer)"),
+        ({"error": ["IsolationError"], "message": "m"}, IsolationError, "malformed answer (error: a list, not text"),
+        # (an error of a kind the parent does not know is unusable input, its message escaped on one line)
+        ({"error": "SystemExit", "message": "\x1b[2Jgone\nPASS"}, VerifyInputError, "at_cap.pt2: \\x1b[2Jgone\\nPASS"),
+    ],
+)
+def test_the_answer_around_a_report_is_read_strictly(
+    probe: None, answer: dict[str, Any], error: type[Exception], fragment: str
+) -> None:
+    """What the child answers with around its report (its memory figures, the sandbox, an error) is read by the one
+    decoder of messages too: anything but an answer is one line naming the file, never a figure or a crash."""
+    with pytest.raises(error) as info:
+        _from_child({"kind": "answer", "answer": answer})
+    message = str(info.value)
+    assert type(info.value) is error and message.startswith("at_cap.pt2: ") and fragment in message, message
+    assert "\n" not in message and "\x1b" not in message
 
 
 def _run(**change: Any) -> dict[str, Any]:

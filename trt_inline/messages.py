@@ -36,7 +36,9 @@ more items refused), ``max_depth`` (plain data nested deeper refused),
 ``at_least`` / ``at_most`` (a number outside refused; NaN is outside every
 range), and for text from an untrusted child ``cut`` / ``key_cut`` (every
 string / key escaped with :func:`~trt_inline.errors.printable` and cut to that
-length).
+length). A field declared ``unread`` is handed on as it came (and encoded as it
+is) for the reader that owns it: a job's response inside the envelope every
+child answers with, read by the job's own declared reader.
 
 Bounds that span a whole message are :class:`Bounds`, given to :func:`decode`:
 every item of every list and object together, the instances of a dataclass
@@ -95,6 +97,7 @@ class Wire:
     key_cut: int | None = None
     at_least: float | None = None
     at_most: float | None = None
+    unread: bool = False
 
 
 _PLAIN = Wire()
@@ -111,9 +114,10 @@ def wire(
     key_cut: int | None = None,
     at_least: float | None = None,
     at_most: float | None = None,
+    unread: bool = False,
 ) -> dict[str, Wire]:
     """A field's ``metadata`` saying how it travels: ``field(metadata=wire(cut=200))``."""
-    return {_KEY: Wire(stays, as_type, max_len, max_items, max_depth, cut, key_cut, at_least, at_most)}
+    return {_KEY: Wire(stays, as_type, max_len, max_items, max_depth, cut, key_cut, at_least, at_most, unread)}
 
 
 def wire_of(item: dataclasses.Field[Any]) -> Wire:
@@ -174,8 +178,9 @@ class _Encoding:
 def _encoding(cls: type) -> _Encoding:
     hints = _hints(cls)
     fields = dataclasses.fields(cls)
+    by_name = {item.name: item for item in fields}
     travelling = tuple(item.name for item in fields if not wire_of(item).stays)
-    others = tuple(name for name in travelling if not _scalar(hints[name]))
+    others = tuple(name for name in travelling if not (_scalar(hints[name]) or wire_of(by_name[name]).unread))
     staying = tuple((item.name, item.default) for item in fields if wire_of(item).stays)
     copied = not staying and not hasattr(cls, "__slots__") and len(fields) == len(travelling)
     return _Encoding(travelling, others, staying, tuple(getattr(cls, "__wire_derived__", ())), copied)
@@ -361,6 +366,11 @@ def _reader(tp: Any, how: Wire) -> Reader:
     raise TypeError(f"{tp!r} cannot travel (declare how it does: wire(as_type=...) or wire(stays=True))")
 
 
+def _unread(value: Any, state: _State, depth: int) -> Any:
+    """A field handed on as it came, for the reader that owns it (``wire(unread=True)``: a job's response)."""
+    return value
+
+
 def _none(value: Any, state: _State, depth: int) -> None:
     if value is not None:
         raise _Fault(f"{_kind(value)}, not None")
@@ -521,7 +531,7 @@ def _dataclass_reader(cls: type) -> Reader:
         elif item.init:
             tp = how.as_type if how.as_type is not None else hints[item.name]
             has_default = item.default is not dataclasses.MISSING or item.default_factory is not dataclasses.MISSING
-            fields.append((item.name, _reader(tp, how), has_default))
+            fields.append((item.name, _unread if how.unread else _reader(tp, how), has_default))
     derived = {
         name: _reader(typing.get_type_hints(getattr(cls, name).fget)["return"], _PLAIN)
         for name in getattr(cls, "__wire_derived__", ())

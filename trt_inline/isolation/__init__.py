@@ -29,6 +29,9 @@ module          concern
                 child starts, the request, how the child ended), ``JOBS``
 ``inside``      the child's side: the request, the sandbox and the limits entered,
                 the job run, its report
+``envelope``    what every child is sent around its job's request (``Envelope``) and
+                answers with around its job's response (``Answer``), read with the one
+                decoder of messages
 ``process``     a child interpreter's process group, supervision against the time and
                 memory limits, its end (its command line and environment:
                 ``trt_inline_interpreter``, below the package, since the ``trt-inline``

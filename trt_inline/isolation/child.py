@@ -32,6 +32,7 @@ from trt_inline.errors import (
 )
 from trt_inline.formats import format_size
 from trt_inline.isolation import limits as machine
+from trt_inline.isolation.envelope import ANSWER_BOUNDS, Answer, Envelope, ReadAhead
 from trt_inline.isolation.limits import Limits
 from trt_inline.isolation.pipes import MAX_REPORT_BYTES, MAX_RESULT_BYTES, Pipes
 from trt_inline.isolation.process import Ended, run_fresh, tail
@@ -140,26 +141,20 @@ def run_isolated(
     module, function = JOBS[job]
     payload = io.BytesIO()
     torch.save(tensors, payload)
-    request = {
-        "job": [module, function],
-        "arguments": sent,
-        "native_code": native_code,
-        "memory": limits.memory,
-        "mapped": sum(os.path.getsize(f) for f in files if os.path.isfile(f)),
-        "files": [os.path.abspath(f) for f in files],
-        "sandbox": sandbox,
-        "imports": imports,
-        "namespaces": namespaces,
-        "debug": debug,
-    }
+    envelope = Envelope(
+        (module, function), sent, limits.memory,
+        mapped=sum(os.path.getsize(f) for f in files if os.path.isfile(f)),
+        files=tuple(os.path.abspath(f) for f in files), native_code=native_code, sandbox=sandbox, imports=imports,
+        namespaces=namespaces, debug=debug,
+    )  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="trt-inline-"))
     feed = None
     try:
         feed = _feed_reader(read_ahead)  # reading from now on: the child takes seconds to start
         if feed is not None:
-            request["read_ahead"] = {"identity": list(feed.identity), "window": feed.window}
+            envelope = dataclasses.replace(envelope, read_ahead=ReadAhead(feed.identity, feed.window))
             progress.report(f"{where}: reading it ahead of the child, at most {format_size(feed.window)} ahead")
-        message = json.dumps(request).encode() + b"\n" + payload.getvalue()
+        message = json.dumps(encode(envelope)).encode() + b"\n" + payload.getvalue()
         # Its temporary files (torch's own, a package's extracted library) stay in its own folder.
         (work / "tmp").mkdir()
         with Pipes(message, where, relay, feed) as pipes:
@@ -251,23 +246,25 @@ def _outcome(ended: Ended, limits: Limits, where: str, files: tuple[str, ...] = 
                 "code that cannot allocate ends so); --memory-limit raises it"
             ) from None
         raise IsolationError(f"{where}: the child process loading it exited with status {code} and no result") from None
-    if "error" in result:
+    try:
+        answer = decode(Answer, result, ANSWER_BOUNDS)
+    except MessageError as exc:
+        raise IsolationError(f"{where}: the child process handed back a malformed answer ({exc})") from None
+    if answer.error is not None:
         kinds = (RefusedOperatorError, UnsafeArchiveError, IsolationError, VerifyInputError, RankSetError)
-        kind = {cls.__name__: cls for cls in kinds}.get(str(result["error"]), VerifyInputError)
-        message = first_line(Exception(str(result.get("message", ""))))
+        kind = {cls.__name__: cls for cls in kinds}.get(answer.error, VerifyInputError)
+        message = first_line(Exception(answer.message))
         # The child's own errors name the file (one of the job's: diff's second); an unexpected error may not.
         named = message.startswith((where, *(f"{file}: " for file in files)))
         raise kind(message if named else f"{where}: {message}")
-    sandbox = result.get("sandbox")
     # The job process's own peak: the process that waits for it (namespaces) holds the whole
     # interpreter too, and the wait status's figure is the larger of the two.
-    peak = result.get("peak_rss")
-    base = result.get("base_rss")
     return ChildResult(
-        result.get("value"),
-        peak if isinstance(peak, int) and peak > 0 else ended.peak_rss,
-        base if isinstance(base, int) else 0,
-        first_line(Exception(sandbox)) if isinstance(sandbox, str) else None,
+        answer.value,
+        answer.peak_rss if answer.peak_rss > 0 else ended.peak_rss,
+        answer.base_rss,
+        None if answer.sandbox is None else first_line(Exception(answer.sandbox)),
         tensors,
-        *(max(0, n) if isinstance(n, int) else 0 for n in (result.get("peak_anonymous"), result.get("peak_file"))),
+        answer.peak_anonymous,
+        answer.peak_file,
     )

@@ -30,6 +30,7 @@ from trt_inline.errors import (
     first_line,
 )
 from trt_inline.formats import format_size
+from trt_inline.isolation.envelope import Answer, Envelope
 from trt_inline.isolation.limits import (
     MemorySampler,
     is_allocation_failure,
@@ -42,20 +43,20 @@ from trt_inline.isolation.process import ADDRESS_SPACE_LIMITED
 from trt_inline.messages import decode, encode
 
 
-def _read_request() -> tuple[dict[str, Any], bytes]:
+def _read_request() -> tuple[Envelope, bytes]:
     data = bytearray()
     while chunk := os.read(0, 1 << 20):
         data += chunk
     header, _, tensors = bytes(data).partition(b"\n")
-    return json.loads(header), tensors
+    return decode(Envelope, json.loads(header)), tensors
 
 
 def child_main(folder: str) -> None:
-    """Entry point of the child: request, sandbox and limits, the job, its result on the result pipe. Never returns."""
+    """Entry point of the child: request, sandbox and limits, the job, its answer on the result pipe. Never returns."""
     work = Path(folder)
     result_fd = int(os.environ.get("TRT_INLINE_RESULT_FD", RESULT_FD))
     progress_fd = int(os.environ.get("TRT_INLINE_PROGRESS_FD", PROGRESS_FD))
-    request: dict[str, Any] = {}
+    envelope: Envelope | None = None
     tensors_out = b""
 
     def send_progress(message: str, step: tuple[int, int] | None) -> None:
@@ -63,30 +64,26 @@ def child_main(folder: str) -> None:
             os.write(progress_fd, json.dumps([message, step]).encode() + b"\n")
 
     try:
-        request, tensors = _read_request()
+        envelope, tensors = _read_request()
         with progress.listening(send_progress):
-            value, tensors_out, applied = _child_job(work, request, tensors)
-        peak = own_status("VmHWM")
-        result = {
-            "value": value, "base_rss": request["base_rss"], "peak_rss": peak, "sandbox": applied,
-            "peak_anonymous": request.get("peak_anonymous", 0), "peak_file": request.get("peak_file", 0),
-        }  # fmt: skip
+            answer, tensors_out = _child_job(work, envelope, tensors)
+        answer = dataclasses.replace(answer, peak_rss=own_status("VmHWM"))
     except MemoryError:
-        result = _memory_error(request)
+        answer = _memory_error(envelope)
     except RecursionError:
-        result = {"error": "VerifyInputError", "message": "nested too deeply to be read"}
+        answer = Answer(error="VerifyInputError", message="nested too deeply to be read")
     except Exception as exc:
         if is_allocation_failure(exc):
-            result = _memory_error(request)
+            answer = _memory_error(envelope)
         else:
-            if request.get("debug"):
+            if envelope is not None and envelope.debug:
                 traceback.print_exc()
             kind = type(exc).__name__ if isinstance(exc, TrtInlineError) else "VerifyInputError"
             message = first_line(exc) if isinstance(exc, TrtInlineError) else f"{type(exc).__name__}: {first_line(exc)}"
-            result = {"error": kind, "message": message}
+            answer = Answer(error=kind, message=message)
     try:
         with open(result_fd, "wb", closefd=False) as out:
-            out.write(json.dumps(result).encode() + b"\n" + tensors_out)
+            out.write(json.dumps(encode(answer)).encode() + b"\n" + tensors_out)
     except OSError:
         pass
     sys.stdout.flush()
@@ -94,7 +91,9 @@ def child_main(folder: str) -> None:
     os._exit(0)
 
 
-def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any, bytes, str | None]:
+def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, bytes]:
+    """The job run inside the sandbox and the limits: its answer (but for the peak, measured once it has ended) and
+    the tensors it hands back."""
     import importlib
     import resource
 
@@ -103,9 +102,9 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     from trt_inline.isolation import sandbox as sandbox_walls
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    module_name, function_name = request["job"]
+    module_name, function_name = envelope.job
     job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
-    arguments = _job_request(job, request["arguments"])
+    arguments = _job_request(job, envelope.arguments)
     tensors = torch.load(io.BytesIO(payload), weights_only=True)
     from trt_inline import compat
 
@@ -115,37 +114,33 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     # Whether CUDA may be used, asked without initialising it: torch refuses CUDA in a process forked after
     # CUDA was initialised, and entering the sandbox forks (its PID namespace).
     cuda = compat.cuda_built() and sandbox_walls.cuda_devices_visible()
-    if request.get("native_code"):
+    if envelope.native_code:
         compat.prepare_package_loading(cuda)
-    feed = request.get("read_ahead")
+    feed = envelope.read_ahead
     if feed is not None:  # the parent reads this file ahead: the child says how far
         from trt_inline.isolation import read_ahead
 
-        with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
-            device, inode = (int(number) for number in feed["identity"])
-            read_ahead.feed_parent(int(os.environ["TRT_INLINE_FEED_FD"]), (device, inode), int(feed["window"]))
-    if request.get("sandbox", True):
-        readable = tuple(request.get("files", ()))
-        if request.get("imports"):
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            read_ahead.feed_parent(int(os.environ["TRT_INLINE_FEED_FD"]), feed.identity, feed.window)
+    if envelope.sandbox:
+        readable = envelope.files
+        if envelope.imports:
             readable += tuple(entry for entry in sys.path if os.path.isabs(entry) and os.path.isdir(entry))
         # Native code the user allowed may bring a loader that writes outside its folder (torch 2.8's: /tmp).
-        writable = compat.aoti_loader_folders() if request.get("native_code") else ()
-        policy = sandbox_walls.Policy(
-            work, readable, writable, devices=cuda, namespaces=bool(request.get("namespaces", True))
-        )
+        writable = compat.aoti_loader_folders() if envelope.native_code else ()
+        policy = sandbox_walls.Policy(work, readable, writable, devices=cuda, namespaces=envelope.namespaces)
         applied = sandbox_walls.enter(policy).describe()
-    request["base_rss"] = own_resident()
-    memory = int(request["memory"])
+    base_rss = own_resident()
     if cuda:
         # The CUDA driver reserves address space far beyond what it uses: the parent watches RSS instead.
-        (work / "rss_limit").write_text(str(own_resident() + memory))
+        (work / "rss_limit").write_text(str(own_resident() + envelope.memory))
     else:
-        limit = own_address_space() + memory + int(request.get("mapped", 0))
+        limit = own_address_space() + envelope.memory + envelope.mapped
         (work / ADDRESS_SPACE_LIMITED).touch()
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with MemorySampler() as sampler:
         value = job(arguments, tensors)
-    request["peak_anonymous"], request["peak_file"] = sampler.peaks()
+    peak_anonymous, peak_file = sampler.peaks()
     returned = b""
     if isinstance(value, tuple):
         value, extra = value
@@ -155,7 +150,9 @@ def _child_job(work: Path, request: dict[str, Any], payload: bytes) -> tuple[Any
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = encode(value)  # (a response: the parent decodes it strictly, :mod:`trt_inline.messages`)
     # Strings from the file leave the child escaped and cut (the parent does it again: it trusts nothing here).
-    return bounded_strings(value), returned, applied
+    answer = Answer(bounded_strings(value), sandbox=applied, base_rss=base_rss, peak_anonymous=peak_anonymous,
+                    peak_file=peak_file)  # fmt: skip
+    return answer, returned
 
 
 def _job_request(job: Callable[..., Any], arguments: Any) -> Any:
@@ -191,7 +188,6 @@ def sandbox_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:
     return {"pid": os.getpid(), "cuda": f"works ({count} device{'s' if count > 1 else ''}: {name})"}
 
 
-def _memory_error(request: dict[str, Any]) -> dict[str, Any]:
-    memory = request.get("memory")
-    limit = format_size(int(memory)) if isinstance(memory, int) else "memory"
-    return {"error": "IsolationError", "message": f"ran out of its memory limit of {limit} (--memory-limit raises it)"}
+def _memory_error(envelope: Envelope | None) -> Answer:
+    limit = "memory" if envelope is None else format_size(envelope.memory)
+    return Answer(error="IsolationError", message=f"ran out of its memory limit of {limit} (--memory-limit raises it)")
