@@ -318,6 +318,29 @@ def test_diff_of_programs_one_returning_none_is_a_fail_not_a_crash(tmp_path: Pat
     assert same.returncode == 0 and same.stdout.startswith("PASS"), same.stdout + same.stderr
 
 
+class _WithScalar(torch.nn.Module):
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x * 2, self.count
+
+
+def test_diff_compares_a_python_scalar_output_as_a_value(tmp_path: Path) -> None:
+    """A program returning a Python int (a count, a size): the same int is no difference, another one is."""
+    x = torch.randn(2, 3)
+    paths = {}
+    for count in (3, 4):
+        paths[count] = tmp_path / f"count_{count}.pt2"
+        compiled = trt_inline.reference.compile(_WithScalar(count), (x,), min_block_size=1)
+        trt_inline.save(compiled, paths[count], arg_inputs=(x,))
+    same = cli("diff", str(paths[3]), str(paths[3]))
+    assert same.returncode == 0 and same.stdout.startswith("PASS"), same.stdout + same.stderr
+    other = trt_inline.diff(paths[4], paths[3], isolate=False)
+    assert not other.ok and not other.outputs[1].ok and other.outputs[0].ok, other.to_text()
+
+
 def test_diff_of_an_engine_fault_runs_each_engine_on_the_other_files_inputs(files: Files) -> None:
     report = trt_inline.diff(_engine_fault(files, engine=2), files.good, isolate=False)
     assert not report.ok and report.divergence is not None

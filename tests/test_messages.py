@@ -403,3 +403,22 @@ def test_the_bounds_of_a_whole_message() -> None:
         decode(Whole, {"counted": [one], "more": [one], "runs": [{"name": "r", "sizes": [[1, 2]] * 3}] * 2}, bounds)
     with pytest.raises(MessageError, match=r"^note: missing$"):  # (without defaults, every field is sent)
         decode(Whole, {"runs": [], "counted": [], "more": []})
+
+
+def test_text_is_cut_as_if_escaped_whole_without_escaping_the_whole() -> None:
+    """decoded_text escapes only what it shows and counts the rest a chunk at a time: the same text as escaping the
+    whole string and cutting it, for every kind of character, at and around the limit."""
+    import random
+
+    from trt_inline.errors import decoded_text, printable
+
+    def whole(text: str, limit: int) -> str:
+        clean = printable(text)
+        return f"{clean[:limit]}... ({len(clean) - limit} more characters)" if len(clean) > limit else clean
+
+    alphabet = ["a", "\n", "\x1b", "\u0100", "\u200f", "\U000e0001", "\x7f"]
+    chosen = random.Random(0)
+    for size in (0, 4, 5, 6, 1999, 2000, 2001, 70_000):
+        text = "".join(chosen.choice(alphabet) for _ in range(size))
+        for limit in (5, 2000):
+            assert decoded_text(text, limit) == whole(text, limit), (size, limit)

@@ -116,18 +116,28 @@ def printable(text: str) -> str:
     """
     if text.isascii():
         return _ASCII_CONTROL.sub(lambda match: _escape(match.group()), text)
+    if len(text) > _CHUNK:  # (escaping holds an object per character: a chunk at a time, not the whole text)
+        return "".join(printable(text[start : start + _CHUNK]) for start in range(0, len(text), _CHUNK))
     return "".join(
         _escape(c) if c < " " or c == "\x7f" or (c > "~" and unicodedata.category(c) in _ESCAPED_CATEGORIES) else c
         for c in text
     )
 
 
+# How many characters printable escapes at once.
+_CHUNK = 1 << 16
+
+
 def decoded_text(text: str, limit: int = MAX_TEXT) -> str:
-    """A string from a file as it may be kept and shown: escaped (:func:`printable`), then cut to ``limit``."""
-    clean = printable(text)
-    if len(clean) > limit:
-        clean = f"{clean[:limit]}... ({len(clean) - limit} more characters)"
-    return clean
+    """A string from a file as it may be kept and shown: escaped (:func:`printable`), then cut to ``limit``, saying
+    how many escaped characters were cut."""
+    # Each character escapes to one or more: the first ``limit`` give all that is shown; the rest is only counted,
+    # a chunk at a time (a child's report may hold tens of MiB of text).
+    head = printable(text[:limit])
+    if len(text) <= limit and len(head) <= limit:
+        return head
+    rest = sum(len(printable(text[start : start + _CHUNK])) for start in range(limit, len(text), _CHUNK))
+    return f"{head[:limit]}... ({len(head) + rest - limit} more characters)"
 
 
 def bounded_strings(value: Any, limit: int = MAX_TEXT) -> Any:

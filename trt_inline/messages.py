@@ -416,7 +416,7 @@ def _text_reader(how: Wire, cut: int | None) -> Reader:
         if limit is not None and len(value) > limit:
             raise _Fault(f"text of {len(value)} characters, more than {limit}")
         if cut is not None:
-            return printable(value)[:cut]
+            return printable(value[:cut])[:cut]  # (each character escapes to one or more: the first are enough)
         return value if state.text is None else decoded_text(value, state.text)
 
     return read
@@ -653,4 +653,4 @@ def _kind(value: Any) -> str:
 
 def _shown(key: Any) -> str:
     """A key as an error names it: escaped and cut (it may come from an untrusted child)."""
-    return printable(str(key))[:60]
+    return printable(str(key)[:60])[:60]

@@ -350,6 +350,8 @@ def compare_output(
     exact values (a difference is at least 1, however large the values); quantized values by their scale,
     zero point and integer representation. A value that differs is never reported as max abs diff 0.
     """
+    if isinstance(expected, (bool, int, float)):  # (a scalar output of diff's reference program: its 0-d tensor)
+        expected = torch.tensor(expected, dtype=torch.float64 if isinstance(expected, float) else None)
     if not isinstance(expected, torch.Tensor):  # (a None output: diff's reference program may return one)
         if actual is None and expected is None:
             return OutputComparison(index, [], "None", 0.0, 0.0, 0.0, 0.0, True)
