@@ -359,8 +359,9 @@ def run_forked(
 # imports first anyway: what a new `python -c code args` gives, without those imports per case. (For modules on a
 # path of the test's own, a package built in tmp_path: the worker's interpreter cannot import them beforehand.)
 _FORKS = """
-import importlib, json, os, sys, traceback
+import importlib, json, os, sys
 import torch
+from forking import exit_as_python_c
 
 code, argument_lists = sys.argv[1], json.loads(sys.argv[2])
 for name in sys.argv[3:]:
@@ -373,18 +374,7 @@ for arguments in argument_lists:
         os.close(read)
         os.dup2(write, 1)
         os.dup2(write, 2)
-        sys.argv = ["-c", *arguments]
-        status = 0
-        try:
-            exec(compile(code, "<case>", "exec"), {"__name__": "__main__"})
-        except SystemExit as exc:
-            status = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            status = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        exit_as_python_c(code, arguments, "<case>")
     os.close(write)
     with os.fdopen(read) as pipe:
         output = pipe.read()

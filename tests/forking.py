@@ -47,10 +47,16 @@ def run(request_file: str, descriptors: list[int]) -> NoReturn:
         os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
     os.chdir(request["cwd"])
     sys.path[:0] = request["path"]
-    sys.argv = ["-c", *request["argv"]]
+    exit_as_python_c(request["code"], request["argv"])
+
+
+def exit_as_python_c(code: str, argv: list[str], filename: str = "<string>") -> NoReturn:
+    """``code`` run as ``python -c code argv`` runs it, then this process's end with the exit status that gives
+    (``sys.exit(None)`` 0, ``sys.exit("text")`` the text on stderr and 1, an exception its traceback and 1)."""
+    sys.argv = ["-c", *argv]
     status = 0
     try:
-        exec(compile(request["code"], "<string>", "exec"), {"__name__": "__main__"})
+        exec(compile(code, filename, "exec"), {"__name__": "__main__"})
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             status = exc.code or 0
