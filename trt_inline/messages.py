@@ -154,7 +154,8 @@ def encode(value: Any) -> Any:
     lists and objects of text keys as they are.
 
     It checks shapes, not types: :func:`decode` on the other side checks those (a sender that wants to know first
-    decodes what it encoded). Raises :class:`MessageError` for anything plain data cannot hold.
+    decodes what it encoded). A field declared a scalar (``str``, ``float | None``) or ``unread`` is copied as it is,
+    its declaration trusted; anything else plain data cannot hold raises :class:`MessageError`.
     """
     try:
         return _encode(value)
