@@ -69,20 +69,19 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
         trt_inline_interpreter.child_environment(work)
     )  # as a child gets them: TMPDIR its own folder, ...
     tempfile.tempdir = None
+    from trt_inline.isolation.envelope import Envelope
     from trt_inline.messages import encode
     from trt_inline.verify.jobs import InspectRequest
     from trt_inline.verify.options import Trust
 
-    request = {
-        "job": ["trt_inline.verify.verifier", "inspect_job"],
-        "arguments": encode(InspectRequest.of(file, Trust(allow_native_code=allow_native_code))),
-        "native_code": allow_native_code,
-        "memory": 2 << 30,
-        "mapped": os.path.getsize(file),
-        "files": [file],
-        "sandbox": True,
-        "namespaces": True,
-    }
+    request = Envelope(
+        ("trt_inline.verify.verifier", "inspect_job"),
+        encode(InspectRequest.of(file, Trust(allow_native_code=allow_native_code))),
+        2 << 30,
+        mapped=os.path.getsize(file),
+        files=(file,),
+        native_code=allow_native_code,
+    )
     import io
 
     payload = io.BytesIO()
