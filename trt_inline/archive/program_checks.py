@@ -278,6 +278,11 @@ class _Walker:
                 raise _Refused(where, f"expected a list, found {type(value).__name__}")
             (item,) = typing.get_args(annotation)
             return [self.value(v, item, f"{where}[{i}]", owner, depth + 1) for i, v in enumerate(value)]
+        if origin in (tuple, typing.Tuple) and not typing.get_args(annotation):  # noqa: UP006
+            # torch 2.5's schema writes a None value as the empty tuple (``as_none: Tuple[()]``): JSON's [].
+            if value != [] or not isinstance(value, list):
+                raise _Refused(where, f"expected an empty list, found {type(value).__name__}")
+            return []
         if origin in (dict, typing.Dict):  # noqa: UP006
             if not isinstance(value, dict):
                 raise _Refused(where, f"expected an object, found {type(value).__name__}")
