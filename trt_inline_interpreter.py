@@ -139,6 +139,10 @@ class StartedInterpreter:
     key: Key
     _pending: bytes = field(default=b"", init=False, repr=False)
 
+    def alive(self) -> bool:
+        """Whether its process is still running."""
+        return self.process.poll() is None
+
     def fork(self, job: object, descriptors: Sequence[int] = ()) -> None:
         """Ask for a child for ``job`` (JSON, kept short: it is read in one piece), handing it ``descriptors``."""
         socket.send_fds(self.channel, [json.dumps(job).encode()], list(descriptors))

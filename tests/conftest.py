@@ -227,9 +227,6 @@ class _ForkingInterpreter:
         self.said = tempfile.TemporaryFile()  # what it says itself (an import that fails, say)
         self.started = start_interpreter("forking", *preload, environment=env, output=self.said)
 
-    def alive(self) -> bool:
-        return self.started.process.poll() is None
-
     def run(self, request: Path, timeout: float) -> tuple[int | None, str]:
         """Its child's exit status (None if it or the interpreter did not answer within ``timeout`` seconds), and
         what the interpreter itself said then."""
@@ -266,7 +263,7 @@ def _forking_interpreter(preload: Sequence[str], env: dict[str, str]) -> _Forkin
     variables = tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
     key = (sys.executable, tuple(sys.path), tuple(preload), variables)  # (its sys.path: this worker's, then env's)
     interpreter = _forking_interpreters.pop(key, None)
-    if interpreter is not None and not interpreter.alive():
+    if interpreter is not None and not interpreter.started.alive():
         interpreter.close()
         interpreter = None
     if interpreter is None:

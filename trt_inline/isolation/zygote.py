@@ -71,9 +71,6 @@ class _Zygote:
         self.prestarted = started is not None
         self.started = started if started is not None else start_interpreter()
 
-    def alive(self) -> bool:
-        return self.started.process.poll() is None
-
     def run(self, work: Path, pipes: Pipes, limits: Limits) -> Ended:
         log.debug(
             "forking the child from the interpreter started %s",
@@ -104,10 +101,10 @@ def zygote_for_now() -> _Zygote | None:
     slot = _reusable.get()
     if slot is None:
         return None
-    if slot and (not slot[0].alive() or slot[0].started.key != zygote_key()):
+    if slot and (not slot[0].started.alive() or slot[0].started.key != zygote_key()):
         log.debug(
             "the interpreter the children are forked from %s: starting another",
-            "ended" if not slot[0].alive() else "has another environment than a child would get now",
+            "ended" if not slot[0].started.alive() else "has another environment than a child would get now",
         )
         slot.pop().close()
     if not slot:

@@ -41,8 +41,7 @@ _MAX_DIMS = 64
 # The ends of a program's dynamic ranges a run is made at (:mod:`trt_inline.verify.range_ends`), each at most once.
 RangeEnd = Literal["minimum", "maximum", "optimization point"]
 RANGE_END_NAMES: tuple[RangeEnd, ...] = get_args(RangeEnd)
-_TEXTS = wire(max_items=MAX_COMPARISONS)  # problems, notes, a divergence's lists
-_LISTED = wire(max_items=MAX_COMPARISONS)  # comparisons, boundary rows
+_LISTED = wire(max_items=MAX_COMPARISONS)  # a list of comparisons, boundary rows, problems, notes or names
 
 
 def describe_value(val: Any) -> str:
@@ -181,10 +180,10 @@ class Divergence:
     kind: str
     where: str
     detail: str
-    producers: list[str] = field(default_factory=list, metadata=_TEXTS)
-    consumers: list[str] = field(default_factory=list, metadata=_TEXTS)
+    producers: list[str] = field(default_factory=list, metadata=_LISTED)
+    consumers: list[str] = field(default_factory=list, metadata=_LISTED)
     # A fallback region's nodes, every one (``where`` elides the middle of a long region).
-    nodes: list[str] = field(default_factory=list, metadata=_TEXTS)
+    nodes: list[str] = field(default_factory=list, metadata=_LISTED)
     # Inside a divergent engine: its first op past tolerance (``kind`` "engine" only).
     op_drill: OpDrill | None = None
     # In the user's terms, where the file records them (:mod:`trt_inline.module_paths`): the module path and class
@@ -192,8 +191,8 @@ class Divergence:
     # module it covers, and what it reads and feeds (``reads relu: 0.act (ReLU); model.py:31 in forward: ...``).
     module: str = ""
     source: str = ""
-    modules: list[str] = field(default_factory=list, metadata=_TEXTS)
-    near: list[str] = field(default_factory=list, metadata=_TEXTS)
+    modules: list[str] = field(default_factory=list, metadata=_LISTED)
+    near: list[str] = field(default_factory=list, metadata=_LISTED)
 
     def named(self) -> bool:
         """Whether it names anything in the user's terms."""
@@ -293,8 +292,8 @@ class VerifyReport:
     """
 
     source: str
-    problems: list[str] = field(default_factory=list, metadata=_TEXTS)
-    notes: list[str] = field(default_factory=list, metadata=_TEXTS)
+    problems: list[str] = field(default_factory=list, metadata=_LISTED)
+    notes: list[str] = field(default_factory=list, metadata=_LISTED)
     outputs: list[OutputComparison] = field(default_factory=list, metadata=_LISTED)
     # Where the expected outputs came from: "embedded", "given", "module", "from NEW.pt2", or "none".
     expected_source: str = "none"
@@ -317,7 +316,7 @@ class VerifyReport:
     range_end_runs: list[RangeEndRun] = field(default_factory=list, metadata=wire(max_items=len(RANGE_END_NAMES)))
     # What looks like garbage without a reference (all zeros, NaN, constant, the same in every row):
     # :mod:`trt_inline.verify.garbage`. They fail only under ``strict`` (then they are problems too).
-    warnings: list[str] = field(default_factory=list, metadata=_TEXTS)
+    warnings: list[str] = field(default_factory=list, metadata=_LISTED)
     # Written for readers of the JSON report; computed again where one is read.
     __wire_derived__: ClassVar[tuple[str, ...]] = ("ok", "compared")
 
