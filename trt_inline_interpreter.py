@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
-    "StartedInterpreter", "child_environment", "fork_per_job", "interpreter_command", "prestart",
-    "start_interpreter", "take_prestarted", "user_name", "zygote_key",
+    "ForkedCallError", "ForkedServer", "StartedInterpreter", "call_forked", "child_environment", "fork_per_job",
+    "interpreter_command", "prestart", "start_interpreter", "take_prestarted", "user_name", "zygote_key",
 ]  # fmt: skip
 
 
@@ -236,3 +236,240 @@ def take_prestarted() -> StartedInterpreter | None:
 def _stop_untaken() -> None:
     while _prestarted:
         _prestarted.pop().stop()
+
+
+class ForkedCallError(Exception):
+    """What :func:`call_forked`'s child raised (``kind``: its type's name, ``message``: its first line,
+    ``summary``: both, ``details``: its traceback), or how it ended without an answer (``kind`` empty)."""
+
+    def __init__(self, kind: str, message: str, details: str = "") -> None:
+        self.kind, self.message, self.details = kind, message, details
+        self.summary = f"{kind}: {message}" if kind and message else kind or message
+        super().__init__(self.summary)
+
+
+def call_forked(job: Callable[[], bytes], *, timeout: float | None = None, output: str = os.devnull) -> bytes:
+    """The bytes ``job()`` returns, run in a child forked from this process.
+
+    The child starts as this process is (its memory copied on write, the caller's objects included), so
+    whatever it changes — modules it imports, globals it sets, registrations it makes — ends with it: nothing of
+    it reaches this process but the bytes. Its standard output and error go to ``output``. Raises
+    :class:`ForkedCallError` with the child's exception (or how it ended), :class:`TimeoutError` after
+    ``timeout`` seconds (the child is killed); Ctrl-C here kills the child too.
+
+    Callers that compute in the child keep to one thread there: GNU OpenMP's threads do not survive a fork, and a
+    parallel region started in the child of a process that used them waits forever.
+    """
+    _flush_standard_streams()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's stack
+        os.close(readable)
+        _redirect_output(output)
+        _answer_and_exit(job, writable)
+    os.close(writable)
+    return _answer_of(pid, readable, timeout)
+
+
+def _flush_standard_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):  # (what is buffered here would be written twice)
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _redirect_output(output: str) -> None:
+    sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(sink, 1)
+    os.dup2(sink, 2)
+    os.close(sink)
+
+
+def _answer_and_exit(job: Callable[[], bytes], writable: int) -> None:
+    """In a forked child: write ``job()``'s bytes (``R...``) or how it raised (``E`` and JSON) to ``writable``, then
+    end the process, whatever happens."""
+    status = 1
+    try:
+        try:
+            answer = b"R" + job()
+        except BaseException as exc:  # (KeyboardInterrupt too: the caller hears how the child ended)
+            import traceback
+
+            first = (str(exc).strip().splitlines() or [""])[0]
+            told = {"kind": type(exc).__name__, "message": first, "details": traceback.format_exc()}
+            answer = b"E" + json.dumps(told).encode()
+        with os.fdopen(writable, "wb") as pipe:
+            pipe.write(answer)
+        status = 0
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
+
+
+def _answer_of(pid: int, readable: int, timeout: float | None) -> bytes:
+    """What the child ``pid`` wrote to ``readable`` (:func:`_answer_and_exit`), once it ended: its bytes, or its
+    exception raised as :class:`ForkedCallError`."""
+    try:
+        answer = _read_all(readable, timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    finally:
+        os.close(readable)
+    _, status = os.waitpid(pid, 0)
+    return _decoded_answer(answer, status)
+
+
+def _decoded_answer(answer: bytes, status: int) -> bytes:
+    if answer[:1] == b"R":
+        return answer[1:]
+    if answer[:1] == b"E":
+        told = json.loads(answer[1:])
+        raise ForkedCallError(str(told["kind"]), str(told["message"]), str(told["details"]))
+    ended = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+    raise ForkedCallError("", f"the forked child ended with {ended} before it answered")
+
+
+class ForkedServer:
+    """A child forked from this process that prepares once (``setup()``: an import that takes seconds) and then,
+    for each :meth:`call`, forks a child of its own that answers ``handle(request)``: every call starts from the
+    state ``setup`` left, never from what an earlier call did. As with :func:`call_forked`, nothing of it reaches
+    this process but the bytes; :meth:`close` (or leaving the ``with`` block) ends it.
+    """
+
+    def __init__(
+        self, setup: Callable[[], None], handle: Callable[[bytes], bytes], *, output: str = os.devnull
+    ) -> None:
+        _flush_standard_streams()
+        requests_read, self._requests = os.pipe()
+        self._answers, answers_written = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self._requests)
+            os.close(self._answers)
+            _redirect_output(output)
+            self._serve(setup, handle, requests_read, answers_written)
+        os.close(requests_read)
+        os.close(answers_written)
+
+    @staticmethod
+    def _serve(setup: Callable[[], None], handle: Callable[[bytes], bytes], requests: int, answers: int) -> None:
+        """The server's loop (in its process): a framed request in, a child forked per request, its framed answer
+        out. A failing ``setup`` answers every request with its exception."""
+        status = 1
+        try:
+            failure: bytes | None = None
+            try:
+                setup()
+            except BaseException as exc:
+                import traceback
+
+                told = {"kind": type(exc).__name__, "message": (str(exc).strip().splitlines() or [""])[0],
+                        "details": traceback.format_exc()}  # fmt: skip
+                failure = b"E" + json.dumps(told).encode()
+            while (request := _read_frame(requests)) is not None:
+                if failure is not None:
+                    _write_frame(answers, failure)
+                    continue
+                readable, writable = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(readable)
+                    _answer_and_exit(functools.partial(handle, request), writable)
+                os.close(writable)
+                answer = _read_all(readable, None)
+                os.close(readable)
+                _, child_status = os.waitpid(pid, 0)
+                if answer[:1] not in (b"R", b"E"):
+                    ended = (
+                        f"signal {os.WTERMSIG(child_status)}" if os.WIFSIGNALED(child_status)
+                        else f"exit status {os.WEXITSTATUS(child_status)}"
+                    )  # fmt: skip
+                    told = {"kind": "", "message": f"the forked child ended with {ended} before it answered",
+                            "details": ""}  # fmt: skip
+                    answer = b"E" + json.dumps(told).encode()
+                _write_frame(answers, answer)
+            status = 0
+        finally:
+            os._exit(status)
+
+    def call(self, request: bytes) -> bytes:
+        """The bytes ``handle(request)`` returns in a child of the server; :class:`ForkedCallError` as
+        :func:`call_forked` raises it (also where the server itself ended)."""
+        try:
+            _write_frame(self._requests, request)
+            answer = _read_frame(self._answers)
+        except BrokenPipeError:
+            answer = None
+        except BaseException:
+            self.close()
+            raise
+        if answer is None:
+            raise ForkedCallError("", "the forked server ended before it answered")
+        return _decoded_answer(answer, 0)
+
+    def close(self) -> None:
+        """End the server (it holds nothing worth a graceful end: its children answered or were killed)."""
+        if self.pid:
+            for descriptor in (self._requests, self._answers):
+                with contextlib.suppress(OSError):
+                    os.close(descriptor)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.pid = 0
+
+    def __enter__(self) -> ForkedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _write_frame(descriptor: int, data: bytes) -> None:
+    """``data`` with its length first (8 bytes): what :func:`_read_frame` reads back whole."""
+    view = memoryview(len(data).to_bytes(8, "little") + data)
+    while view:
+        written = os.write(descriptor, view)
+        view = view[written:]
+
+
+def _read_frame(descriptor: int) -> bytes | None:
+    """The next frame :func:`_write_frame` wrote, or None where the other end closed."""
+    head = _read_exactly(descriptor, 8)
+    if head is None:
+        return None
+    body = _read_exactly(descriptor, int.from_bytes(head, "little"))
+    return body
+
+
+def _read_exactly(descriptor: int, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(descriptor, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_all(descriptor: int, timeout: float | None) -> bytes:
+    """Everything written to ``descriptor`` until it is closed; TimeoutError after ``timeout`` seconds."""
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    chunks: list[bytes] = []
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([descriptor], [], [], left)
+        if not ready:
+            raise TimeoutError(f"the forked child gave no answer within {timeout:g} s")
+        chunk = os.read(descriptor, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)

@@ -4,12 +4,15 @@
     trt-inline fix examples/fp16_fix.py [--out fixed.pt2]     (the same search as a command: model(), settings)
 
 The model computes a squared activation (up to about 1e6, past fp16's largest value 65504) and scales it back
-down, inside a residual block. Compiled with ``enable_autocast=True`` (fp16) it returns NaN where PyTorch's
-fp32 does not. ``trt_inline.find_fix`` searches for the nodes to keep in fp32 and names them by module
-path and source line; the model compiled with the settings it returns is saved, verified, and compared
-with PyTorch. On a machine with TensorRT and CUDA the builds are Torch-TensorRT's; elsewhere the reference
-backend's, whose engines compute as an fp16 build does (an emulation: the kind of error, not TensorRT's
-numbers). Exit 0 when the fix holds.
+down, inside a residual block. Compiled as an fp16 build (``enable_autocast=True,
+autocast_low_precision_type=torch.float16``: Torch-TensorRT 2.10+'s names; ``enable_autocast`` alone is fp32
+there) it returns NaN where PyTorch's fp32 does not. ``trt_inline.find_fix`` searches for the modules to keep
+in fp32 (``autocast_excluded_nodes``, which the releases match against module paths) and names them by module
+path and source line; the model compiled with the settings it returns is saved, verified, and compared with
+PyTorch. On a machine with TensorRT and CUDA the builds are Torch-TensorRT's; elsewhere the reference
+backend's: the importable release's own pipeline (its autocast, its partitioner) with engines that compute as
+an fp16 build does (an emulation: the kind of error, not TensorRT's numbers), or trt-inline's emulation of
+that release where none is importable. Exit 0 when the fix holds.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ class Model(nn.Module):
         return self.head(torch.relu(self.block(torch.tanh(self.stem(x)))))
 
 
-# The compile settings, and the model with its example inputs: what `trt-inline fix` reads from this script.
-settings = {"enable_autocast": True}
+# The compile settings (an fp16 build in Torch-TensorRT 2.10+'s names), and the model with its example inputs: what
+# `trt-inline fix` reads from this script.
+settings = {"enable_autocast": True, "autocast_low_precision_type": torch.float16}
 
 
 def model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -67,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     broken = trt_inline.reference.compile(module, (x,), **settings)
     with torch.no_grad():
         wrong = broken(x)
-    print(f"fp16 build (enable_autocast=True): finite outputs: {bool(wrong.isfinite().all())}")
+    print(f"fp16 build: finite outputs: {bool(wrong.isfinite().all())}")
+    print(f"built on: {broken.trt_inline_pipeline}")
 
     report = trt_inline.find_fix(module, (x,), settings=settings)
     print(report.to_text())

@@ -2,7 +2,8 @@
 
 Compiles a conv -> batchnorm -> relu network with ``relu`` forced to run in
 PyTorch, on TensorRT when ``torch_tensorrt`` and CUDA are available and on the
-CPU reference backend otherwise; saves it with trt_inline's positional passes as
+CPU reference backend otherwise (the installed release's own pipeline, dry-run, with
+reference engines; trt-inline's own partitioner where no release is installed); saves it with trt_inline's positional passes as
 an ExportedProgram (or, with ``--format aot_inductor``, as an AOTInductor
 package); loads it in a fresh interpreter; verifies the file (``trt_inline.verify``,
 in a sandboxed child); and prints the engines, the fallback ops, the verdict and
@@ -77,7 +78,8 @@ def compile_model(backend: str, model: nn.Module, inputs: tuple[torch.Tensor, ..
             exported, inputs, min_block_size=1, torch_executed_ops={torch.ops.aten.relu.default}
         )
         return compiled
-    return reference.compile(model, inputs, torch_executed_ops=[torch.ops.aten.relu.default])
+    # min_block_size=1 as for TensorRT above (the releases' default, 5, folds these small blocks into the fallbacks).
+    return reference.compile(model, inputs, min_block_size=1, torch_executed_ops=[torch.ops.aten.relu.default])
 
 
 def describe(compiled: torch.fx.GraphModule) -> None:
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     inputs = (torch.randn(2, 3, 16, 16, device=device),)
     compiled = compile_model(backend, model, inputs)
     print(f"compiled on the {backend} backend, on {device}:")
+    if backend == "reference":
+        print(f"  rehearsed on {compiled.trt_inline_pipeline}")
     describe(compiled)
 
     with tempfile.TemporaryDirectory() as tmp:

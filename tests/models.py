@@ -488,58 +488,180 @@ def operator_survey() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...]]]:
     ]  # fmt: skip
 
 
+class Square(nn.Module):
+    """``h * h / 1e5``: about 1e5 in between for inputs of about 300, past fp16's range (65504)."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        big = h * h
+        return big / 1e5
+
+
 class Fp16Overflow(nn.Module):
-    """An activation past the fp16 range (about 1e5), brought back to about 1 by the next node (``div``): what an
-    fp16 build loses where fp32 does not (tests/test_precision.py, tests/test_fix.py)."""
+    """An activation past the fp16 range (about 1e5) inside the submodule ``spot``, brought back to about 1 there:
+    what an fp16 build loses where fp32 does not; keeping ``spot`` in fp32 fixes it (tests/test_precision.py,
+    tests/test_fix.py)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Linear(16, 16)
+        self.spot = Square()
         self.head = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.stem(x) * 300.0
-        big = h * h
-        small = big / 1e5
+        small = self.spot(h)
         return self.head(torch.relu(small) + 1)
 
 
+class _LongMean(nn.Module):
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        total = (values + 20.0).sum(-1, keepdim=True)
+        return total / 4096.0 - 20.0
+
+
 class LongSum(nn.Module):
-    """A sum over 4096 values of about 20 (about 8e4, past the fp16 range) that the next node turns into a mean:
-    an fp16 build stores the sum as inf (tests/test_fix.py; the benchmark's spot of the same name)."""
+    """A sum over 4096 values of about 20 (about 8e4, past the fp16 range) that the next node turns into a mean,
+    in the submodule ``mean``: an fp16 build stores the sum as inf (tests/test_fix.py; the benchmark's spot of the
+    same name)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.up = nn.Linear(16, 4096)
+        self.mean = _LongMean()
         self.head = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        total = (self.up(x) + 20.0).sum(-1, keepdim=True)
-        return self.head(x + (total / 4096.0 - 20.0))
+        return self.head(x + self.mean(self.up(x)))
+
+
+class _ShiftedSoftmax(nn.Module):
+    def forward(self, projected: torch.Tensor) -> torch.Tensor:
+        logits = projected * 8.0 + 1000.0
+        return torch.softmax(logits, dim=-1) * 8.0
 
 
 class LargeLogits(nn.Module):
-    """Logits near 1000 with a spread of a few units: fp16 keeps them to 0.5, and the softmax reads them so."""
+    """Logits near 1000 with a spread of a few units, in the submodule ``logits``: fp16 keeps them to 0.5, and the
+    softmax reads them so."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(16, 16)
+        self.logits = _ShiftedSoftmax()
         self.head = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.proj(x) * 8.0 + 1000.0
-        return self.head(torch.softmax(logits, dim=-1) * 8.0)
+        return self.head(self.logits(self.proj(x)))
+
+
+class _Offset(nn.Module):
+    def forward(self, projected: torch.Tensor) -> torch.Tensor:
+        values = projected * 0.05 + 100.0
+        return values
 
 
 class LargeMeanNorm(nn.Module):
-    """Values of 100 ± 0.05, stored in fp16 (to 1/16) before a LayerNorm divides by their spread."""
+    """Values of 100 ± 0.05 (the submodule ``offset``), stored in fp16 (to 1/16) before a LayerNorm divides by their
+    spread: keeping ``offset`` and ``norm`` in fp32 fixes it (the LayerNorm would otherwise read them in fp16)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(16, 16)
+        self.offset = _Offset()
         self.norm = nn.LayerNorm(16)
         self.head = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        values = self.proj(x) * 0.05 + 100.0
-        return self.head(self.norm(values))
+        return self.head(self.norm(self.offset(self.proj(x))))
+
+
+class _Depthwise(nn.Module):
+    """MobileNet's block: depthwise convolution, batch norm, hardswish, pointwise convolution, batch norm, relu."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False)
+        self.bn1, self.act = nn.BatchNorm2d(cin), nn.Hardswish()
+        self.pointwise, self.bn2 = nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn2(self.pointwise(self.act(self.bn1(self.depthwise(x))))))
+
+
+class SmallMobileNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, 2, 1)
+        self.blocks = nn.Sequential(_Depthwise(8, 16, 2), _Depthwise(16, 16, 1))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(nn.functional.hardswish(self.stem(x))).mean(dim=(2, 3)))
+
+
+class SmallEncoder(nn.Module):
+    """The first-hour benchmark's encoder at a test's size: patches (ViT) or tokens (BERT; causal: GPT-2), two
+    transformer encoder layers with GELU, a head."""
+
+    def __init__(self, patches: bool, causal: bool = False) -> None:
+        super().__init__()
+        self.patches, self.causal = patches, causal
+        self.embed = nn.Conv2d(3, 32, 8, 8) if patches else nn.Embedding(100, 32)
+        self.position = nn.Parameter(torch.randn(1, 16, 32) * 0.02)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(32, 4, 64, activation="gelu", batch_first=True, dropout=0.0) for _ in range(2)
+        )
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x).flatten(2).transpose(1, 2) if self.patches else self.embed(x)
+        h = h + self.position[:, : h.shape[1]]
+        mask = nn.Transformer.generate_square_subsequent_mask(h.shape[1]) if self.causal else None
+        for layer in self.layers:
+            h = layer(h, src_mask=mask, is_causal=self.causal)
+        return self.head(h)
+
+
+class LstmClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 16)
+        self.lstm = nn.LSTM(16, 32, batch_first=True)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(tokens))
+        return self.head(torch.relu(out[:, -1]))
+
+
+class NormMlp(nn.Module):
+    """An MLP with a LayerNorm and a softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.norm, self.b = nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.b(torch.relu(self.norm(self.a(x)))), -1)
+
+
+def release_survey() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...], dict[str, Any]]]:
+    """The models rehearsed against a release's own dry run (tests/test_release_pipeline.py): the architectures of
+    the first-hour benchmark at a test's size, the examples' models, the fix benchmark's planted spots; each with
+    the compile settings of its scenario (the seed scenario's ``relu`` falling back)."""
+    torch.manual_seed(0)
+    image, tokens = torch.randn(2, 3, 32, 32), torch.randint(0, 100, (2, 16))
+    relu_fallback = {"min_block_size": 1, "torch_executed_ops": {torch.ops.aten.relu.default}}
+    return [
+        ("resnet", TinyResNet().eval(), (torch.randn(2, 3, 16, 16),), {}),
+        ("mobilenet", SmallMobileNet().eval(), (image,), {}),
+        ("vit", SmallEncoder(patches=True).eval(), (image,), {}),
+        ("bert", SmallEncoder(patches=False).eval(), (tokens,), {}),
+        ("gpt2", SmallEncoder(patches=False, causal=True).eval(), (tokens,), {}),
+        ("lstm", LstmClassifier().eval(), (tokens,), {}),
+        ("relu_fallback", ConvBnRelu().eval(), (torch.randn(2, 3, 16, 16),), relu_fallback),
+        ("norm_mlp", NormMlp().eval(), (torch.randn(2, 8),), {}),
+        ("fp16_overflow", Fp16Overflow().eval(), (torch.randn(8, 16),), {}),
+        ("long_sum", LongSum().eval(), (torch.randn(8, 16),), {}),
+        ("large_mean_norm", LargeMeanNorm().eval(), (torch.randn(8, 16),), {}),
+    ]

@@ -20,6 +20,7 @@ import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # .ci/matrix imports this file from a Python that has not installed the project
@@ -58,6 +59,29 @@ def release_for_torch(torch_version: str | None = None) -> Release | None:
     return for_torch(torch_version)
 
 
+def fp16_settings(torch_version: str | None = None) -> dict[str, Any]:
+    """The settings of an fp16 build as the release this torch pairs with takes them: ``enable_autocast=True,
+    autocast_low_precision_type=torch.float16`` where it has autocast (2.10+, whose default low type is fp32),
+    ``enabled_precisions={torch.float16}`` before (a torch no release requires yet: the newest's)."""
+    import torch
+
+    record = release_for_torch(torch_version) or RELEASES[-1]
+    if record.autocast:
+        return {"enable_autocast": True, "autocast_low_precision_type": torch.float16}
+    return {"enabled_precisions": {torch.float16}}
+
+
+def autocast_skip(torch_version: str | None = None) -> str | None:
+    """Why a test of rule-based autocast cannot run on this torch's release (None where it can)."""
+    import torch
+
+    record = release_for_torch(torch_version)
+    if record is None or record.autocast:
+        return None
+    torch_version = torch_version or torch.__version__
+    return f"Torch-TensorRT {record.version} (the release of torch {torch_version}) has no rule-based autocast"
+
+
 def documented_skips(release: str | None, torch_version: str) -> list[str]:
     """Regexes of the skip reasons a CPU run of the suite may report for ``release`` on ``torch_version``.
 
@@ -92,6 +116,8 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
     if record is None:
         allowed.append(r"no Torch-TensorRT release requires torch ")
         return allowed
+    if not record.autocast:
+        allowed.append(r"has no rule-based autocast")
     if not record.aot_inductor:
         allowed.append(r"has no output_format='aot_inductor'")
     if not record.executorch:
@@ -116,7 +142,7 @@ class Unavailable(Exception):
 # The files of a release's wheel the tests read (extracted once per release into the cache).
 RELEASE_MEMBERS = (
     "dynamo/_exporter.py", "_compile.py", "dynamo/partitioning/common.py", "dynamo/__init__.py", "dynamo/_refit.py",
-    "dynamo/_compiler.py", "dynamo/runtime/_serialized_engine_layout.py",
+    "dynamo/_compiler.py", "dynamo/runtime/_serialized_engine_layout.py", "dynamo/_defaults.py",
 )  # fmt: skip
 # Members only some releases have (the engine info layout in Python: 2.13+): absent ones are marked as such.
 _OPTIONAL_MEMBERS = ("dynamo/runtime/_serialized_engine_layout.py",)
@@ -188,6 +214,35 @@ def release_file(version: str, member: str) -> str:
     if absent.exists():
         raise FileNotFoundError(f"torch-tensorrt {version} has no {member}")
     return cached.read_text()
+
+
+# What a release's pipeline imports beyond torch and the test extra (its other pure-Python requirements, packaging,
+# typing-extensions, filelock and numpy, come with them): the rest of `pip install torch-tensorrt==X`, less
+# TensorRT and torch.
+RELEASE_REQUIREMENTS = ("dllist==2.0.0", "psutil==7.2.2")
+
+
+def release_site(version: str) -> Path:
+    """A folder holding Torch-TensorRT ``version``'s whole Python package, installed from its wheel without its
+    requirements, and the pure-Python requirements it imports (:data:`RELEASE_REQUIREMENTS`): what ``pip install
+    --no-deps torch-tensorrt==X`` gives a machine without TensorRT, to put first on ``sys.path``. Installed into the
+    cache once (the folder is renamed into place only when whole)."""
+    target = CACHE / version / "site"
+    if (target / "torch_tensorrt" / "_version.py").is_file():
+        return target
+    partial = target.with_name("site.partial")
+    subprocess.run(["rm", "-rf", str(partial)], check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+         "--only-binary=:all:", "--target", str(partial), f"torch-tensorrt=={version}", *RELEASE_REQUIREMENTS],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    if proc.returncode != 0 or not (partial / "torch_tensorrt" / "_version.py").is_file():
+        reason = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise Unavailable(f"cannot install torch-tensorrt=={version} --no-deps: {reason}")
+    subprocess.run(["rm", "-rf", str(target)], check=True)
+    partial.rename(target)
+    return target
 
 
 # ExecuTorch's Python package and what `executorch.exir` imports (its other requirements are for its

@@ -20,8 +20,12 @@ import pytest
 import torch
 from conftest import REPO, load_in_fresh_process, new_interpreter, run_with_stderr_on_a_terminal
 
+from releases import autocast_skip, fp16_settings
+
 from trt_inline import cli
 from trt_inline.fixing import runner
+
+needs_autocast = pytest.mark.skipif(autocast_skip() is not None, reason=autocast_skip() or "")
 
 SPOT = textwrap.dedent(
     """
@@ -64,7 +68,8 @@ FACTORY = SPOT.replace(
             return Model().eval(), (torch.randn(8, 16),)
 
 
-        settings = {"enable_autocast": True, "autocast_max_output_threshold": 512.0}
+        settings = {"enable_autocast": True, "autocast_low_precision_type": torch.float16,
+                    "autocast_max_output_threshold": 512.0}
 
         if __name__ == "__main__":
             raise SystemExit("the main block ran")
@@ -90,15 +95,20 @@ def _fix(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, st
     return code, out, err
 
 
+@needs_autocast
 def test_the_spot_is_named_and_the_fix_saved_and_verified(tmp_path: Path) -> None:
     script, out = _script(tmp_path, SPOT), tmp_path / "fixed.pt2"
     code, stdout, stderr = run_with_stderr_on_a_terminal("fix", script, "--out", out)
     assert code == 0, stdout + stderr
     head = stdout.splitlines()[0]
-    found = re.match(r"fixed: (\d+) of (\d+) candidate nodes kept in fp32 .*; (\d+) compiles\)$", head)
+    found = re.match(r"fixed: (\d+) of (\d+) candidate modules kept in fp32 .*; (\d+) compiles\)$", head)
     assert found is not None, stdout
-    assert "div (div.Tensor): block (Energy); spot.py:13 in forward: return x + big / 1e5" in stdout, stdout
+    assert "  block (Energy): 4 nodes (aten.mul.Tensor, " in stdout, stdout
+    assert "; spot.py:12 in forward: big = (self.proj(x) * 300.0) ** 2" in stdout, stdout
     assert "compile with: trt_inline.reference.compile(model, arg_inputs, enable_autocast=True, " in stdout
+    assert "autocast_excluded_nodes=['^block$']" in stdout
+    # The report is printed before the build is saved; the save's line ends it.
+    assert stdout.index("compile with:") < stdout.index(f"PASS {out}")
     assert f"PASS {out}: saved, and verified against the model in fp32" in stdout.splitlines()[-1]
     # One progress line per compile, on the terminal, numbered.
     progress = re.findall(r"compile (\d+) \(at most \d+\): ", stderr)
@@ -110,10 +120,11 @@ def test_the_spot_is_named_and_the_fix_saved_and_verified(tmp_path: Path) -> Non
     with torch.no_grad():
         expected = model(*arg_inputs)
         assert (loaded - expected).abs().max() < 1e-2
-        broken = __import__("trt_inline").reference.compile(model, arg_inputs, enable_autocast=True)
+        broken = __import__("trt_inline").reference.compile(model, arg_inputs, **fp16_settings())
         assert not broken(*arg_inputs).isfinite().all()  # (what there was to fix)
 
 
+@needs_autocast
 def test_a_script_defining_model_as_a_function_with_its_settings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -121,17 +132,20 @@ def test_a_script_defining_model_as_a_function_with_its_settings(
     assert code == 0, out + err
     document = json.loads(out)
     assert document["outcome"] == "fixed" and document["settings"]["autocast_max_output_threshold"] == 512.0
-    assert [node["source"] for node in document["nodes"]] == ["spot.py:13 in forward: return x + big / 1e5"]
+    assert [node["source"] for node in document["nodes"]] == ["spot.py:12 in forward: big = (self.proj(x) * 300.0) ** 2"]
+    assert [node["name"] for node in document["nodes"]] == ["block"] and document["minimal"] is True
     assert document["cases"][0]["error_before"] == "inf" and document["cases"][0]["ok_after"] is True
     assert document["compiles"] >= 3 and document["build_after"]["engines"] >= 1 and err == ""
 
 
+@needs_autocast
 def test_a_clean_model_has_nothing_to_fix_in_one_compile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _fix(capsys, _script(tmp_path, CLEAN), "--atol", "1e-2", "--rtol", "0.05")
     assert code == 0, out + err
     assert out.startswith("nothing to fix: every case is within tolerance") and "; 1 compile)" in out
 
 
+@needs_autocast
 def test_every_case_of_a_folder_is_held_to(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     names = runpy.run_path(str(_script(tmp_path, SPOT)))
     model, (x,) = names["model"], names["arg_inputs"]
@@ -146,6 +160,7 @@ def test_every_case_of_a_folder_is_held_to(tmp_path: Path, capsys: pytest.Captur
     assert re.search(r"^  small  \S+ \(within tolerance\) -> \S+ \(within tolerance\)$", out, flags=re.MULTILINE), out
 
 
+@needs_autocast
 def test_no_set_that_works_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = CLEAN.replace("torch.randn(2, 4)", "torch.randn(2, 4) * 1e6")
     code, out, err = _fix(capsys, _script(tmp_path, big), "--out", tmp_path / "fixed.pt2")
@@ -155,6 +170,7 @@ def test_no_set_that_works_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture
     assert not (tmp_path / "fixed.pt2").exists()
 
 
+@needs_autocast
 def test_ctrl_c_prints_the_best_set_and_exits_130(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -213,6 +229,25 @@ def test_unusable_input_is_one_line_and_exit_2(
     code, out, err = _fix(capsys, *given)
     assert code == 2 and out == "", (code, out, err)
     assert err.count("\n") == 1 and err.startswith("trt-inline fix: ") and message in err, err
+
+
+@needs_autocast
+def test_a_failed_save_is_said_after_the_report_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set found is printed first; a save that then fails says so in one line after it (exit 2)."""
+    import trt_inline.export
+
+    def failing_save(*args: Any, **kwargs: Any) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(trt_inline.export, "save", failing_save)
+    out = tmp_path / "fixed.pt2"
+    code, stdout, stderr = _fix(capsys, _script(tmp_path, SPOT), "--out", out)
+    assert code == 2, stdout + stderr
+    assert stdout.startswith("fixed: ") and "compile with:" in stdout and "autocast_excluded_nodes" in stdout, stdout
+    assert stdout.splitlines()[-1] == f"--out {out}: not written (OSError: No space left on device)", stdout
+    assert not out.exists()
 
 
 def test_a_missing_script_in_a_new_interpreter_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import torch
 from conftest import engine_calls
 from hostile import edit_engine, reference_io_text
 from test_verify import cli
+from releases import fp16_settings
 from torch import nn
 
 import trt_inline
@@ -91,7 +92,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
     model, x = Net().eval(), torch.randn(8, 16) * 3
     good, half = root / "good.pt2", root / "half.pt2"
     trt_inline.save(trt_inline.reference.compile(model, (x,)), good, arg_inputs=[x], embed_reference="boundaries")
-    fp16 = trt_inline.reference.compile(model, (x,), enabled_precisions={torch.float16})
+    fp16 = trt_inline.reference.compile(model, (x,), **fp16_settings())
     trt_inline.save(fp16, root / "fp16.pt2", arg_inputs=[x])
     torch.export.save(
         torch.export.load(root / "fp16.pt2"), half, extra_files={REFERENCE_IO_FILE: reference_io_text(good)}

@@ -502,20 +502,27 @@ def _run_check(args: argparse.Namespace) -> int:
 _FIX_TOLERANCES = ("atol", "rtol", "check_error_stat", "top_k", "min_top_k_agreement")
 _FIX_INTERRUPTED = 128 + 2  # (the status of a program Ctrl-C stopped)
 _FIX_DESCRIPTION = """\
-Search for the nodes to keep in fp32 (--strategy higher_precision: autocast_excluded_nodes) or the operators to
-run in PyTorch (--strategy fallback: torch_executed_ops) that bring a reduced-precision build within tolerance on
-every case, and print the settings, the compile(...) call to paste, and each node by module path and source line.
-The builds are torch_tensorrt.dynamo.compile's where TensorRT and CUDA run here, the reference backend's otherwise.
+Search for the modules to keep in fp32 (--strategy higher_precision: autocast_excluded_nodes, which every release
+matches against module paths) or the operators to run in PyTorch (--strategy fallback: torch_executed_ops) that
+bring a reduced-precision build within tolerance on every case, and print the settings, the compile(...) call to
+paste, and each module by path and source line. The builds are torch_tensorrt.dynamo.compile's where TensorRT
+and CUDA run here, the reference backend's otherwise (the importable release's own pipeline, or trt-inline's
+emulation of the release this torch pairs with).
 
 SCRIPT is your own Python script, run in this process (as python SCRIPT runs it, but its
 'if __name__ == "__main__":' block does not run). It defines either model(), a function returning
 (module, arg_inputs), or model (the nn.Module) and arg_inputs (its example inputs, a tuple); and optionally
-settings, a dict of compile settings. --settings is merged over them; with neither, {"enable_autocast": true}
-(higher_precision) or {"enabled_precisions": ["float16"]} (fallback).
+settings, a dict of compile settings, in the names of the Torch-TensorRT release rehearsed (the importable one,
+else the one this torch pairs with). --settings is merged over them; with neither, an fp16 build of that release:
+{"enable_autocast": true, "autocast_low_precision_type": "float16"} (2.10+) or {"enabled_precisions":
+["float16"]}.
+
+The report is printed before --out saves anything; a save that fails is said after it.
 
 Exit 0: fixed, or nothing to fix (and --out verified). 1: no set works, or --max-compiles ran out (the best set
 found is printed), or the --out file did not verify. 2: unusable input (a missing script, one without the
-names, bad JSON). 130: Ctrl-C stopped the search (the best set found so far is printed)."""
+names, bad JSON), or the --out build could not be saved. 130: Ctrl-C stopped the search (the best set found so
+far is printed)."""
 
 
 def _add_fix_command(commands: Any) -> None:
@@ -585,18 +592,33 @@ def _run_fix(args: argparse.Namespace) -> int:
         script = load_script(args.script)
         settings = {**script.settings, **given} or default_settings(args.strategy)
         report = find_fix(
-            script.module, script.arg_inputs, settings=settings, tolerance=tolerance, strategy=args.strategy,
+            script.module, script.arg_inputs, settings=settings, tolerances=tolerance, strategy=args.strategy,
             cases=args.cases, max_compiles=args.max_compiles, seed=args.seed,
         )  # fmt: skip
-        saved = _fix_out(args, report, script.module, script.arg_inputs, tolerance) if args.out is not None else None
     except KeyboardInterrupt:  # (outside the search, which reports what it found itself)
         print("trt-inline fix: interrupted", file=sys.stderr)
         return _FIX_INTERRUPTED
-    document = report.to_dict() if args.json else None
-    if document is not None:
+    if not args.json:  # (the set found is printed before anything is saved: a failed save loses nothing)
+        _print_text(report.to_text())
+    saved: tuple[dict[str, Any], str] | None = None
+    failure: Exception | None = None
+    if args.out is not None:
+        try:
+            saved = _fix_out(args, report, script.module, script.arg_inputs, tolerance)
+        except KeyboardInterrupt:
+            print("trt-inline fix: interrupted", file=sys.stderr)
+            return _FIX_INTERRUPTED
+        except Exception as exc:  # (said after the report, one line; the exit status is unusable input's)
+            failure = exc
+            saved = ({"path": args.out, "status": None, "worst_error": None, "error": first_line(exc)},
+                     f"--out {args.out}: not written ({type(exc).__name__}: {first_line(exc)})")  # fmt: skip
+    if args.json:
+        document = report.to_dict()
         _print_text(json.dumps({**document, **({"out": saved[0]} if saved else {})}, indent=2))
-    else:
-        _print_text(report.to_text() + (f"\n{saved[1]}" if saved else ""))
+    elif saved is not None:
+        _print_text(saved[1])
+    if failure is not None:
+        return 2
     if report.interrupted:
         return _FIX_INTERRUPTED
     return 0 if report.fixed and (saved is None or saved[0]["status"] == "PASS") else 1

@@ -32,6 +32,7 @@ from trt_inline.errors import IncompatibleTorchError
 __all__ = [
     "OpOverload",
     "OpOverloadPacket",
+    "answer_cuda_queries",
     "aoti_compile_and_package",
     "aoti_load_package",
     "aoti_loader_folders",
@@ -55,22 +56,26 @@ __all__ = [
     "flatten_by_spec",
     "graph_codegen",
     "guard_call_types",
+    "higher_order_by_name",
     "higher_order_name",
     "import_loaders",
     "init_splitter",
     "is_core_aten",
     "is_fake",
+    "is_torch_tensorrt_device",
     "live_groups",
     "load_script_object",
     "module_call_signature",
     "move_program_to",
     "op_argument_types",
     "op_argument_value",
+    "op_by_name",
     "op_defined",
     "op_is_mutable",
     "op_is_random",
     "op_overload_name",
     "op_overloads",
+    "op_packet_name",
     "op_return_types",
     "op_schema_name",
     "own_buffers",
@@ -83,11 +88,13 @@ __all__ = [
     "schema_union_base",
     "script_object_class",
     "serialized_dtype",
+    "shape_env_symbols",
     "set_codegen",
     "set_example_inputs",
     "splitter_base",
     "splitter_settings",
     "streaming_tensor_writes",
+    "symbolic_value",
     "tensorrt_engine_info",
     "to_copy_op",
     "traces_size_obliviously",
@@ -413,6 +420,92 @@ def weights_only_globals() -> frozenset[str]:
         return frozenset(
             {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_parameter"} | storages
         )
+
+
+def op_by_name(qualified: str, overload: str | None) -> Any:
+    """The operator ``namespace::name`` (``torch.ops.namespace.name``), its overload ``overload`` (the packet where
+    None): an operator found again by the name :func:`op_schema_name` / :func:`op_packet_name` gave."""
+    namespace, _, name = qualified.partition("::")
+    packet = getattr(getattr(torch.ops, namespace), name)
+    return packet if overload is None else getattr(packet, overload)
+
+
+def op_packet_name(packet: OpOverloadPacket) -> str:
+    """``"aten::linear"`` for ``torch.ops.aten.linear``."""
+    return str(packet._qualified_op_name)
+
+
+def higher_order_by_name(name: str) -> Any:
+    """The higher-order operator ``torch.ops.higher_order.<name>``."""
+    return getattr(torch.ops.higher_order, name)
+
+
+def shape_env_symbols(fake_mode: Any) -> dict[str, Any]:
+    """What a size expression written as text (``str(symint.node.expr)``) is read back with: the symbols of
+    ``fake_mode``'s shape environment and torch's sympy functions (``FloorDiv``, ``Mod``, ...), by name."""
+    from torch.utils._sympy import functions
+
+    names: dict[str, Any] = {
+        name: value for name, value in vars(functions).items() if isinstance(value, type) and not name.startswith("_")
+    }
+    shape_env = getattr(fake_mode, "shape_env", None)
+    for symbol in [*_backed_values(shape_env), *(getattr(shape_env, "var_to_range", None) or {})]:
+        names[str(symbol)] = symbol
+    return names
+
+
+def _backed_values(shape_env: Any) -> dict[Any, Any]:
+    """The hint of each backed symbol: ``backed_var_to_val`` (torch 2.13+, where ``var_to_val`` is deprecated), else
+    ``var_to_val``."""
+    table = getattr(shape_env, "backed_var_to_val", None)
+    if table is None:
+        table = getattr(shape_env, "var_to_val", None)
+    return dict(table or {})
+
+
+def symbolic_value(fake_mode: Any, kind: str, expression: str, names: dict[str, Any]) -> Any:
+    """The SymInt (``kind`` ``"int"``), SymFloat or SymBool that ``expression`` stands for in ``fake_mode``'s shape
+    environment. A symbol it does not know (made after a fork, an unbacked size) becomes a fresh unbacked one, and
+    ``names`` learns it."""
+    import sympy
+
+    shape_env = fake_mode.shape_env
+    parsed = sympy.sympify(expression, locals=names)
+    unknown = [s for s in parsed.free_symbols if names.get(str(s)) is not s]
+    for symbol in sorted(unknown, key=str):
+        fresh = shape_env.create_unbacked_symint().node.expr
+        names[str(symbol)] = fresh
+    if unknown:
+        parsed = sympy.sympify(expression, locals=names)
+    hints = _backed_values(shape_env)
+    hint = parsed.xreplace(hints) if all(s in hints for s in parsed.free_symbols) else None
+    if kind == "int":
+        return shape_env.create_symintnode(parsed, hint=None if hint is None else int(hint))
+    if kind == "float":
+        return shape_env.create_symfloatnode(parsed, hint=None if hint is None else float(hint))
+    return shape_env.create_symboolnode(parsed)
+
+
+def answer_cuda_queries(capability: tuple[int, int]) -> None:
+    """In a rehearsal's forked child, which must never start CUDA: the CUDA queries a Torch-TensorRT release makes
+    while it imports and dry-runs (``torch.cuda.get_device_capability``, ``current_device``, ``mem_get_info``,
+    ``empty_cache``; ``torch._C._CudaDeviceProperties``, which its annotations name and a CPU build lacks) answered
+    as a device of ``capability`` would. Nothing is put back: the child ends with it."""
+    cuda: Any = torch.cuda
+    cuda.is_available = lambda: False
+    cuda.get_device_capability = lambda device=None: capability
+    cuda.current_device = lambda: 0
+    cuda.mem_get_info = lambda device=None: (64 << 30, 80 << 30)
+    cuda.empty_cache = lambda: None
+    cuda.synchronize = lambda device=None: None
+    if not hasattr(torch._C, "_CudaDeviceProperties"):
+        setattr(torch._C, "_CudaDeviceProperties", type("_CudaDeviceProperties", (), {}))  # noqa: B010
+
+
+def is_torch_tensorrt_device(value: Any) -> bool:
+    """Whether ``value`` is a Torch-TensorRT ``Device`` (recognised by its class, without importing it)."""
+    kind = type(value)
+    return kind.__name__ == "Device" and kind.__module__ == "torch_tensorrt._Device"
 
 
 def higher_order_name(target: Any) -> str | None:

@@ -29,6 +29,9 @@ __all__ = [
     "OWN_EXTRA_FILES",
     "PACKAGE_INFO_FILE",
     "REFERENCE_IO_ENV",
+    "PIPELINE_ENV",
+    "PIPELINES",
+    "default_pipeline",
     "RANK_MANIFEST_FILE",
     "REFERENCE_IO_FILE",
     "atomic_write",
@@ -60,6 +63,18 @@ OWN_EXTRA_FILES = (REFERENCE_IO_FILE, PACKAGE_INFO_FILE, RANK_MANIFEST_FILE)
 # =boundaries: it also embeds every engine's inputs and outputs (embed_reference="boundaries").
 REFERENCE_IO_ENV = "TRT_INLINE_REFERENCE_IO"
 BOUNDARIES = "boundaries"
+
+
+# TRT_INLINE_PIPELINE=own (or release, auto): which pipeline reference.compile(pipeline="auto") takes; unset or
+# anything else: auto (the importable release's, else trt-inline's own).
+PIPELINE_ENV = "TRT_INLINE_PIPELINE"
+PIPELINES = ("auto", "release", "own")
+
+
+def default_pipeline() -> str:
+    """What ``pipeline="auto"`` means here (:data:`PIPELINE_ENV`): ``"auto"``, or ``"own"`` / ``"release"``."""
+    value = os.environ.get(PIPELINE_ENV, "").strip().lower()
+    return value if value in PIPELINES else "auto"
 
 
 def plugin_embeds_reference_io() -> bool:

@@ -100,6 +100,15 @@ class Release:
     engine_pickle_globals: tuple[tuple[str, str], ...] = field(default=())
     # The runtime ABI version its engines are saved with and its runtime loads (only that one): runtime.h.
     runtime_abi: str = ""
+    # How its dynamo.compile takes reduced precision (_settings.py, _defaults.py, _compiler.py): "weak"
+    # (enabled_precisions), "explicit" (enable_autocast; enabled_precisions only with use_explicit_typing=False, its
+    # default being True), "autocast" (enable_autocast; no enabled_precisions: strong typing always).
+    precision: str = "weak"
+
+    @property
+    def autocast(self) -> bool:
+        """Whether it has rule-based autocast (``enable_autocast``, ``autocast_*``: 2.10+)."""
+        return self.precision != "weak"
 
     @property
     def minor(self) -> tuple[int, int]:
@@ -160,28 +169,29 @@ RELEASES: tuple[Release, ...] = (
     Release(
         "2.10.0", "2.10.0", _CROSS_COMPILE, _BY_NAME,
         wires_by_name=True, retrace_inlines=False, save_extra_files=False, aot_inductor=True, engine_deepcopy=False,
-        runtime_abi="7",
+        runtime_abi="7", precision="explicit",
     ),
     Release(
         "2.11.0", "2.11.0", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=False,
-        runtime_abi="8",
+        runtime_abi="8", precision="explicit",
     ),
     Release(
         "2.12.1", "2.12.1", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
-        executorch=True, runtime_abi="9",
+        executorch=True, runtime_abi="9", precision="explicit",
     ),
     Release(
         "2.13.0", "2.13.0", _CROSS_COMPILE, _BY_NAME_RETRACING,
         wires_by_name=True, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
-        executorch=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,), runtime_abi="9",
+        executorch=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,), runtime_abi="9", precision="autocast",
     ),
     Release(
         "2.14.0", "2.14.1", ("gm", "cross_compile_module", "expose_aliased_mutations"),
         _replaced("inline_trt_modules", "lift (wrapped)", "create_trt_exp_program", "export", _LOADER),
         wires_by_name=False, retrace_inlines=True, save_extra_files=True, aot_inductor=True, engine_deepcopy=True,
         executorch=True, lift_persistent=True, engine_pickle_globals=(_RECONSTRUCT_ENGINE,), runtime_abi="10",
+        precision="autocast",
     ),
 )  # fmt: skip
 

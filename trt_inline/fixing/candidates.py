@@ -1,52 +1,61 @@
-"""What the search chooses among, and each choice in the user's terms.
+"""What the search chooses among, in the names the release matches, and each choice in the user's terms.
 
-The candidates are the floating-point nodes of the graph the compile partitions (the model exported and
-decomposed to core ATen: node names as ``autocast_excluded_nodes`` matches them), in graph order; for the
-``fallback`` strategy their operators (``aten.mul.Tensor``: ``torch_executed_ops`` takes operators, the finest
-control the releases offer there). A node is named by its module path and source line
-(:mod:`trt_inline.module_paths`).
+The candidates come from the nodes the first build lowered (:mod:`trt_inline.reference.lowered`: the graph the
+pipeline partitions, a release's own where one is rehearsed), and only from what a setting can change there:
+
+* ``higher_precision`` (``autocast_excluded_nodes``): the module paths (``layer3.0.conv1``) of the nodes that
+  build runs in reduced precision, first seen first. Every release matches a pattern against a node's module path
+  (the innermost ``nn_module_stack`` entry), not its name, so a module path is what can be kept in fp32; ``""`` is
+  the model's own ``forward`` (the ops outside every submodule).
+* ``fallback`` (``torch_executed_ops``): the operators (``torch.ops.aten.div.Tensor``, the form every release
+  compares) of the nodes that build runs in an engine in reduced precision. Never ``getitem``, size arithmetic or
+  anything else that is no operator: a release cannot be told to run those in PyTorch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import torch
-import torch.fx
 
 from trt_inline.fixing.report import FixedNode
-from trt_inline.module_paths import node_origin
+from trt_inline.reference.lowered import LoweredNode
 
-__all__ = ["candidates", "described", "partitioned_graph"]
+__all__ = ["TOP_LEVEL", "candidates", "described", "matches"]
 
-
-def partitioned_graph(model: torch.nn.Module, arg_inputs: Sequence[Any]) -> torch.fx.Graph:
-    """The graph the compile partitions: exported, decomposed to core ATen."""
-    exported = torch.export.export(model, tuple(arg_inputs)).run_decompositions()
-    graph: torch.fx.Graph = exported.graph
-    return graph
+# How a report names the module path "": the model's own forward.
+TOP_LEVEL = "(the model's own forward)"
 
 
-def candidates(graph: torch.fx.Graph, strategy: str) -> list[str]:
-    """The floating-point nodes of ``graph`` (their names), or their operators for ``fallback``, in graph order."""
+def candidates(table: Sequence[LoweredNode], strategy: str) -> list[str]:
+    """The module paths (``higher_precision``) or operators (``fallback``) of the nodes ``table`` computes in
+    reduced precision, in graph order."""
     found: dict[str, None] = {}
-    for node in graph.nodes:
-        value = node.meta.get("val")
-        if node.op != "call_function" or not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+    for node in table:
+        if not node.low or not node.operator:
             continue
-        found[node.name if strategy == "higher_precision" else str(node.target)] = None  # (aten.mul.Tensor)
+        if strategy == "higher_precision":
+            found[node.module] = None
+        elif node.in_engine:
+            found[node.operator] = None
     return list(found)
 
 
-def described(graph: torch.fx.Graph, strategy: str, chosen: Sequence[str]) -> list[FixedNode]:
-    """``chosen`` in the user's terms: each node with its module path and class and its source line; an operator
-    by its name."""
-    if strategy != "higher_precision":
-        return [FixedNode(op, op, "", "") for op in chosen]
-    nodes = {node.name: node for node in graph.nodes}
+def matches(node: LoweredNode, strategy: str, chosen: str) -> bool:
+    """Whether the setting made of ``chosen`` reaches ``node``."""
+    return (node.module if strategy == "higher_precision" else node.operator) == chosen
+
+
+def described(table: Sequence[LoweredNode], strategy: str, chosen: Sequence[str]) -> list[FixedNode]:
+    """``chosen`` in the user's terms: a module path with its class, the operators it holds that ran in reduced
+    precision, and its first source line; an operator with the modules its nodes are in."""
     found = []
-    for name in chosen:
-        origin = node_origin(nodes[name])
-        found.append(FixedNode(name, str(nodes[name].target).removeprefix("aten."), origin.module, origin.source))
+    for choice in chosen:
+        nodes = [node for node in table if matches(node, strategy, choice) and node.low]
+        operators = list(dict.fromkeys(node.operator.removeprefix("torch.ops.") for node in nodes))
+        modules = list(dict.fromkeys(node.described for node in nodes if node.described))
+        source = next((node.source for node in nodes if node.source), "")
+        if strategy == "higher_precision":
+            name = choice or TOP_LEVEL
+            found.append(FixedNode(name, ", ".join(operators), modules[0] if modules else "", source, len(nodes)))
+        else:
+            found.append(FixedNode(choice, choice.removeprefix("torch.ops."), ", ".join(modules), source, len(nodes)))
     return found

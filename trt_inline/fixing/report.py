@@ -34,17 +34,27 @@ class FixError(TrtInlineError, ValueError):
 
 @dataclass(frozen=True)
 class FixedNode:
-    """A node the fix keeps in fp32 (or an operator it runs in PyTorch), in the user's terms."""
+    """What the fix changes, in the user's terms: a module kept in fp32 (``name`` its path, as the setting matches
+    it; ``op`` the operators of it that ran in reduced precision) or an operator run in PyTorch (``name``
+    ``torch.ops.aten.div.Tensor``, ``op`` ``aten.div.Tensor``; ``module`` the modules its nodes are in)."""
 
     name: str
     op: str
     module: str  # "stage2.0.conv (Linear)", or "" where the graph does not record it
     source: str  # "model.py:41 in forward: h = self.conv(x)", or ""
+    nodes: int = 1  # how many nodes of the build it changes
+
+    @property
+    def is_operator(self) -> bool:
+        return self.op == self.name.removeprefix("torch.ops.")
 
     def describe(self) -> str:
-        where = "; ".join(part for part in (self.module, self.source) if part)
-        head = self.name if self.name == self.op else f"{self.name} ({self.op})"
-        return head + (f": {where}" if where else "")
+        count = f"{self.nodes} node{'' if self.nodes == 1 else 's'}"
+        if self.is_operator:
+            where = "; ".join(part for part in (f"in {self.module}" if self.module else "", self.source) if part)
+            return f"{self.op} ({count})" + (f": {where}" if where else "")
+        head = self.module or self.name
+        return f"{head}: {count} ({self.op})" + (f"; {self.source}" if self.source else "")
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,12 @@ class FixReport:
     budget: int = 0
     candidates: int = 0
     notes: list[str] = field(default_factory=list)
+    # Whether the set was checked to be minimal: leaving out any one member puts a case out of tolerance.
+    minimal: bool = False
+    # Which pipeline built the builds (one line), and the torch_tensorrt call with the settings (where the builds
+    # were rehearsals).
+    pipeline: str = ""
+    release_call: str = ""
 
     @property
     def fixed(self) -> bool:
@@ -130,7 +146,7 @@ class FixReport:
         return max(case.after for case in self.cases if case.after is not None)
 
     def to_text(self) -> str:
-        what = "nodes kept in fp32" if self.strategy == "higher_precision" else "operators run in PyTorch"
+        what = "modules kept in fp32" if self.strategy == "higher_precision" else "operators run in PyTorch"
         spent = f"{self.compiles} compile{'' if self.compiles == 1 else 's'}"
         if self.outcome == NOTHING_TO_FIX:
             lines = [f"nothing to fix: every case is within tolerance (worst error {_number(self.error_before)}; "
@@ -157,6 +173,9 @@ class FixReport:
         if self.works and self.nodes:
             lines.append(f"the set ({what}, by module path and source line):")
             lines += [f"  {node.describe()}" for node in self.nodes]
+            if self.minimal:
+                lines.append(f"minimal: leaving out any one of the {len(self.nodes)} puts a case out of tolerance "
+                             "(each checked)")  # fmt: skip
         if self.cases:
             changed = self.outcome != NOTHING_TO_FIX
             head = "error per case (worst max abs error over its outputs)"
@@ -170,9 +189,13 @@ class FixReport:
             if self.after is not None and self.outcome != NOTHING_TO_FIX:
                 shape += f" -> {self.after.describe()}"
             lines.append(shape)
+        if self.pipeline:
+            lines.append(f"built on: {self.pipeline}")
         if self.works:
             lines.append(f"settings: {_settings_text(self.settings)}")
             lines.append(f"compile with: {self.compile_call}")
+            if self.release_call and self.release_call != self.compile_call:
+                lines.append(f"on TensorRT: {self.release_call}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,7 +208,13 @@ class FixReport:
             "strategy": self.strategy,
             "settings": plain(self.settings),
             "compile_call": self.compile_call if self.works else None,
-            "nodes": [{"name": n.name, "op": n.op, "module": n.module, "source": n.source} for n in self.nodes],
+            "release_call": (self.release_call or None) if self.works else None,
+            "pipeline": self.pipeline,
+            "minimal": self.minimal,
+            "nodes": [
+                {"name": n.name, "op": n.op, "module": n.module, "source": n.source, "nodes": n.nodes}
+                for n in self.nodes
+            ],
             "cases": [
                 {
                     "name": c.name,

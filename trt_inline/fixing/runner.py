@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from trt_inline import progress
-from trt_inline.fixing.builds import Compile, Measured, compile_call, default_compile, measure, settings_with
+from trt_inline.fixing.builds import (
+    Compile,
+    Measured,
+    compile_call,
+    default_compile,
+    is_tensorrt,
+    measure,
+    rehearsal_table,
+    rehearsed,
+    release_call,
+    settings_with,
+)
+from trt_inline.fixing.candidates import TOP_LEVEL, described, matches
 from trt_inline.fixing.candidates import candidates as candidates_of
-from trt_inline.fixing.candidates import described, partitioned_graph
 from trt_inline.fixing.cases import HeldCase, held_cases
 from trt_inline.fixing.report import (
     FIXED,
@@ -31,7 +42,8 @@ from trt_inline.fixing.report import (
     FixReport,
 )
 from trt_inline.fixing.search import search
-from trt_inline.verify.options import Tolerances
+from trt_inline.reference.lowered import LoweredNode
+from trt_inline.verify.options import Tolerances, renamed_tolerances
 
 __all__ = ["DEFAULT_TOLERANCE", "STRATEGIES", "default_budget", "find_fix", "with_default_tolerance"]
 
@@ -54,25 +66,33 @@ def find_fix(
     *,
     compile: Compile | None = None,
     settings: Mapping[str, Any] | None = None,
-    tolerance: Tolerances | None = None,
+    tolerances: Tolerances | Mapping[str, Any] | float | None = None,
     strategy: str = "higher_precision",
     cases: str | os.PathLike[str] | Sequence[Sequence[Any]] | None = None,
     max_compiles: int | None = None,
     seed: int = 0,
+    tolerance: Tolerances | Mapping[str, Any] | float | None = None,
 ) -> FixReport:
-    """Settings that bring ``model``'s reduced-precision build within ``tolerance`` on every case.
+    """Settings that bring ``model``'s reduced-precision build within ``tolerances`` on every case.
 
     ``compile(model, arg_inputs, **settings)``: ``torch_tensorrt.dynamo.compile`` where TensorRT runs here, the
-    reference backend otherwise. ``settings``: the compile settings as the user passes them
-    (``enable_autocast=True``, ``enabled_precisions=...``); ``strategy="higher_precision"`` needs autocast (the
-    node-level precision control: ``autocast_excluded_nodes``), ``"fallback"`` adds ``torch_executed_ops``.
-    ``tolerance``: verify's (:class:`~trt_inline.verify.options.Tolerances`: ``atol``/``rtol`` per output,
-    ``check_error_stat``, ``top_k``); ``atol`` and ``rtol`` not given are :data:`DEFAULT_TOLERANCE`.
+    reference backend otherwise (the importable release's own pipeline, else trt-inline's emulation of the
+    release this torch pairs with). ``settings``: the compile settings as the user passes them, in that release's
+    names (an fp16 build: ``enable_autocast=True, autocast_low_precision_type=torch.float16`` from 2.10,
+    ``enabled_precisions={torch.float16}`` before); ``strategy="higher_precision"`` needs autocast (the releases'
+    node-level precision control, ``autocast_excluded_nodes``, which matches module paths), ``"fallback"`` adds
+    ``torch_executed_ops``. ``tolerances``: a number (``atol`` and ``rtol`` both), a dict of
+    :class:`~trt_inline.verify.options.Tolerances` fields, or a ``Tolerances`` (as ``verify`` and ``diff`` take
+    it; ``tolerance=`` is its old name); ``atol`` and ``rtol`` not given are :data:`DEFAULT_TOLERANCE`.
     ``cases``: a folder as ``verify --cases`` reads it, or a list of input tuples (their expected outputs are
     the model's own, in fp32); by default ``arg_inputs``. ``max_compiles``: stop there (the report holds the
     best set found by then; by default :func:`default_budget`). ``seed``: the random state each compile and run
     starts from (the search's verdicts, and so its progress lines, repeat). Ctrl-C during the search stops it:
     the report holds the best set found so far, ``outcome="interrupted"``.
+
+    The set found is checked before it is reported: leaving out any one member puts a case out of tolerance (a
+    member that is not needed is dropped), and in the build with the settings found, the nodes the set names
+    are the ones the pipeline changed (a pattern or operator that reaches no node is an error).
 
     Raises :class:`~trt_inline.fixing.report.FixError` where it cannot search (no case, a strategy the settings
     cannot express).
@@ -85,35 +105,65 @@ def find_fix(
             "strategy='higher_precision' keeps nodes in fp32 with autocast_excluded_nodes, which takes effect with "
             "enable_autocast=True (Torch-TensorRT 2.10+); give it in settings, or use strategy='fallback'"
         )
+    if given.get("enable_autocast") and given.get("autocast_low_precision_type") is None:
+        raise FixError(
+            "enable_autocast=True without autocast_low_precision_type is an fp32 build (its default is None in every "
+            "release that has autocast): give autocast_low_precision_type=torch.float16 (or torch.bfloat16)"
+        )
     if max_compiles is not None and max_compiles < 1:
         raise FixError(f"max_compiles={max_compiles}: at least 1 (the build with the settings given)")
+    criteria = renamed_tolerances(tolerances, tolerance, "find_fix")
     build = compile or default_compile()
     held = held_cases(model, arg_inputs, cases)
-    graph = partitioned_graph(model, arg_inputs)
-    chosen_from = candidates_of(graph, strategy)
-    budget = max_compiles if max_compiles is not None else default_budget(len(chosen_from))
-    trials = _Trials(build, model, arg_inputs, given, strategy, held, with_default_tolerance(tolerance), seed,
-                     len(chosen_from), budget)  # fmt: skip
-    report = FixReport(strategy, given, candidates=len(chosen_from), budget=budget)
+    with rehearsed(build, model, arg_inputs) as trial_build:
+        trials = _Trials(trial_build, model, arg_inputs, given, strategy, held, with_default_tolerance(criteria),
+                         seed, max_compiles)  # fmt: skip
+        return _searched(trials, build, given, strategy, held)
+
+
+def _searched(
+    trials: _Trials, build: Compile, given: dict[str, Any], strategy: str, held: Sequence[HeldCase]
+) -> FixReport:
+    """The search ``find_fix`` describes, with ``trials`` compiling; its report."""
+    model, arg_inputs = trials.model, trials.arg_inputs
+    report = FixReport(strategy, given)
     found: list[str] | None = None
+    chosen_from: list[str] = []
     try:
-        if trials([]):
+        first = trials.measure_first()
+        table = first.lowered if first.lowered is not None else rehearsal_table(model, arg_inputs, given)
+        chosen_from = candidates_of(table, strategy)
+        trials.set_candidates(len(chosen_from))
+        report.candidates, report.budget = len(chosen_from), trials.budget
+        if first.passes:
             report.outcome = NOTHING_TO_FIX
+        elif not chosen_from:
+            report.outcome = NO_FIX
+            report.notes.append(f"the build runs no node in reduced precision that {strategy} can change")
         elif not trials(chosen_from):
             report.outcome = NO_FIX
             report.notes.append(_why_none_works(trials, chosen_from))
         else:
             found = search(chosen_from, trials)
+            found, report.minimal = minimal(found, trials)
             report.outcome = FIXED
     except _OutOfCompiles:
         report.outcome = OUT_OF_COMPILES
-        report.notes.append(f"stopped at max_compiles={budget} before the search ended")
+        report.notes.append(f"stopped at max_compiles={trials.budget} before the search ended")
     except KeyboardInterrupt:
         report.outcome = INTERRUPTED
         report.notes.append("stopped by Ctrl-C (KeyboardInterrupt) before the search ended")
     report.compiles = trials.compiles
+    report.candidates, report.budget = len(chosen_from), trials.budget
     if trials.first is None:  # (stopped before the first compile ended: nothing measured)
         return report
+    report.pipeline = trials.first.pipeline
+    if trials.first.narrowed:
+        narrowed = ", ".join(trials.first.narrowed)
+        report.notes.append(
+            f"the build returns what the model returns in float32 in a narrower dtype ({narrowed}): its last engine "
+            "keeps the low precision autocast gave it, as the release's do; compared widened"
+        )
     if found is None and trials.best is not None and report.outcome in (OUT_OF_COMPILES, INTERRUPTED):
         order = {name: index for index, name in enumerate(chosen_from)}
         found = sorted(trials.best, key=order.__getitem__)
@@ -127,10 +177,53 @@ def find_fix(
     ]  # fmt: skip
     report.before, report.after = trials.first.shape, None if after is None else after.shape
     if found:
-        report.nodes = described(graph, strategy, found)
+        table = trials.first.lowered if trials.first.lowered is not None else ()
+        report.nodes = described(table, strategy, found)
         report.settings = settings_with(given, strategy, found)
+        if after is not None and after.lowered is not None and trials.first.lowered is not None:
+            check_reached(trials.first.lowered, after.lowered, strategy, found)
     report.compile_call = compile_call(build, report.settings)
+    report.release_call = "" if is_tensorrt(build) else release_call(report.settings)
     return report
+
+
+def minimal(found: Sequence[str], passes: Callable[[Sequence[str]], bool]) -> tuple[list[str], bool]:
+    """``found`` made 1-minimal: each member left out once, in turn, and dropped where the rest still passes, until
+    leaving out any one fails. The search's own reasoning assumes that keeping more in fp32 never makes a case
+    worse, which real models do not promise; this checks it. Returns the set and True (checked)."""
+    kept = list(found)
+    changed = True
+    while changed and len(kept) > 1:
+        changed = False
+        for member in list(kept):
+            rest = [item for item in kept if item != member]
+            if passes(rest):
+                kept, changed = rest, True
+                break
+    return kept, True
+
+
+def check_reached(
+    before: Sequence[LoweredNode], after: Sequence[LoweredNode], strategy: str, found: Sequence[str]
+) -> None:
+    """The settings found do in the pipeline what the search meant: each module path's (operator's) nodes that ran
+    in reduced precision (in an engine) in the first build now run in fp32 (in PyTorch). Raises
+    :class:`FixError` naming one that did not (the release read the setting otherwise)."""
+    now = {node.name: node for node in after}
+    for chosen in found:
+        meant = [node for node in before if node.low and matches(node, strategy, chosen)]
+        if strategy == "fallback":
+            meant = [node for node in meant if node.in_engine]
+        missed = [
+            node.name for node in meant
+            if node.name in now and (now[node.name].low if strategy == "higher_precision" else now[node.name].in_engine)
+        ]  # fmt: skip
+        if not meant or len(missed) == len(meant):
+            what = "kept in fp32" if strategy == "higher_precision" else "run in PyTorch"
+            raise FixError(
+                f"find_fix: the setting for {chosen or TOP_LEVEL!r} reached none of its nodes in the build it made "
+                f"({', '.join(missed) or 'no node'} not {what}): the pipeline does not read it as the search meant"
+            )
 
 
 def with_default_tolerance(tolerance: Tolerances | None) -> Tolerances:
@@ -152,11 +245,14 @@ class _Trials:
 
     def __init__(
         self, build: Compile, model: torch.nn.Module, arg_inputs: Sequence[Any], given: Mapping[str, Any],
-        strategy: str, cases: Sequence[HeldCase], tolerance: Tolerances, seed: int, candidates: int, budget: int,
+        strategy: str, cases: Sequence[HeldCase], tolerance: Tolerances, seed: int, max_compiles: int | None,
     ) -> None:  # fmt: skip
         self.build, self.model, self.arg_inputs, self.given = build, model, arg_inputs, given
         self.strategy, self.cases, self.tolerance, self.seed = strategy, cases, tolerance, seed
-        self.candidates, self.budget = candidates, budget
+        self.max_compiles = max_compiles
+        self.candidates = 0
+        # (until the candidates are known, the budget is what was given, or room for the first compile)
+        self.budget = max_compiles if max_compiles is not None else 1
         self.compiles = 0
         self.first: Measured | None = None  # (the settings given)
         self.best: list[str] | None = None  # (the smallest set that passed)
@@ -165,11 +261,24 @@ class _Trials:
     def measured(self, chosen: Sequence[str]) -> Measured:
         return self._seen[frozenset(chosen)]
 
+    def measure_first(self) -> Measured:
+        """The build with the settings given (the first compile, which says what the candidates are)."""
+        self([])
+        assert self.first is not None
+        return self.first
+
+    def set_candidates(self, count: int) -> None:
+        self.candidates = count
+        self.budget = self.max_compiles if self.max_compiles is not None else default_budget(count)
+
     def __call__(self, chosen: Sequence[str]) -> bool:
         key = frozenset(chosen)
         if key not in self._seen:
             settings = settings_with(self.given, self.strategy, chosen) if chosen else self.given
-            what = f"{len(chosen)} of {self.candidates} candidates {_WHAT[self.strategy]}"
+            what = (
+                f"{len(chosen)} of {self.candidates} candidates {_WHAT[self.strategy]}" if chosen
+                else "the settings given"
+            )  # fmt: skip
             self._seen[key] = self.compile(settings, what)
             if not chosen:
                 self.first = self._seen[key]
@@ -207,6 +316,12 @@ def _why_none_works(trials: _Trials, everything: Sequence[str]) -> str:
                 "to TF32 (an input too large or too finely balanced for 10 mantissa bits); add disable_tf32=True "
                 "to the settings and search again"
             )
+    if trials.strategy == "fallback" and trials.given.get("enable_autocast"):
+        return (
+            f"{head}: with autocast, the release casts the graph before it partitions it, so an operator run in "
+            "PyTorch keeps the dtype autocast gave it; keep modules in fp32 instead (strategy='higher_precision', "
+            "autocast_excluded_nodes)"
+        )
     return (
         f"{head}: the loss is not in what {trials.strategy} can change (an input out of the low precision's range "
         "where the engine reads it, or an operator that is not a candidate)"

@@ -96,9 +96,16 @@ def _inputs(value: Any, where: str, what: str) -> tuple[Any, ...]:
 
 
 def default_settings(strategy: str) -> dict[str, Any]:
-    """The settings where neither the script nor ``--settings`` gives any: an fp16 build, with autocast where the
-    strategy keeps nodes in fp32."""
-    return {"enable_autocast": True} if strategy == "higher_precision" else {"enabled_precisions": {torch.float16}}
+    """The settings where neither the script nor ``--settings`` gives any: an fp16 build of the release rehearsed
+    here (:func:`~trt_inline.reference.release.rehearsed_release`), in its names: ``enable_autocast=True,
+    autocast_low_precision_type=torch.float16`` where it has autocast (2.10+: ``enable_autocast`` alone is fp32),
+    ``enabled_precisions={torch.float16}`` before. (Either strategy searches the same build.)"""
+    from trt_inline.reference.release import rehearsed_release
+
+    record = rehearsed_release()
+    if record is None or record.autocast:
+        return {"enable_autocast": True, "autocast_low_precision_type": torch.float16}
+    return {"enabled_precisions": {torch.float16}}
 
 
 def settings_from_json(text: str) -> dict[str, Any]:

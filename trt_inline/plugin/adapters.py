@@ -464,13 +464,16 @@ class _DynamicProbe(torch.nn.Module):
 
 
 def _dynamic_probe() -> torch.fx.GraphModule:
-    """:class:`_DynamicProbe` compiled by the reference backend, ``slice`` falling back: a scalar crosses a boundary."""
+    """:class:`_DynamicProbe` compiled by the reference backend's own partitioner (the release's would fold a
+    one-node block into the fallback), ``slice`` falling back: a scalar crosses a boundary."""
     from trt_inline import reference
 
     batch, half = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("half", min=2, max=4)
     shapes = ({0: batch, 1: 2 * half}, {0: batch, 1: 2 * half})
     example = (torch.ones(2, 6), torch.ones(2, 6))
-    return reference.compile(_DynamicProbe(), example, torch_executed_ops=["aten.slice.Tensor"], dynamic_shapes=shapes)
+    return reference.compile(
+        _DynamicProbe(), example, pipeline="own", torch_executed_ops=["aten.slice.Tensor"], dynamic_shapes=shapes
+    )
 
 
 def _flat(gm: torch.fx.GraphModule) -> None:

@@ -2,17 +2,21 @@
 
 ``trt_inline.reference.compile(model, inputs, torch_executed_ops=..., ...)`` gives
 a partitioned module of ``_run_on_acc_N`` engines (:class:`ReferenceEngine`) and
-``_run_on_gpu_N`` fallbacks. Importing this package defines the engine op
-``torch.ops.trt_inline.execute_engine`` (what loading a saved file needs) unless
-trt-inline's entry point defined it at ``import torch``; the partitioner, which
-reaches into ``torch.fx.passes.splitter_base``, is imported only when
-``compile`` is first used.
+``_run_on_gpu_N`` fallbacks: the importable Torch-TensorRT release's own pipeline
+where there is one (its dry run, engines replaced), trt-inline's own otherwise.
+Importing this package defines the engine op ``torch.ops.trt_inline.execute_engine``
+(what loading a saved file needs) unless trt-inline's entry point defined it at
+``import torch``; the partitioners, which reach into ``torch.fx.passes.splitter_base``
+or a release, are imported only when ``compile`` is first used.
 
 =============  =====================================================================
 module         concern
 =============  =====================================================================
-``backend``    ``reference.compile``: the structure of ``torch_tensorrt.dynamo.compile``
-``partition``  which nodes become engines and which fall back to PyTorch
+``backend``    ``reference.compile``: the release's pipeline where one imports, else trt-inline's own
+``release``    the bridge to a Torch-TensorRT release's own pipeline (dry run in a forked child)
+``handover``   the partitioned module handed back from that child, rebuilt node by node
+``lowered``    the nodes a build lowered: operator, module path, dtype, block
+``partition``  trt-inline's own partitioner: which nodes become engines, which fall back
 ``engine``     the reference engine, a CPU (and CUDA) stand-in for a TensorRT engine
 ``program``    an engine's ATen graph as JSON, decoded and run
 ``precision``  reduced precision (fp16, bf16, TF32) as a TensorRT build computes it,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, TypeVar
@@ -75,6 +76,8 @@ __all__ = [
     "from_flags",
     "gather",
     "normalize_tolerance",
+    "renamed_tolerances",
+    "as_tolerances",
     "parse_tolerance",
     "top_k_checked",
     "untaken",
@@ -166,6 +169,40 @@ def normalize_tolerance(tolerance: float | Mapping[Any, float] | None) -> float 
     if tolerance is None or isinstance(tolerance, (int, float)):
         return None if tolerance is None else float(tolerance)
     return {tolerance_key(key): float(value) for key, value in tolerance.items()}
+
+
+def as_tolerances(value: Any, who: str) -> Tolerances | None:
+    """``tolerances=`` as every entry point takes it: None, one number (``atol`` and ``rtol`` both), a dict of
+    :class:`Tolerances` fields (``{"atol": 0.05, "rtol": 0.05}``) or a :class:`Tolerances`; anything else is a
+    :class:`TypeError` saying what it takes."""
+    if value is None or isinstance(value, Tolerances):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Tolerances(atol=float(value), rtol=float(value))
+    if isinstance(value, Mapping):
+        known = {item.name for item in fields(Tolerances)}
+        unknown = sorted(str(key) for key in value if key not in known)
+        if unknown:
+            raise TypeError(
+                f"{who}(): tolerances has no field {', '.join(unknown)} (it takes {', '.join(sorted(known))})"
+            )
+        return Tolerances(**{str(key): item for key, item in value.items()})
+    raise TypeError(
+        f"{who}(): tolerances is a number (atol and rtol), a dict of Tolerances fields "
+        f"({{'atol': 0.05, 'rtol': 0.05}}) or a Tolerances, not a {type(value).__name__}"
+    )
+
+
+def renamed_tolerances(tolerances: Any, tolerance: Any, who: str) -> Tolerances | None:
+    """``tolerances=``, or its old name ``tolerance=`` (a :class:`DeprecationWarning`); both given is a
+    :class:`TypeError`."""
+    if tolerance is not None:
+        if tolerances is not None:
+            raise TypeError(f"{who}() got tolerances= and tolerance= (its old name): give tolerances= alone")
+        warnings.warn(f"{who}(tolerance=...) is now tolerances=, as verify and diff take it", DeprecationWarning,
+                      stacklevel=3)  # fmt: skip
+        tolerances = tolerance
+    return as_tolerances(tolerances, who)
 
 
 def parse_tolerance(values: list[str] | None, flag: str) -> float | dict[str, float] | None:
@@ -544,6 +581,8 @@ def gather(entry: str, keywords: Mapping[str, Any], **groups: OptionGroup | None
     for group, given in groups.items():
         cls = _GROUP_NAMES[group]
         own = {keyword: value for keyword, value in keywords.items() if owner[keyword] == group}
+        if group == "tolerances":
+            given = as_tolerances(given, name)
         if given is None:
             made[group] = cls(**own)
         elif not isinstance(given, cls):

@@ -1,0 +1,235 @@
+"""The rehearsal is the release's: ``reference.compile`` on a Torch-TensorRT release's own pipeline, against that
+release's own dry run.
+
+The release is the one the installed torch pairs with, installed as a machine without TensorRT installs it
+(``pip install --no-deps torch-tensorrt==X`` and its pure-Python requirements, into a cached folder put first on
+``sys.path``: :func:`releases.release_site`). For each model of :func:`models.release_survey` (the first-hour
+benchmark's architectures, the examples' models, the fix benchmark's planted spots), in fp32 and in the release's
+fp16 build, the module ``reference.compile`` returns is held to the release's own dry run
+(:meth:`Rehearsal.dry_run`: the partitioned module exactly as ``torch_tensorrt.dynamo.compile(..., dryrun=True)``
+returns it, each accelerated block the ``GraphModule`` the release would hand to TensorRT): the same engines and
+fallbacks in the same order, the same nodes (names, operators, module paths, dtypes) in each, every engine's
+program holding that block's operators, and the same outputs (bitwise in fp32; in fp16 the same non-finite values
+and the engines' fp32 accumulation within fp16's rounding). The fixes the search writes are held to the release
+too: compiled by its own pipeline, the modules they name are the ones its classifier keeps in fp32, and the build
+is within tolerance. And what the rehearsal does to the caller's process: nothing (it runs in a forked child).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from models import Fp16Overflow, LargeMeanNorm, LongSum, release_survey
+from releases import Unavailable, fp16_settings, release_for_torch, release_site
+
+import trt_inline
+from trt_inline.errors import CompileError
+from trt_inline.reference.backend import rehearsing
+from trt_inline.reference.engine import ReferenceEngine
+from trt_inline.reference.lowered import lowered_nodes
+from trt_inline.reference.program import encodable_target
+from trt_inline.reference.release import INSTALL, PIPELINE_ATTRIBUTE, Rehearsal, installed_release
+
+RELEASE = release_for_torch()
+# Where a release's own dry run fails, measured (its autocast, rule_based_autocast.py): it casts every tensor
+# argument of a low-precision node, an Embedding's indices too; it sets a multi-output node's value with .to().
+RELEASE_FAILS = {
+    "2.13.0": {
+        "bert": "'indices' to have one of the following scalar types: Long, Int; but got torch.float16",
+        "gpt2": "'indices' to have one of the following scalar types: Long, Int; but got torch.float16",
+        "lstm": "AttributeError: 'tuple' object has no attribute 'to'",
+        "relu_fallback": "AttributeError: 'list' object has no attribute 'to'",
+    },
+}
+RELEASE_FAILS["2.14.0"] = RELEASE_FAILS["2.13.0"]
+SURVEY = {name: (model, inputs, settings) for name, model, inputs, settings in release_survey()}
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Path]:
+    """The release's package first on ``sys.path`` for this module's tests (never imported here: only found)."""
+    if RELEASE is None:
+        pytest.skip(f"no Torch-TensorRT release requires torch {torch.__version__}")
+    try:
+        folder = release_site(RELEASE.version)
+    except Unavailable as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true and {exc}")
+        pytest.skip(str(exc))
+    # (torch's own modules the release's import pulls in, imported here once rather than in every forked child:
+    # what the child then imports is the release itself)
+    importlib.import_module("torch._dynamo")
+    importlib.import_module("torch._inductor.compile_fx")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRT_INLINE_PIPELINE", "auto")  # (tests/conftest.py asks for trt-inline's own elsewhere)
+        patch.syspath_prepend(str(folder))
+        importlib.invalidate_caches()
+        found = installed_release()
+        assert found is not None and found.version == RELEASE.version, found
+        yield folder
+    importlib.invalidate_caches()
+
+
+def _blocks(module: torch.nn.Module) -> list[tuple[str, str]]:
+    return [(name, type(child).__name__) for name, child in module.named_children()]
+
+
+def _graph(module: torch.fx.GraphModule) -> list[tuple[str, str, str]]:
+    return [(node.name, node.op, str(node.target)) for node in module.graph.nodes]
+
+
+def _operators_of_block(block: torch.fx.GraphModule) -> list[str]:
+    return [str(encodable_target(node.target)) for node in block.graph.nodes if node.op == "call_function"]
+
+
+def _operators_of_engine(engine: ReferenceEngine) -> list[str]:
+    return [step["target"] for step in json.loads(engine.program)["steps"]]
+
+
+def _outputs(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [value for value in torch.utils._pytree.tree_leaves(module(*inputs)) if isinstance(value, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name", list(SURVEY))
+def test_the_rehearsal_is_the_release_dry_run_with_reference_engines(site: Path, name: str) -> None:
+    model, inputs, settings = SURVEY[name]
+    exported = torch.export.export(model, inputs)
+    fp16 = {**settings, **fp16_settings()}
+    with Rehearsal(installed_release(), exported, inputs) as rehearsal:  # type: ignore[arg-type]
+        for given in (settings, fp16):
+            try:
+                dry = rehearsal.dry_run(given)
+            except CompileError as failed:  # (the release's own pipeline fails: so does the rehearsal, saying so)
+                assert given is fp16 and name in RELEASE_FAILS.get(RELEASE.version, {}), (name, str(failed))  # type: ignore[union-attr]
+                assert RELEASE_FAILS[RELEASE.version][name] in str(failed), str(failed)  # type: ignore[union-attr]
+                with pytest.raises(CompileError, match=re.escape(RELEASE_FAILS[RELEASE.version][name])):  # type: ignore[union-attr]
+                    rehearsal.compile(given, tf32=False)
+                continue
+            ours = rehearsal.compile(given, tf32=False)
+            # The structure first: the release partitioned it, with engines where it would build TensorRT's.
+            engines = [child for child in ours.children() if isinstance(child, ReferenceEngine)]
+            assert engines, (name, _blocks(ours))
+            assert getattr(ours, PIPELINE_ATTRIBUTE).startswith(f"Torch-TensorRT {RELEASE.version}'s own pipeline")  # type: ignore[union-attr]
+            # The same engines and fallbacks, in the same order, called the same way.
+            assert [n for n, _ in _blocks(ours)] == [n for n, _ in _blocks(dry)], (name, _blocks(ours), _blocks(dry))
+            assert _graph(ours) == _graph(dry), name
+            for block_name, block in dry.named_children():
+                mine = getattr(ours, block_name)
+                if isinstance(mine, ReferenceEngine):
+                    assert isinstance(block, torch.fx.GraphModule)
+                    # Each engine holds that block's operators (and the casts of TensorRT's fp32 accumulation).
+                    held = [op for op in _operators_of_engine(mine) if op != "aten::_to_copy.default"]
+                    assert held == [op for op in _operators_of_block(block) if op != "aten::_to_copy.default"], (
+                        name, block_name
+                    )
+                else:
+                    assert _graph(mine) == _graph(block), (name, block_name)
+            # The same nodes: names, operators, module paths, the dtype the release chose for each, the block.
+            assert ours.trt_inline_lowered == lowered_nodes(dry), name  # type: ignore[attr-defined]
+            # The same outputs: bitwise in fp32; in fp16 the same non-finite values, and close.
+            mine_out, release_out = _outputs(ours, inputs), _outputs(dry, inputs)
+            assert [t.dtype for t in mine_out] == [t.dtype for t in release_out], name
+            for a, b in zip(mine_out, release_out, strict=True):
+                if given is settings:
+                    assert torch.equal(a, b), (name, float((a - b).abs().max()))
+                else:
+                    assert torch.equal(a.isfinite(), b.isfinite()), name
+                    torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2, equal_nan=True)
+            if given is fp16 and RELEASE.autocast:
+                assert any(node.low for node in ours.trt_inline_lowered), name  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("model", "modules"),
+    [(Fp16Overflow, ["spot"]), (LongSum, ["mean"]), (LargeMeanNorm, ["offset", "norm"])],
+    ids=["fp16 overflow", "long sum", "large mean before a LayerNorm"],
+)
+def test_a_fix_found_on_the_release_pipeline_is_one_the_release_reads(
+    site: Path, model: type[torch.nn.Module], modules: list[str]
+) -> None:
+    """The planted spots: the search (one rehearsal for all its compiles) names each spot's modules; compiled by
+    the release's own pipeline, the patterns it writes keep exactly those modules' nodes in fp32, and the release's
+    dry-run build is within tolerance where the build with the settings given is not."""
+    if not RELEASE.autocast:  # type: ignore[union-attr]
+        pytest.skip(f"Torch-TensorRT {RELEASE.version} has no rule-based autocast")  # type: ignore[union-attr]
+    torch.manual_seed(0)
+    network, x = model().eval(), torch.randn(8, 16)
+    report = trt_inline.find_fix(network, (x,), settings=fp16_settings())
+    assert report.outcome == "fixed" and report.minimal, report.to_text()
+    assert [node.name for node in report.nodes] == modules, report.to_text()
+    assert report.pipeline.startswith(f"Torch-TensorRT {RELEASE.version}'s own pipeline")  # type: ignore[union-attr]
+    assert f"autocast_excluded_nodes={[f'^{m}$' for m in modules]!r}" in report.release_call
+    with torch.no_grad():
+        exact = network(x)
+    with Rehearsal(installed_release(), torch.export.export(network, (x,)), (x,)) as rehearsal:  # type: ignore[arg-type]
+        given, fixed = rehearsal.dry_run(fp16_settings()), rehearsal.dry_run(report.settings)
+    # (the casts autocast inserts carry the module of the value they cast: they are not what a pattern kept)
+    computing = [n for n in lowered_nodes(fixed) if n.operator and n.floating and "_to_copy" not in n.operator]
+    assert {node.module for node in computing if not node.low} == set(modules), computing
+    assert all(node.low for node in lowered_nodes(given) if node.operator and node.floating)
+    with torch.no_grad():
+        assert not torch.allclose(given(x).float(), exact, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(fixed(x).float(), exact, atol=1e-2, rtol=1e-2)
+
+
+def test_settings_the_release_would_ignore_are_refused_naming_it(site: Path) -> None:
+    model, inputs, _ = SURVEY["norm_mlp"]
+    with pytest.raises(CompileError, match=rf"Torch-TensorRT {RELEASE.version}'s dynamo.compile does not read "):  # type: ignore[union-attr]
+        trt_inline.reference.compile(model, inputs, no_such_setting=True)
+    with pytest.raises(CompileError, match="belong to trt-inline's own partitioner"):
+        trt_inline.reference.compile(model, inputs, scalar_boundaries=False)
+    if RELEASE.precision == "autocast":  # type: ignore[union-attr]
+        with pytest.raises(CompileError, match="does not read enabled_precisions .*enable_autocast=True"):
+            trt_inline.reference.compile(model, inputs, enabled_precisions={torch.float16})
+
+
+def test_the_rehearsal_leaves_the_callers_process_as_it_was(site: Path) -> None:
+    """Whatever the release's import does, and whatever stands in for TensorRT and CUDA, ends with the child."""
+    from torch._dynamo.backends.registry import _BACKENDS  # (read to compare, nothing more)
+
+    def state() -> dict[str, Any]:
+        return {
+            "modules": {m for m in sys.modules if m.split(".")[0] in ("torch_tensorrt", "tensorrt", "dllist")},
+            "cuda": {name: getattr(torch.cuda, name) for name in dir(torch.cuda) if not name.startswith("__")},
+            "properties": hasattr(torch._C, "_CudaDeviceProperties"),
+            "ops": {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("tensorrt::")},
+            "backends": set(_BACKENDS),
+            "isfile": os.path.isfile,
+            "root handlers": list(logging.getLogger().handlers),
+            "threads": torch.get_num_threads(),
+        }
+
+    before = state()
+    model, inputs, settings = SURVEY["relu_fallback"]
+    compiled = trt_inline.reference.compile(model, inputs, **settings)
+    assert any(isinstance(child, ReferenceEngine) for child in compiled.children())
+    assert state() == before and not before["modules"] and not before["ops"]
+
+
+def test_without_a_release_the_module_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No release on the path: trt-inline's own pipeline, and one line saying so, naming the release to install."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "torch_tensorrt").is_dir()])
+    monkeypatch.setenv("TRT_INLINE_PIPELINE", "auto")
+    importlib.invalidate_caches()
+    if installed_release() is not None:
+        pytest.skip("a Torch-TensorRT release is installed in this environment")
+    model, inputs, _ = SURVEY["norm_mlp"]
+    compiled = trt_inline.reference.compile(model, inputs)
+    note = getattr(compiled, PIPELINE_ATTRIBUTE)
+    version = RELEASE.version if RELEASE is not None else "X"
+    assert note.startswith("trt-inline's own partitioner") and INSTALL.format(version=version) in note, note
+    with pytest.raises(CompileError, match=r"pipeline='release', but no Torch-TensorRT release is importable here: to "):
+        trt_inline.reference.compile(model, inputs, pipeline="release")
+    with rehearsing(model, inputs) as session:
+        assert session is None  # (nothing to import once: each compile is trt-inline's own)
