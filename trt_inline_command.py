@@ -35,16 +35,21 @@ def forks_a_child(argv: list[str]) -> bool:
     return True
 
 
-def main() -> int:
-    if forks_a_child(sys.argv[1:]):
+def start_for(argv: list[str]) -> None:
+    """Start the interpreter the command's child is forked from, where this command line forks one."""
+    if forks_a_child(argv):
         prestart()
+
+
+def main() -> int:
+    start_for(sys.argv[1:])
     from trt_inline.cli import main as command_line
 
-    _exit_now(command_line())
+    exit_with(command_line())
     return 2  # (not reached)
 
 
-def _exit_now(code: int) -> None:
+def exit_with(code: int) -> None:
     """End the process once its exit handlers ran and its streams are flushed, without the interpreter's
     teardown of torch's modules: half a second on two cores spent on nothing the command still needs."""
     atexit._run_exitfuncs()

@@ -8,24 +8,26 @@ an fp16 build gets wrong, each a module of its own:
 - ``LargeLogits``: a softmax over logits near 1000 (fp16 keeps them to 0.5, the softmax needs far less);
 - ``LargeMeanNorm``: a LayerNorm over values with a mean of 100 and a spread of 0.05.
 
-Four planted networks of about 50, 200 and 500 candidate nodes, and one real architecture (a stack of four
+Planted networks of about 30, 130 and 310 candidate modules, and one real architecture (a stack of four
 pre-LayerNorm transformer blocks built by hand with ``torch.nn``, two of them planted: a block whose attention
 logits are large, one whose MLP activation leaves the fp16 range before a normalization). Every build is the
-reference backend's with ``enable_autocast=True`` (fp16; its engines compute as an fp16 build does). For each
-model it prints:
+reference backend's fp16 build (``enable_autocast=True, autocast_low_precision_type=torch.float16``): on the
+importable Torch-TensorRT release's own pipeline (its autocast, its partitioner; ``--site FOLDER`` puts one
+first on the path), else trt-inline's emulation. The candidates are module paths, what the releases match
+``autocast_excluded_nodes`` against. For each model it prints:
 
-- whether each planted spot is in the set ``find_fix`` found (a node of the spot's module is);
-- the set's size against the minimal set: on the 50-node model found exhaustively (every candidate left out
+- whether each planted spot is in the set ``find_fix`` found (its module, or one inside it, is);
+- the set's size against the minimal set: on the smallest model found exhaustively (every candidate left out
   of all the others once: those without which no set passes are in every set that passes; if they pass
-  together they are the one minimal set), elsewhere the planted set (the nodes each spot's design says need
+  together they are the one minimal set), elsewhere the planted set (the modules each spot's design says need
   fp32, checked to pass) as the bound;
-- its compiles against the bound 4·k·log2(n) + 10 for k spots among n candidate nodes;
+- its compiles against the bound 4·k·log2(n) + 10 for k spots among n candidates;
 - beside it a prefix bisection in the style of Polygraphy's ``debug precision``: bisect on the length of the
   prefix of candidates kept in fp32 until the case passes; the prefix it reports and its compiles.
 
-    python benchmarks/bench_fix.py [--smallest]
+    python benchmarks/bench_fix.py [--smallest] [--site FOLDER]
 
-``--smallest``: the 50-node model alone, without the exhaustive minimum (what CI runs: no figure asserted).
+``--smallest``: the smallest model alone, without the exhaustive minimum (what CI runs: no figure asserted).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -42,13 +45,12 @@ import torch
 from torch import nn
 
 import trt_inline
-from trt_inline.fixing.builds import measure, settings_with
-from trt_inline.fixing.candidates import candidates, partitioned_graph
+from trt_inline.fixing.builds import Compile, measure, rehearsed, settings_with
+from trt_inline.fixing.candidates import candidates
 from trt_inline.fixing.cases import held_cases
 from trt_inline.fixing.runner import with_default_tolerance
-from trt_inline.module_paths import node_origin
 
-SETTINGS = {"enable_autocast": True}
+SETTINGS = {"enable_autocast": True, "autocast_low_precision_type": torch.float16}
 WIDTH = 32
 BATCH = 16
 
@@ -69,7 +71,7 @@ class OverflowNorm(nn.Module):
     """``(1000 W x)^2`` reaches about 1e6 (fp32 by autocast's output threshold); the normalization that follows
     reads it in fp16, where it is inf."""
 
-    needs = (("div.Tensor", "act / scale"),)
+    needs = ("",)  # (its own operators: the activation, its mean and the division)
 
     def __init__(self) -> None:
         super().__init__()
@@ -85,7 +87,7 @@ class LongSum(nn.Module):
     """A sum over 4096 values of about 20 (about 8e4, fp32 by the threshold); the mean that follows reads it in
     fp16, where it is inf."""
 
-    needs = (("div.Tensor", "total / 4096"),)
+    needs = ("",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,7 +101,7 @@ class LongSum(nn.Module):
 class LargeLogits(nn.Module):
     """Logits near 1000 with a spread of a few units: fp16 keeps them to 0.5, and the softmax reads them so."""
 
-    needs = (("_softmax.default", "softmax"),)
+    needs = ("",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -114,7 +116,7 @@ class LargeLogits(nn.Module):
 class LargeMeanNorm(nn.Module):
     """Values of 100 ± 0.05, stored in fp16 (to 1/16) before a LayerNorm divides by their spread."""
 
-    needs = (("add.Tensor", "+ 100.0"),)
+    needs = ("", "norm")  # (the values, and the LayerNorm that reads them)
 
     def __init__(self) -> None:
         super().__init__()
@@ -215,8 +217,8 @@ class Transformer(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
-# A planted spot: its module path, and the nodes its design says need fp32 (operator, a fragment of its line).
-Spot = tuple[str, tuple[tuple[str, str], ...]]
+# A planted spot: its module path, and the modules its design says need fp32 (paths inside it; "" itself).
+Spot = tuple[str, tuple[str, ...]]
 
 
 @dataclass
@@ -237,23 +239,22 @@ def planted(blocks: int, exhaustive: bool = False) -> Case:
 
 def transformer() -> Case:
     torch.manual_seed(0)
-    spots = [("blocks.1.attn", (("_softmax.default", "softmax"),)), ("blocks.3.mlp", (("div.Tensor", "act / "),))]
+    spots = [("blocks.1.attn", ("",)), ("blocks.3.mlp", ("",))]
     return Case("transformer, 4 blocks", Transformer().eval(), (torch.randn(2, 16, 32),), spots)
 
 
 class Builds:
     """``passes(chosen)`` as find_fix asks it (the same compile, tolerance and seed), counted."""
 
-    def __init__(self, case: Case, names: Sequence[str]) -> None:
-        self.case, self.names, self.compiles = case, names, 0
+    def __init__(self, case: Case, names: Sequence[str], build: Compile) -> None:
+        self.case, self.names, self.build, self.compiles = case, names, build, 0
         self.held = held_cases(case.model, case.inputs, None)
         self.tolerance = with_default_tolerance(None)
 
     def __call__(self, chosen: Sequence[str]) -> bool:
         self.compiles += 1
         settings = settings_with(SETTINGS, "higher_precision", chosen)
-        build = trt_inline.reference.compile
-        return measure(build, self.case.model, self.case.inputs, settings, self.held, self.tolerance, 0).passes
+        return measure(self.build, self.case.model, self.case.inputs, settings, self.held, self.tolerance, 0).passes
 
 
 def prefix_bisection(builds: Builds) -> int:
@@ -290,27 +291,15 @@ def minimal_set(builds: Builds, found: Sequence[str]) -> tuple[int, str]:
     return len(found), "exhaustive"
 
 
-def spot_nodes(graph: torch.fx.Graph, names: Sequence[str], path: str) -> list[str]:
-    """The candidates of the module at ``path`` (or inside it)."""
-    nodes = {node.name: node for node in graph.nodes}
-    found = []
-    for name in names:
-        module = node_origin(nodes[name]).module.split(" (")[0]
-        if module == path or module.startswith(path + "."):
-            found.append(name)
-    return found
+def inside(path: str, spot: str) -> bool:
+    """Whether the module path ``path`` is the spot's module or one inside it."""
+    return path == spot or path.startswith(spot + ".")
 
 
-def planted_set(graph: torch.fx.Graph, names: Sequence[str], spots: Sequence[Spot]) -> list[str]:
-    """The nodes each spot's design says need fp32: of its module, those of the operator and line it names."""
-    nodes = {node.name: node for node in graph.nodes}
-    found = []
-    for path, needs in spots:
-        for name in spot_nodes(graph, names, path):
-            op, source = str(nodes[name].target).removeprefix("aten."), node_origin(nodes[name]).source
-            if any(op == want and fragment in source for want, fragment in needs):
-                found.append(name)
-    return found
+def planted_set(names: Sequence[str], spots: Sequence[Spot]) -> list[str]:
+    """The candidates each spot's design says need fp32: its module's own, and the modules inside it it names."""
+    wanted = {f"{path}.{inner}" if inner else path for path, needs in spots for inner in needs}
+    return [name for name in names if name in wanted]
 
 
 @dataclass
@@ -336,41 +325,48 @@ class Row:
 
 
 def run(case: Case) -> Row:
-    graph = partitioned_graph(case.model, case.inputs)
-    names = candidates(graph, "higher_precision")
-    started = time.perf_counter()
-    report = trt_inline.find_fix(case.model, case.inputs, settings=SETTINGS)
-    seconds = time.perf_counter() - started
-    chosen = {node.name for node in report.nodes}
-    found = [bool(set(spot_nodes(graph, names, path)) & chosen) for path, _ in case.spots]
-    builds = Builds(case, names)
-    bound_set = planted_set(graph, names, case.spots)
-    bound_passes = builds(bound_set)
-    needed = [
-        not builds([name for name in bound_set if name not in spot_nodes(graph, names, path)]) for path, _ in case.spots
-    ]
-    if case.exhaustive:
-        minimal, how = minimal_set(builds, sorted(chosen))
-    else:
-        minimal, how = len(bound_set), "planted set" + ("" if bound_passes else ", which does not pass")
-    baseline = Builds(case, names)
-    prefix = prefix_bisection(baseline)
+    with rehearsed(trt_inline.reference.compile, case.model, case.inputs) as build:
+        table = build(case.model, case.inputs, **SETTINGS).trt_inline_lowered  # type: ignore[attr-defined]
+        names = candidates(table, "higher_precision")
+        started = time.perf_counter()
+        report = trt_inline.find_fix(case.model, case.inputs, settings=SETTINGS)
+        seconds = time.perf_counter() - started
+        chosen = [node.name for node in report.nodes]
+        found = [any(inside(name, path) for name in chosen) for path, _ in case.spots]
+        builds = Builds(case, names, build)
+        bound_set = planted_set(names, case.spots)
+        bound_passes = builds(bound_set)
+        needed = [not builds([name for name in bound_set if not inside(name, path)]) for path, _ in case.spots]
+        if case.exhaustive:
+            minimal, how = minimal_set(builds, sorted(chosen))
+        else:
+            minimal, how = len(bound_set), "planted set" + ("" if bound_passes else ", which does not pass")
+        baseline = Builds(case, names, build)
+        prefix = prefix_bisection(baseline)
     return Row(case, len(names), needed, found, report, seconds, minimal, how, prefix, baseline.compiles)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smallest", action="store_true", help="the 50-node model alone, no exhaustive minimum (CI)")
+    parser.add_argument("--smallest", action="store_true", help="the smallest model alone, no exhaustive minimum (CI)")
+    parser.add_argument("--site", help="a folder holding a Torch-TensorRT release's package, put first on sys.path")
     args = parser.parse_args()
+    if args.site:
+        sys.path.insert(0, args.site)
     warnings.simplefilter("ignore")  # (torch's deprecation warnings, once per compile)
     cases = [planted(3, exhaustive=not args.smallest)]
     if not args.smallest:
         cases += [planted(33), planted(93), transformer()]
     rows = []
+    probe = trt_inline.reference.compile(Filler(), (torch.randn(2, WIDTH),))
+    print(f"torch {torch.__version__}; built on: {probe.trt_inline_pipeline}")
     for case in cases:
         row = run(case)
         rows.append(row)
-        print(f"{case.name}: {row.n} candidates, {row.k} spots; find_fix: {row.report.outcome}, {row.seconds:.1f} s")
+        print(
+            f"{case.name}: {row.n} candidates, {row.k} spots; find_fix: {row.report.outcome}, {row.seconds:.1f} s, "
+            f"{row.report.compiles} compiles, minimal checked: {row.report.minimal}"
+        )
         for (path, _), hit, needed in zip(case.spots, row.found, row.needed, strict=True):
             print(f"  spot {path}: {'in the set' if hit else 'MISSED'}{'' if needed else ' (not needed here)'}")
         for node in row.report.nodes:

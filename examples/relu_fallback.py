@@ -2,13 +2,14 @@
 
 Compiles a conv -> batchnorm -> relu network with ``relu`` forced to run in
 PyTorch, on TensorRT when ``torch_tensorrt`` and CUDA are available and on the
-CPU reference backend otherwise (the installed release's own pipeline, dry-run, with
-reference engines; trt-inline's own partitioner where no release is installed); saves it with trt_inline's positional passes as
-an ExportedProgram (or, with ``--format aot_inductor``, as an AOTInductor
-package); loads it in a fresh interpreter; verifies the file (``trt_inline.verify``,
-in a sandboxed child); and prints the engines, the fallback ops, the verdict and
-the max abs difference between the loaded and the in-memory module. Exits 1 if
-verify fails or they differ beyond the backend's tolerance.
+CPU reference backend otherwise (the installed release's own pipeline, dry-run,
+with reference engines; trt-inline's own partitioner where no release is
+installed); saves it with trt_inline's positional passes as an ExportedProgram
+(or, with ``--format aot_inductor``, as an AOTInductor package); loads it in a
+fresh interpreter; verifies the file (``trt_inline.verify``, in a sandboxed
+child); and prints the engines, the fallback ops, the verdict and the max abs
+difference between the loaded and the in-memory module. Exits 1 if verify fails
+or they differ beyond the backend's tolerance.
 
     python examples/relu_fallback.py [--backend auto|reference|tensorrt] [--format exported_program|aot_inductor]
                                      [--out model.pt2] [--no-retrace] [--device cpu|cuda]

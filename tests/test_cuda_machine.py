@@ -486,9 +486,11 @@ def test_reduced_precision_and_a_small_fix_search_on_cuda(dtype: torch.dtype) ->
     x = torch.randn(4, 16, device="cuda")
     with torch.no_grad():
         exact = model(x)
-        settings = {**fp16_settings(), "autocast_low_precision_type": dtype} if autocast_skip() is None else {
-            "enabled_precisions": {dtype}
-        }
+        settings = (
+            {**fp16_settings(), "autocast_low_precision_type": dtype}
+            if autocast_skip() is None
+            else {"enabled_precisions": {dtype}}
+        )
         built = reference.compile(model, (x,), **settings, disable_tf32=True)
         low = built(x)
     assert low.is_cuda and exact.isfinite().all()

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from releases import Unavailable, release_for_torch, release_site
 
 DOCS = REPO / "docs"
 # Each marked block is counted: a marker that stops matching must not make the test pass with fewer.
@@ -308,9 +309,21 @@ def test_the_readme_repeats_what_the_pages_say() -> None:
 @pytest.mark.docs
 @pytest.mark.parametrize("page", pages_with_runnables(), ids=relative)
 def test_runnable_blocks_run_as_shown(page: Path, tmp_path: Path) -> None:
+    """In the environment the README's main job makes: the release this torch pairs with installed without its
+    requirements (its package first on the path), the reference backend taking its pipeline."""
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["TMPDIR"] = str(tmp_path)
+    env.pop("TRT_INLINE_PIPELINE", None)  # (tests/conftest.py's choice for the suite's own models)
+    record = release_for_torch()
+    if record is not None:
+        try:
+            site = release_site(record.version)
+        except Unavailable as exc:
+            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+                pytest.fail(f"CI=true and {exc}")
+            pytest.skip(str(exc))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH", "")]))
     for runnable in runnables(page):
         done = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", runnable.script],

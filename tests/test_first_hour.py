@@ -96,6 +96,27 @@ def test_the_commands_that_fork_a_child_start_its_interpreter_first() -> None:
         assert not forks_a_child(argv), argv
 
 
+def test_python_dash_m_starts_the_childs_interpreter_before_torch_as_the_script_does() -> None:
+    """``python -m trt_inline inspect FILE`` imports the package before its ``__main__``: the package starts the
+    child's interpreter first (torch not imported yet), as the ``trt-inline`` script does; any other importer of
+    the package starts nothing."""
+    probe = (
+        "import sys\n"
+        "sys.argv, sys.orig_argv = {argv!r}, [sys.executable, *{orig!r}]\n"
+        "import trt_inline_command\n"
+        "seen = []\n"
+        "trt_inline_command.start_for = lambda argv: seen.append(('torch' in sys.modules, list(argv)))\n"
+        "import trt_inline\n"
+        "print(seen)\n"
+    )
+    as_command = probe.format(argv=["-m", "inspect", "f.pt2"], orig=["-m", "trt_inline", "inspect", "f.pt2"])
+    proc = new_interpreter("-c", as_command, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[(False, ['inspect', 'f.pt2'])]", proc.stdout + proc.stderr
+    other = probe.format(argv=["-m", "inspect"], orig=["-m", "pytest", "inspect"])
+    proc = new_interpreter("-c", other, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
 def _processes_marked(mark: str) -> list[int]:
     """The processes whose environment holds ``TRT_INLINE_TEST_MARK=mark`` (a child interpreter keeps it)."""
     found = []

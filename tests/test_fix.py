@@ -217,15 +217,17 @@ def test_the_fallback_strategy_offers_operators_only_and_says_what_the_release_d
 def test_what_cannot_be_searched_is_one_clear_error() -> None:
     x = _inputs()
     with pytest.raises(FixError, match="enable_autocast=True"):
-        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings={"enabled_precisions": {torch.float16}})
+        trt_inline.find_fix(
+            Fp16Overflow().eval(), (x,), settings={"enabled_precisions": {torch.float16}}, strategy="higher_precision"
+        )
     with pytest.raises(FixError, match="without autocast_low_precision_type is an fp32 build"):
         trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings={"enable_autocast": True})
     with pytest.raises(FixError, match="strategy 'other'"):
         trt_inline.find_fix(Fp16Overflow().eval(), (x,), strategy="other")
     with pytest.raises(FixError, match="no case"):
-        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=AUTOCAST, cases=[])
+        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=AUTOCAST, strategy="fallback", cases=[])
     with pytest.raises(FixError, match="max_compiles=0"):
-        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=AUTOCAST, max_compiles=0)
+        trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=AUTOCAST, strategy="fallback", max_compiles=0)
 
 
 @needs_autocast
@@ -405,3 +407,24 @@ def test_each_kind_of_planted_spot_is_found_named_and_its_fix_verified(
     trt_inline.save(trt_inline.reference.compile(model, (x,), **report.settings), path, arg_inputs=(x,))
     verdict = trt_inline.verify(path, arg_inputs=[x], expected=[exact], atol=1e-2, rtol=1e-2)
     assert verdict.ok, verdict.to_text()
+
+
+def test_tolerances_are_a_number_a_dict_or_tolerances_under_verifys_name() -> None:
+    """``tolerances=`` as ``verify`` and ``diff`` take it: one number (atol and rtol), a dict of its fields, or a
+    ``Tolerances``; ``tolerance=``, its old name, still works with a DeprecationWarning; anything else says what
+    it takes."""
+    from trt_inline.verify.options import Tolerances
+
+    x, settings = _inputs(), default_settings("fallback")
+    for given in (1e-2, {"atol": 1e-2, "rtol": 1e-2}, Tolerances(atol=1e-2, rtol=1e-2)):
+        report = trt_inline.find_fix(Clean().eval(), (x,), settings=settings, strategy="fallback", tolerances=given)
+        assert report.outcome == "nothing to fix" and report.compiles == 1, (given, report.to_text())
+    tight = trt_inline.find_fix(Fp16Overflow().eval(), (x,), settings=settings, strategy="fallback", tolerances=0.0)
+    assert not tight.cases[0].ok_before  # (the number is held to: zero tolerance fails an fp16 build)
+    with pytest.warns(DeprecationWarning, match=r"find_fix\(tolerance=\.\.\.\) is now tolerances="):
+        old = trt_inline.find_fix(Clean().eval(), (x,), settings=settings, strategy="fallback", tolerance=1e-2)
+    assert old.outcome == "nothing to fix"
+    with pytest.raises(TypeError, match=r"^find_fix\(\): tolerances is a number \(atol and rtol\), a dict"):
+        trt_inline.find_fix(Clean().eval(), (x,), settings=settings, tolerances="tight")
+    with pytest.raises(TypeError, match=r"^find_fix\(\) got tolerances= and tolerance= \(its old name\)"):
+        trt_inline.find_fix(Clean().eval(), (x,), settings=settings, tolerances=1e-2, tolerance=1e-2)

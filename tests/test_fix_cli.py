@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, load_in_fresh_process, new_interpreter, run_with_stderr_on_a_terminal
-
 from releases import autocast_skip, fp16_settings
 
 from trt_inline import cli
@@ -132,7 +131,9 @@ def test_a_script_defining_model_as_a_function_with_its_settings(
     assert code == 0, out + err
     document = json.loads(out)
     assert document["outcome"] == "fixed" and document["settings"]["autocast_max_output_threshold"] == 512.0
-    assert [node["source"] for node in document["nodes"]] == ["spot.py:12 in forward: big = (self.proj(x) * 300.0) ** 2"]
+    assert [node["source"] for node in document["nodes"]] == [
+        "spot.py:12 in forward: big = (self.proj(x) * 300.0) ** 2"
+    ]
     assert [node["name"] for node in document["nodes"]] == ["block"] and document["minimal"] is True
     assert document["cases"][0]["error_before"] == "inf" and document["cases"][0]["ok_after"] is True
     assert document["compiles"] >= 3 and document["build_after"]["engines"] >= 1 and err == ""
@@ -206,7 +207,10 @@ def test_ctrl_c_prints_the_best_set_and_exits_130(
         (["{spot}", "--settings", "{bad"], "--settings {bad: not JSON"),
         (["{spot}", "--settings", "[1]"], "--settings: a JSON object of compile settings, got list"),
         (["{spot}", "--settings", '{"enabled_precisions": "float16"}'], "enabled_precisions is a list"),
-        (["{spot}", "--settings", '{"enabled_precisions": ["float16"]}'], "takes effect with enable_autocast=True"),
+        (
+            ["{spot}", "--settings", '{"enabled_precisions": ["float16"]}', "--strategy", "higher_precision"],
+            "takes effect with enable_autocast=True",
+        ),
         (["{spot}", "--max-compiles", "0"], "--max-compiles 0: at least 1"),
         (["{spot}", "--out", "/no/such/folder/fixed.pt2"], "--out: directory /no/such/folder does not exist"),
         (["{spot}", "--cases", "/no/such/cases"], "--cases /no/such/cases: no such folder"),

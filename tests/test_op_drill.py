@@ -20,8 +20,8 @@ import pytest
 import torch
 from conftest import engine_calls
 from hostile import edit_engine, reference_io_text
-from test_verify import cli
 from releases import fp16_settings
+from test_verify import cli
 from torch import nn
 
 import trt_inline

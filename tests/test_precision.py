@@ -198,9 +198,8 @@ def test_settings_the_paired_release_does_not_take_are_refused_naming_it() -> No
 
 
 def test_the_saved_file_computes_what_the_reduced_precision_build_did(tmp_path: Path) -> None:
-    model, x = _model(Fp16Overflow)
-    keep = {"autocast_excluded_nodes": ["^spot$"]} if autocast_skip() is None else {}
-    compiled = trt_inline.reference.compile(model, (x,), **fp16_settings(), **keep, **OWN)
+    model, x = _model(Benign)
+    compiled = trt_inline.reference.compile(model, (x,), **fp16_settings(), **OWN)
     assert _casts(compiled).get("float16", 0) > 0
     path = tmp_path / "fp16.pt2"
     trt_inline.save(compiled, path, arg_inputs=(x,))

@@ -38,6 +38,15 @@ core modules             ``passes`` (the inline passes), ``flat_program``, ``eng
 =======================  ===========================================================
 """
 
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"] and _sys.orig_argv[len(_sys.orig_argv) - len(_sys.argv)] == "trt_inline":
+    # `python -m trt_inline ...`: this package is imported before its __main__ runs, so the command's child
+    # interpreter is started here, before torch is imported, as the `trt-inline` script starts it.
+    from trt_inline_command import start_for
+
+    start_for(_sys.argv[1:])
+
 from trt_inline import reference
 from trt_inline.archive import load
 from trt_inline.errors import (

@@ -534,9 +534,9 @@ def _add_fix_command(commands: Any) -> None:
     )
     fix_parser.add_argument("script", metavar="SCRIPT", help="a Python script that builds the model and its inputs")
     fix_parser.add_argument(
-        "--strategy", choices=("higher_precision", "fallback"), default="higher_precision",
-        help="keep nodes in fp32 (higher_precision, the default; needs enable_autocast) or run operators in PyTorch "
-        "(fallback)",
+        "--strategy", choices=("higher_precision", "fallback"),
+        help="keep modules in fp32 (higher_precision: autocast_excluded_nodes; needs enable_autocast) or run "
+        "operators in PyTorch (fallback: torch_executed_ops); default: the first where the settings enable autocast",
     )  # fmt: skip
     fix_parser.add_argument(
         "--settings", metavar="JSON",
@@ -590,7 +590,7 @@ def _run_fix(args: argparse.Namespace) -> int:
     tolerance = with_default_tolerance(from_flags(Tolerances, vars(args)))
     try:
         script = load_script(args.script)
-        settings = {**script.settings, **given} or default_settings(args.strategy)
+        settings = {**script.settings, **given} or default_settings()
         report = find_fix(
             script.module, script.arg_inputs, settings=settings, tolerances=tolerance, strategy=args.strategy,
             cases=args.cases, max_compiles=args.max_compiles, seed=args.seed,

@@ -67,7 +67,7 @@ def find_fix(
     compile: Compile | None = None,
     settings: Mapping[str, Any] | None = None,
     tolerances: Tolerances | Mapping[str, Any] | float | None = None,
-    strategy: str = "higher_precision",
+    strategy: str | None = None,
     cases: str | os.PathLike[str] | Sequence[Sequence[Any]] | None = None,
     max_compiles: int | None = None,
     seed: int = 0,
@@ -81,9 +81,10 @@ def find_fix(
     names (an fp16 build: ``enable_autocast=True, autocast_low_precision_type=torch.float16`` from 2.10,
     ``enabled_precisions={torch.float16}`` before); ``strategy="higher_precision"`` needs autocast (the releases'
     node-level precision control, ``autocast_excluded_nodes``, which matches module paths), ``"fallback"`` adds
-    ``torch_executed_ops``. ``tolerances``: a number (``atol`` and ``rtol`` both), a dict of
-    :class:`~trt_inline.verify.options.Tolerances` fields, or a ``Tolerances`` (as ``verify`` and ``diff`` take
-    it; ``tolerance=`` is its old name); ``atol`` and ``rtol`` not given are :data:`DEFAULT_TOLERANCE`.
+    ``torch_executed_ops``; by default the first where the settings enable autocast, else the second.
+    ``tolerances``: a number (``atol`` and ``rtol`` both), a dict of :class:`~trt_inline.verify.options.Tolerances`
+    fields, or a ``Tolerances`` (as ``verify`` and ``diff`` take it; ``tolerance=`` is its old name); ``atol`` and
+    ``rtol`` not given are :data:`DEFAULT_TOLERANCE`.
     ``cases``: a folder as ``verify --cases`` reads it, or a list of input tuples (their expected outputs are
     the model's own, in fp32); by default ``arg_inputs``. ``max_compiles``: stop there (the report holds the
     best set found by then; by default :func:`default_budget`). ``seed``: the random state each compile and run
@@ -97,9 +98,12 @@ def find_fix(
     Raises :class:`~trt_inline.fixing.report.FixError` where it cannot search (no case, a strategy the settings
     cannot express).
     """
+    criteria = renamed_tolerances(tolerances, tolerance, "find_fix")
+    given = dict(settings or {})
+    if strategy is None:  # (keeping modules in fp32 is autocast's: where the settings have none, fallbacks)
+        strategy = "higher_precision" if given.get("enable_autocast") else "fallback"
     if strategy not in STRATEGIES:
         raise FixError(f"strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
-    given = dict(settings or {})
     if strategy == "higher_precision" and not given.get("enable_autocast"):
         raise FixError(
             "strategy='higher_precision' keeps nodes in fp32 with autocast_excluded_nodes, which takes effect with "
@@ -112,7 +116,6 @@ def find_fix(
         )
     if max_compiles is not None and max_compiles < 1:
         raise FixError(f"max_compiles={max_compiles}: at least 1 (the build with the settings given)")
-    criteria = renamed_tolerances(tolerances, tolerance, "find_fix")
     build = compile or default_compile()
     held = held_cases(model, arg_inputs, cases)
     with rehearsed(build, model, arg_inputs) as trial_build:

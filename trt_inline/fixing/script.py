@@ -95,7 +95,7 @@ def _inputs(value: Any, where: str, what: str) -> tuple[Any, ...]:
     raise FixError(f"script {where}: {what} is a {type(value).__name__}, not a tuple of inputs")
 
 
-def default_settings(strategy: str) -> dict[str, Any]:
+def default_settings(strategy: str | None = None) -> dict[str, Any]:
     """The settings where neither the script nor ``--settings`` gives any: an fp16 build of the release rehearsed
     here (:func:`~trt_inline.reference.release.rehearsed_release`), in its names: ``enable_autocast=True,
     autocast_low_precision_type=torch.float16`` where it has autocast (2.10+: ``enable_autocast`` alone is fp32),

@@ -105,9 +105,8 @@ def compile(
             + release.own_pipeline_note().rsplit(": ", 1)[1]
         )
     if found is None:
-        compiled = _compile_own(model, arg_inputs, dynamic_shapes=dynamic_shapes, **settings)
-        setattr(compiled, release.PIPELINE_ATTRIBUTE, release.own_pipeline_note(chosen=pipeline == "own"))
-        return compiled
+        note = release.own_pipeline_note(chosen=pipeline == "own")
+        return _compile_own(model, arg_inputs, note, dynamic_shapes=dynamic_shapes, **settings)
     if isinstance(model, torch.export.ExportedProgram):
         exported = model
     else:
@@ -164,6 +163,7 @@ def _check_precision_settings(given: Mapping[str, Any]) -> None:
 def _compile_own(
     model: torch.nn.Module | torch.export.ExportedProgram,
     arg_inputs: Sequence[Any],
+    note: str,
     *,
     dynamic_shapes: Any,
     **given: Any,
@@ -245,8 +245,9 @@ def _compile_own(
         call_node.meta["val"] = [out.meta["val"] for out in _output_nodes(block)]
         if precision.emulated:
             emulate_precision(block, precision, low_nodes)
-        setattr(split, name, build_engine(block, name))
+        setattr(split, name, build_engine(block, name, note))
     split.recompile()
+    setattr(split, release.PIPELINE_ATTRIBUTE, note)
     return split
 
 

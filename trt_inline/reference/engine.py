@@ -167,8 +167,9 @@ compat.define_op(REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA, run_engine, run_e
 # ---------------------------------------------------------------------------
 
 
-def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
-    """Freeze an accelerated block (a ``_run_on_acc_N`` GraphModule) into an engine."""
+def build_engine(block: torch.fx.GraphModule, name: str, built_on: str = "") -> ReferenceEngine:
+    """Freeze an accelerated block (a ``_run_on_acc_N`` GraphModule) into an engine; ``built_on``: which pipeline
+    built it (one line, kept in the program: ``inspect`` says it)."""
     refs: dict[torch.fx.Node, int] = {}
     weights: list[torch.Tensor] = []
     weight_index: dict[str, int] = {}
@@ -252,6 +253,7 @@ def build_engine(block: torch.fx.GraphModule, name: str) -> ReferenceEngine:
             "steps": steps,
             "outputs": outputs,
             "output_specs": [encode_spec(node.meta.get("val")) for node in output_nodes],
+            **({"built_on": built_on} if built_on else {}),
         },
         sort_keys=True,
         separators=(",", ":"),

@@ -83,7 +83,7 @@ class ModuleRecord:
     tensors its ``get_attr`` nodes read, by attribute path, and plain attributes to set on it (plain data)."""
 
     nodes: list[NodeRecord]
-    children: dict[str, ModuleRecord | torch.nn.Module] = field(default_factory=dict)
+    children: dict[str, ModuleRecord | torch.nn.Module | _CallersOwn] = field(default_factory=dict)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     attributes: dict[str, Any] = field(default_factory=dict)
 
@@ -100,7 +100,10 @@ def describe(module: torch.fx.GraphModule) -> ModuleRecord:
     for node in module.graph.nodes:
         if node.op == "call_module":
             child = module.get_submodule(str(node.target))
-            record.children[str(node.target)] = describe(child) if isinstance(child, torch.fx.GraphModule) else child
+            if isinstance(child, torch.fx.GraphModule):
+                record.children[str(node.target)] = describe(child)
+            else:
+                record.children[str(node.target)] = child if _pickles(child) else _CallersOwn(str(node.target))
         elif node.op == "get_attr":
             value = _attribute(module, str(node.target))
             if isinstance(value, torch.fx.GraphModule):  # (a higher-order op's branch)
@@ -110,6 +113,22 @@ def describe(module: torch.fx.GraphModule) -> ModuleRecord:
             else:
                 raise TypeError(f"get_attr {node.name} reads a {type(value).__qualname__}, which cannot be handed over")
     return record
+
+
+@dataclass(frozen=True)
+class _CallersOwn:
+    """A submodule that does not pickle (the input-guard module ``ExportedProgram.module()`` inserts, whose code is
+    made at run time): the caller's module of the same name stands in for it."""
+
+    name: str
+
+
+def _pickles(module: torch.nn.Module) -> bool:
+    try:
+        pickle.dumps(module)
+    except Exception:
+        return False
+    return True
 
 
 def _attribute(module: torch.nn.Module, path: str) -> Any:
@@ -211,20 +230,26 @@ def loads(data: bytes) -> ModuleRecord:
 # ---------------------------------------------------------------------------
 
 
-def rebuild(record: ModuleRecord, fake_mode: Any, device: torch.device | None = None) -> torch.fx.GraphModule:
+def rebuild(
+    record: ModuleRecord, fake_mode: Any, device: torch.device | None = None, own: torch.nn.Module | None = None
+) -> torch.fx.GraphModule:
     """The ``GraphModule`` ``record`` describes: every node under its own name with its metadata, each value a fake
     tensor of ``fake_mode`` (the caller's exported program's; sizes over its symbols), and, where ``device`` is
-    given, the child's CPU moved to it (tensors, values, and the devices the graphs name)."""
+    given, the child's CPU moved to it (tensors, values, and the devices the graphs name). ``own``: the caller's
+    module whose submodules stand in for those that did not pickle (by name)."""
     values = _Values(fake_mode, device)
-    return _rebuild(record, values)
+    return _rebuild(record, values, own)
 
 
-def _rebuild(record: ModuleRecord, values: _Values) -> torch.fx.GraphModule:
+def _rebuild(record: ModuleRecord, values: _Values, own: torch.nn.Module | None) -> torch.fx.GraphModule:
     root = torch.nn.Module()
     for path, child in record.children.items():
-        built = _rebuild(child, values) if isinstance(child, ModuleRecord) else child
-        if values.device is not None and not isinstance(child, ModuleRecord):
-            built = built.to(values.device)
+        if isinstance(child, ModuleRecord):
+            built: torch.nn.Module = _rebuild(child, values, own)
+        elif isinstance(child, _CallersOwn):
+            built = _callers_own(own, child.name)
+        else:
+            built = child.to(values.device) if values.device is not None else child
         _set_attribute(root, path, built)
     for path, tensor in record.tensors.items():
         _set_attribute(root, path, tensor if values.device is None else _moved(tensor, values.device))
@@ -249,6 +274,17 @@ def _rebuild(record: ModuleRecord, values: _Values) -> torch.fx.GraphModule:
     for name, value in record.attributes.items():
         setattr(rebuilt, name, value)
     return rebuilt
+
+
+def _callers_own(own: torch.nn.Module | None, name: str) -> torch.nn.Module:
+    """The caller's submodule called ``name`` (at the top, else the first of that name below, in module order)."""
+    last = name.rsplit(".", 1)[-1]
+    if own is not None:
+        for path, module in own.named_modules():
+            if path == name or path.rsplit(".", 1)[-1] == last:
+                found: torch.nn.Module = module
+                return found
+    raise TypeError(f"submodule {name} did not pickle, and the caller has none of that name")
 
 
 def _moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -34,8 +34,9 @@ class LoweredNode:
     ``operator``: its name as the releases compare it (``torch.ops.aten.linear.default``), or ``""`` for what is no
     operator (``getitem``, size arithmetic); ``module``: its module path (``layer3.0.conv1``; ``""`` at the model's
     top level), what ``autocast_excluded_nodes`` is matched against; ``dtype``: its result's (its first result's
-    where it has several; ``""`` where it gives no tensor); ``low``: computed in fp16 or bf16; ``block``: the ``_run_on_acc_N`` or ``_run_on_gpu_N`` it
-    runs in; ``described`` and ``source``: its module path and class, and its source line, for reports.
+    where it has several; ``""`` where it gives no tensor); ``low``: computed in fp16 or bf16; ``block``: the
+    ``_run_on_acc_N`` or ``_run_on_gpu_N`` it runs in; ``described`` and ``source``: its module path and class, and
+    its source line, for reports.
     """
 
     name: str

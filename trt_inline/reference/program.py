@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 FORMAT = "trt_inline.reference/1"
+# How much of a program's "built_on" is read (the line is cut shorter when shown: module_paths.file_origin).
+_BUILT_ON_READ = 4096
 ALIGN = 64  # weights start at offsets that are multiples of this
 
 # Python-level callables an engine may contain besides OpOverloads: getitem, which
@@ -232,6 +234,9 @@ class EngineProgram:
     scalar_exprs: tuple[Any, ...] = ()
     # Per input: (symbol, scale, offset) for each size that is a derived expression, scale * symbol + offset.
     input_terms: tuple[tuple[tuple[str, int, int] | None, ...], ...] = ()
+    # Which pipeline built the engine (one line: a Torch-TensorRT release's own, or trt-inline's emulation of
+    # one), escaped and cut as any text from a file; "" where not recorded.
+    built_on: str = ""
 
     def weight_tensors(self, payload: torch.Tensor, like: torch.Tensor | None) -> list[torch.Tensor]:
         """Views of the payload (real run) or fresh fake tensors (fake run)."""
@@ -433,9 +438,13 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
         raise EngineFormatError("engine program describes a different number of inputs than it takes")
     if len(output_specs) != len(outputs):
         raise EngineFormatError("engine program describes a different number of outputs than it returns")
+    built_on = doc.get("built_on", "")
+    if not isinstance(built_on, str):
+        raise EngineFormatError("engine program says what built it in something other than text")
     return EngineProgram(
-        num_inputs, input_specs, weights, tuple(steps), outputs, output_specs, input_symbols, scalar_exprs, input_terms
-    )
+        num_inputs, input_specs, weights, tuple(steps), outputs, output_specs, input_symbols, scalar_exprs, input_terms,
+        file_origin("", built_on[:_BUILT_ON_READ]).source,
+    )  # fmt: skip
 
 
 def _decode_origin(raw: Any) -> NodeOrigin:

@@ -266,8 +266,9 @@ class Rehearsal:
     def _rebuilt(self, data: bytes) -> torch.fx.GraphModule:
         exported = self.exported
         fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in exported.graph.nodes if n.op == "placeholder"])
-        split = handover.rebuild(handover.loads(data), fake_mode, None if self.device.type == "cpu" else self.device)
         flat = exported.module()
+        device = None if self.device.type == "cpu" else self.device
+        split = handover.rebuild(handover.loads(data), fake_mode, device, own=flat)
         compat.set_codegen(split.graph, compat.graph_codegen(flat.graph))
         for attr in ("_in_spec", "_out_spec"):
             if hasattr(flat, attr):
@@ -342,7 +343,7 @@ def _dry_run(
     for name, block in list(partitioned.named_children()):
         if engines and name.startswith(ACC_PREFIX) and isinstance(block, torch.fx.GraphModule):
             emulate_accumulation(block, tf32=tf32)
-            setattr(partitioned, name, build_engine(block, name))
+            setattr(partitioned, name, build_engine(block, name, release_pipeline_note(release)))
     record = handover.describe(partitioned)
     record.attributes[LOWERED_ATTRIBUTE] = table
     return handover.dumps(record)

@@ -254,6 +254,21 @@ def engine_coverage(engine_node: torch.fx.Node) -> Coverage:
         return Coverage()
 
 
+def _built_on(engine_index: dict[torch.fx.Node, int]) -> str:
+    """Which pipeline built the file's reference engines, as their programs say (the first that says; "" where none
+    does): a Torch-TensorRT release's own, or trt-inline's emulation of one."""
+    for engine_node in engine_index:
+        text = engine_node.args[2] if len(engine_node.args) > 2 else None
+        if engine_op(engine_node) is REFERENCE_OP and isinstance(text, str):
+            try:
+                built = load_program(text).built_on
+            except (EngineFormatError, RefusedOperatorError):
+                continue
+            if built:
+                return built
+    return ""
+
+
 def _input_kinds(program: ExportedProgram) -> dict[str, str]:
     kinds = {}
     for spec in program.graph_signature.input_specs:
@@ -347,7 +362,8 @@ def describe_program(program: ExportedProgram, manifest: RankManifest | None = N
             f"{manifest.describe()} of a tensor-parallel rank set (backend {manifest.backend}, save "
             f"{manifest.save_id[:12]}, {len(manifest.collectives)} collectives)",
         )
-    return "\n".join([*table, _summary(program, kinds, engine_index, rows)])
+    built = _built_on(engine_index)
+    return "\n".join([*table, _summary(program, kinds, engine_index, rows), *([f"built on: {built}"] if built else [])])
 
 
 def _aligned(rows: list[tuple[str, str, str, str]]) -> list[str]:
