@@ -260,12 +260,14 @@ def test_inspect_keeps_its_columns_at_any_engine_count_and_sums_up(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.rstrip("\n").split("\n")
     assert any(line.startswith("engine 10 ") for line in lines), proc.stdout  # (was "engine 10execute_engine_10")
-    header, rows = lines[0], lines[1:-1]
+    header, rows = lines[0], lines[1:-2]
     column = header.index("wiring")
     assert all(row[column - 1] == " " and row[column] != " " for row in rows if len(row) > column), proc.stdout
     assert any(row.split()[:3] == ["output", "0", "out['logits']"] for row in rows), proc.stdout
     # (a reference engine keeps its weights in one payload)
-    assert lines[-1].startswith("11 engines, 10 ops left to PyTorch, 1 input, 2 outputs, 11 weights ("), lines[-1]
+    assert lines[-2].startswith("11 engines, 10 ops left to PyTorch, 1 input, 2 outputs, 11 weights ("), lines[-2]
+    # (and says which pipeline built it: here trt-inline's own, asked for by the suite)
+    assert lines[-1].startswith("built on: trt-inline's own partitioner and precision emulation"), lines[-1]
 
 
 def test_the_child_process_note_is_short_unless_verbose(saved_seed: SavedSeed) -> None:

@@ -385,3 +385,36 @@ def test_a_program_that_raises_only_on_strided_inputs_has_a_problem() -> None:
     assert len(run.problems) == 1 and "raises on its inputs as strided views" in run.problems[0], run.problems
     assert "expects a contiguous input" in run.problems[0]
     assert run_on(lambda x: x * 2, [torch.randn(4, 8)], {}, None, layouts=True).problems == []
+
+
+def test_a_recurrent_layers_kernel_is_held_to_its_tolerance_across_modes_and_no_more() -> None:
+    """torch's LSTM computes otherwise with autograd on (its last bits on CPUs without AVX-512): a program calling
+    it has its normal and inference-mode runs compared within the dtype's tolerance, said in a note; a program
+    that also reads the grad mode and changes an output by more is still a problem."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(32, 8, num_layers=2, batch_first=True, bidirectional=True).eval()
+    x = torch.randn(2, 5, 32)
+    program = torch.export.export(lstm, (x,)).module()
+    run = run_on(program, [x], {}, None, checked=False)
+    assert run.problems == [], run.problems
+    with torch.enable_grad():
+        plain = lstm(x)[0]
+    with torch.inference_mode():
+        inferred = lstm(x)[0]
+    if not torch.equal(plain, inferred):  # (this CPU's kernels differ: the note says why the runs were compared so)
+        assert any("calls aten::lstm, whose CPU kernel computes otherwise with autograd on" in n for n in run.notes)
+
+    class ReadsGradMode(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = program
+
+        def forward(self, value: torch.Tensor) -> Any:
+            out = self.inner(value)
+            return (out[0] + (1.0 if torch.is_grad_enabled() else 0.0), *out[1:])
+
+    run = run_on(ReadsGradMode(), [x], {}, None, checked=False)
+    assert (
+        run.problems
+        and "output 0 differs between a run as a normal call (grad mode on) and a run under " in (run.problems[0])
+    )

@@ -50,7 +50,7 @@ def described(table: Sequence[LoweredNode], strategy: str, chosen: Sequence[str]
     found = []
     for choice in chosen:
         nodes = [node for node in table if matches(node, strategy, choice) and node.low]
-        operators = list(dict.fromkeys(node.operator.removeprefix("torch.ops.") for node in nodes))
+        operators = list(dict.fromkeys(node.operator.removeprefix("torch.ops.") for node in nodes if node.operator))
         modules = list(dict.fromkeys(node.described for node in nodes if node.described))
         source = next((node.source for node in nodes if node.source), "")
         if strategy == "higher_precision":

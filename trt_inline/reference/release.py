@@ -354,9 +354,18 @@ def _import_release(release: InstalledRelease, capability: tuple[int, int]) -> N
     if not _tensorrt_imports():
         sys.modules["tensorrt"] = _tensorrt_stand_in(release.tensorrt_version)
     compat.answer_cuda_queries(capability)
+    if not hasattr(torch.fx.GraphModule, "set_output_tensors_as_unowned"):
+        # 2.10 and 2.11's dry run asks each block that returns a model output to hand its outputs over unowned,
+        # as the engine module it would have built does (2.12 on ask only outside a dry run): the block does
+        # nothing, as there is no engine memory to hand over.
+        torch.fx.GraphModule.set_output_tensors_as_unowned = _no_engine_memory  # type: ignore[attr-defined]
     with _native_runtime_hidden(release.location):
         torch_tensorrt = importlib.import_module("torch_tensorrt")
     _rebind(torch_tensorrt, "to_torch_device", _to_torch_device)
+
+
+def _no_engine_memory(self: torch.fx.GraphModule, unowned: bool) -> None:
+    """A dry run's block asked what an engine module is (``set_output_tensors_as_unowned``): nothing to do."""
 
 
 def _tensorrt_imports() -> bool:

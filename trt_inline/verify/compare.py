@@ -251,18 +251,44 @@ def run_on(
         checks[0].see_program(pytree.tree_leaves((args, kwargs)), run.outputs)  # (every input, nested ones too)
         run.sightings = checks[0].sightings
     for name, mode in RUN_MODES[1:]:
-        disagree = modes_disagree(run.outputs, once(mode), normal_name, name)
+        other = once(mode)
+        disagree = modes_disagree(run.outputs, other, normal_name, name)
         if disagree and modes_disagree(run.outputs, once(normal), normal_name, normal_name):
             run.notes.append(
                 "the program does not give the same bits twice in one mode (kernels built on atomics do not): "
                 f"its runs {normal_name} and {name} were compared within its dtypes' tolerances"
             )
             disagree = modes_disagree(run.outputs, once(mode), normal_name, name, exact=False)
+        elif disagree and (recurrent := mode_dependent_calls(module)):
+            run.notes.append(
+                f"the program calls {', '.join(recurrent)}, whose CPU kernel computes otherwise with autograd on "
+                f"(torch's own): its runs {normal_name} and {name} were compared within its dtypes' tolerances"
+            )
+            disagree = modes_disagree(run.outputs, other, normal_name, name, exact=False)
         run.problems += disagree
     if layouts:
         run.problems += _layout_run(once, run, normal, [laid_out_otherwise(a) for a in args],
                                     {k: laid_out_otherwise(v) for k, v in kwargs.items()})  # fmt: skip
     return run
+
+
+# Operators whose CPU kernel takes another path where autograd records them (the recurrent layers: a composite
+# of differentiable steps, against a fused kernel under no_grad or inference mode), which differ in the last bits.
+_MODE_DEPENDENT = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"})
+
+
+def mode_dependent_calls(module: Any) -> list[str]:
+    """The operators of :data:`_MODE_DEPENDENT` a program's graph (or a graph of its submodules) calls, by name."""
+    if not isinstance(module, torch.nn.Module):
+        return []
+    found: dict[str, None] = {}
+    for submodule in module.modules():
+        graph = getattr(submodule, "graph", None)
+        for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+            name = compat.op_schema_name(node.target) if node.op == "call_function" else None
+            if name in _MODE_DEPENDENT:
+                found[name] = None
+    return sorted(found)
 
 
 def _layout_run(
