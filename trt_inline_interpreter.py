@@ -253,22 +253,45 @@ def call_forked(job: Callable[[], bytes], *, timeout: float | None = None, outpu
 
     The child starts as this process is (its memory copied on write, the caller's objects included), so
     whatever it changes — modules it imports, globals it sets, registrations it makes — ends with it: nothing of
-    it reaches this process but the bytes. Its standard output and error go to ``output``. Raises
-    :class:`ForkedCallError` with the child's exception (or how it ended), :class:`TimeoutError` after
-    ``timeout`` seconds (the child is killed); Ctrl-C here kills the child too.
+    it reaches this process but the bytes. Its standard output and error, and its log records, go to ``output``.
+    Raises :class:`ForkedCallError` with the child's exception (or how it ended: an answer counts only from a
+    child that exited normally), :class:`TimeoutError` after ``timeout`` seconds (the child is killed); Ctrl-C
+    here kills the child too.
 
     Callers that compute in the child keep to one thread there: GNU OpenMP's threads do not survive a fork, and a
     parallel region started in the child of a process that used them waits forever.
     """
     _flush_standard_streams()
     readable, writable = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the caller's stack
+    try:
+        pid = os.fork()
+    except BaseException:
         os.close(readable)
-        _redirect_output(output)
-        _answer_and_exit(job, writable)
+        os.close(writable)
+        raise
+    if pid == 0:  # the child: never returns into the caller's stack, whatever fails
+        _run_child(lambda: _answer(job, writable), closing=(readable,), output=output)
     os.close(writable)
     return _answer_of(pid, readable, timeout)
+
+
+def _run_child(body: Callable[[], None], *, closing: Sequence[int], output: str | None) -> None:
+    """In a forked child: close the parent's ends, send output to ``output`` (None: where it goes already), run
+    ``body``, and end the process (exit status 0 only where ``body`` returned), never returning into the stack it
+    was forked from."""
+    status = 1
+    try:
+        for descriptor in closing:
+            os.close(descriptor)
+        if output is not None:
+            _redirect_output(output)
+        body()
+        status = 0
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
 
 
 def _flush_standard_streams() -> None:
@@ -278,37 +301,43 @@ def _flush_standard_streams() -> None:
 
 
 def _redirect_output(output: str) -> None:
+    """Descriptors 1 and 2, ``sys.stdout``/``sys.stderr`` and every log record of this (forked) process to
+    ``output``: the caller may have replaced its streams or attached handlers (a log file of its own) that the
+    child would otherwise write to."""
+    import logging
+
     sink = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(sink, 1)
     os.dup2(sink, 2)
     os.close(sink)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)  # (never closed: the process ends with os._exit)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        if isinstance(logger, logging.Logger):
+            logger.handlers = []
+    logging.getLogger().addHandler(logging.StreamHandler(sys.stderr))
 
 
-def _answer_and_exit(job: Callable[[], bytes], writable: int) -> None:
-    """In a forked child: write ``job()``'s bytes (``R...``) or how it raised (``E`` and JSON) to ``writable``, then
-    end the process, whatever happens."""
-    status = 1
+def _answer(job: Callable[[], bytes], writable: int) -> None:
+    """In a forked child: write ``job()``'s bytes (``R...``) or how it raised (``E`` and JSON) to ``writable``."""
     try:
-        try:
-            answer = b"R" + job()
-        except BaseException as exc:  # (KeyboardInterrupt too: the caller hears how the child ended)
-            import traceback
+        answer = b"R" + job()
+    except BaseException as exc:  # (KeyboardInterrupt too: the caller hears how the child ended)
+        answer = b"E" + _told(exc)
+    with os.fdopen(writable, "wb") as pipe:
+        pipe.write(answer)
 
-            first = (str(exc).strip().splitlines() or [""])[0]
-            told = {"kind": type(exc).__name__, "message": first, "details": traceback.format_exc()}
-            answer = b"E" + json.dumps(told).encode()
-        with os.fdopen(writable, "wb") as pipe:
-            pipe.write(answer)
-        status = 0
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(status)
+
+def _told(exc: BaseException) -> bytes:
+    import traceback
+
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return json.dumps({"kind": type(exc).__name__, "message": first, "details": traceback.format_exc()}).encode()
 
 
 def _answer_of(pid: int, readable: int, timeout: float | None) -> bytes:
-    """What the child ``pid`` wrote to ``readable`` (:func:`_answer_and_exit`), once it ended: its bytes, or its
+    """What the child ``pid`` wrote to ``readable`` (:func:`_answer`), once it ended: its bytes, or its
     exception raised as :class:`ForkedCallError`."""
     try:
         answer = _read_all(readable, timeout)
@@ -320,24 +349,33 @@ def _answer_of(pid: int, readable: int, timeout: float | None) -> bytes:
     finally:
         os.close(readable)
     _, status = os.waitpid(pid, 0)
-    return _decoded_answer(answer, status)
+    return _decoded_answer(_checked_answer(answer, status))
 
 
-def _decoded_answer(answer: bytes, status: int) -> bytes:
+def _checked_answer(answer: bytes, status: int) -> bytes:
+    """``answer`` where the child that wrote it exited with status 0, else how the child ended (an ``E`` answer):
+    a child killed while it wrote (out of memory, a signal) leaves an answer cut short."""
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and answer[:1] in (b"R", b"E"):
+        return answer
+    ended = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+    told = {"kind": "", "message": f"the forked child ended with {ended} before it answered", "details": ""}
+    return b"E" + json.dumps(told).encode()
+
+
+def _decoded_answer(answer: bytes) -> bytes:
     if answer[:1] == b"R":
         return answer[1:]
-    if answer[:1] == b"E":
-        told = json.loads(answer[1:])
-        raise ForkedCallError(str(told["kind"]), str(told["message"]), str(told["details"]))
-    ended = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
-    raise ForkedCallError("", f"the forked child ended with {ended} before it answered")
+    told = json.loads(answer[1:])
+    raise ForkedCallError(str(told["kind"]), str(told["message"]), str(told["details"]))
 
 
 class ForkedServer:
     """A child forked from this process that prepares once (``setup()``: an import that takes seconds) and then,
     for each :meth:`call`, forks a child of its own that answers ``handle(request)``: every call starts from the
     state ``setup`` left, never from what an earlier call did. As with :func:`call_forked`, nothing of it reaches
-    this process but the bytes; :meth:`close` (or leaving the ``with`` block) ends it.
+    this process but the bytes; :meth:`close` (or leaving the ``with`` block) ends it and the child answering.
+    The server and its children are a process group of their own: Ctrl-C at the terminal reaches this process,
+    which ends them.
     """
 
     def __init__(
@@ -346,12 +384,20 @@ class ForkedServer:
         _flush_standard_streams()
         requests_read, self._requests = os.pipe()
         self._answers, answers_written = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except BaseException:
+            for descriptor in (requests_read, self._requests, self._answers, answers_written):
+                os.close(descriptor)
+            raise
         if self.pid == 0:
-            os.close(self._requests)
-            os.close(self._answers)
-            _redirect_output(output)
-            self._serve(setup, handle, requests_read, answers_written)
+            _run_child(
+                functools.partial(self._serve, setup, handle, requests_read, answers_written),
+                closing=(self._requests, self._answers),
+                output=output,
+            )
+        with contextlib.suppress(OSError):  # (both sides set the group: whichever runs first)
+            os.setpgid(self.pid, self.pid)
         os.close(requests_read)
         os.close(answers_written)
 
@@ -359,46 +405,34 @@ class ForkedServer:
     def _serve(setup: Callable[[], None], handle: Callable[[bytes], bytes], requests: int, answers: int) -> None:
         """The server's loop (in its process): a framed request in, a child forked per request, its framed answer
         out. A failing ``setup`` answers every request with its exception."""
-        status = 1
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the caller decides when this ends)
+        failure: bytes | None = None
         try:
-            failure: bytes | None = None
-            try:
-                setup()
-            except BaseException as exc:
-                import traceback
-
-                told = {"kind": type(exc).__name__, "message": (str(exc).strip().splitlines() or [""])[0],
-                        "details": traceback.format_exc()}  # fmt: skip
-                failure = b"E" + json.dumps(told).encode()
-            while (request := _read_frame(requests)) is not None:
-                if failure is not None:
-                    _write_frame(answers, failure)
-                    continue
-                readable, writable = os.pipe()
-                pid = os.fork()
-                if pid == 0:
-                    os.close(readable)
-                    _answer_and_exit(functools.partial(handle, request), writable)
-                os.close(writable)
-                answer = _read_all(readable, None)
-                os.close(readable)
-                _, child_status = os.waitpid(pid, 0)
-                if answer[:1] not in (b"R", b"E"):
-                    ended = (
-                        f"signal {os.WTERMSIG(child_status)}" if os.WIFSIGNALED(child_status)
-                        else f"exit status {os.WEXITSTATUS(child_status)}"
-                    )  # fmt: skip
-                    told = {"kind": "", "message": f"the forked child ended with {ended} before it answered",
-                            "details": ""}  # fmt: skip
-                    answer = b"E" + json.dumps(told).encode()
-                _write_frame(answers, answer)
-            status = 0
-        finally:
-            os._exit(status)
+            setup()
+        except BaseException as exc:
+            failure = b"E" + _told(exc)
+        while (request := _read_frame(requests)) is not None:
+            if failure is not None:
+                _write_frame(answers, failure)
+                continue
+            readable, writable = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                job = functools.partial(handle, request)
+                _run_child(functools.partial(_answer, job, writable), closing=(readable,), output=None)
+            os.close(writable)
+            answer = _read_all(readable, None)
+            os.close(readable)
+            _, child_status = os.waitpid(pid, 0)
+            _write_frame(answers, _checked_answer(answer, child_status))
 
     def call(self, request: bytes) -> bytes:
         """The bytes ``handle(request)`` returns in a child of the server; :class:`ForkedCallError` as
-        :func:`call_forked` raises it (also where the server itself ended)."""
+        :func:`call_forked` raises it (also where the server itself ended, or was closed)."""
+        if not self.pid:
+            raise ForkedCallError("", "the forked server was closed")
         try:
             _write_frame(self._requests, request)
             answer = _read_frame(self._answers)
@@ -408,17 +442,22 @@ class ForkedServer:
             self.close()
             raise
         if answer is None:
+            self.close()  # (reaps it)
             raise ForkedCallError("", "the forked server ended before it answered")
-        return _decoded_answer(answer, 0)
+        return _decoded_answer(answer)
 
     def close(self) -> None:
-        """End the server (it holds nothing worth a graceful end: its children answered or were killed)."""
+        """End the server and the child answering (they hold nothing worth a graceful end)."""
         if self.pid:
             for descriptor in (self._requests, self._answers):
                 with contextlib.suppress(OSError):
                     os.close(descriptor)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+            self._requests = self._answers = -1
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
             self.pid = 0
@@ -459,15 +498,17 @@ def _read_exactly(descriptor: int, size: int) -> bytes | None:
 
 
 def _read_all(descriptor: int, timeout: float | None) -> bytes:
-    """Everything written to ``descriptor`` until it is closed; TimeoutError after ``timeout`` seconds."""
+    """Everything written to ``descriptor`` until it is closed; TimeoutError after ``timeout`` seconds. (poll, not
+    select: a caller may hold more than 1024 descriptors.)"""
     import time
 
     deadline = None if timeout is None else time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(descriptor, select.POLLIN | select.POLLHUP | select.POLLERR)
     chunks: list[bytes] = []
     while True:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([descriptor], [], [], left)
-        if not ready:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+        if not poller.poll(left):
             raise TimeoutError(f"the forked child gave no answer within {timeout:g} s")
         chunk = os.read(descriptor, 1 << 20)
         if not chunk:

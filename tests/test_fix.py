@@ -326,7 +326,7 @@ def test_progress_is_one_line_per_compile_and_repeats_for_a_seed() -> None:
         assert torch.equal(torch.random.get_rng_state(), state)  # (the caller's random state is left as it was)
         runs.append(lines)
     assert len(runs[0]) == reports[0].compiles and runs[0] == runs[1]
-    assert runs[0][0].startswith("compile 1 (at most 1): the settings given: worst error")
+    assert runs[0][0].startswith("compile 1: the settings given: worst error")
     every = reports[0].candidates
     assert runs[0][1].startswith(f"compile 2 (at most {reports[0].budget}): {every} of {every} candidates kept in fp32")
     assert reports[0].to_dict() == reports[1].to_dict()
@@ -428,3 +428,36 @@ def test_tolerances_are_a_number_a_dict_or_tolerances_under_verifys_name() -> No
         trt_inline.find_fix(Clean().eval(), (x,), settings=settings, tolerances="tight")
     with pytest.raises(TypeError, match=r"^find_fix\(\) got tolerances= and tolerance= \(its old name\)"):
         trt_inline.find_fix(Clean().eval(), (x,), settings=settings, tolerances=1e-2, tolerance=1e-2)
+
+
+def _lowered(name: str, module: str, low: bool, block: str = "_run_on_acc_0") -> Any:
+    from trt_inline.reference.lowered import LoweredNode
+
+    dtype = "float16" if low else "float32"
+    return LoweredNode(name, "torch.ops.aten.mul.Tensor", module, dtype, low, block, module, "")
+
+
+def test_a_setting_that_reaches_only_some_of_its_nodes_is_said_so_and_one_that_reaches_none_is_an_error() -> None:
+    """``check_reached`` on builds made up here: all reached, no note; two of three (one missing from the new
+    build counts as missed), a note naming the others; none, FixError."""
+    from trt_inline.fixing.runner import check_reached
+
+    before = [_lowered("mul", "head", True), _lowered("mul_1", "head", True), _lowered("mul_2", "head", True)]
+    assert check_reached(before, [_lowered(n.name, "head", False) for n in before], "higher_precision", ["head"]) == []
+    partly = [_lowered("mul", "head", False), _lowered("mul_1", "head", True)]  # (mul_2 gone from the build)
+    (note,) = check_reached(before, partly, "higher_precision", ["head"])
+    assert "reached 1 of its 3 nodes: mul_1, mul_2 not kept in fp32" in note, note
+    with pytest.raises(FixError, match=r"reached none of its nodes .*mul, mul_1, mul_2 not kept in fp32"):
+        check_reached(before, before, "higher_precision", ["head"])
+
+
+def test_the_minimality_check_drops_what_the_rest_passes_without() -> None:
+    """A search's set is made 1-minimal even where keeping more in fp32 is not monotone: here {a, c} passes
+    without b, and neither a nor c alone passes."""
+    from trt_inline.fixing.runner import minimal
+
+    def passes(kept: Sequence[str]) -> bool:
+        return set(kept) in ({"a", "b", "c"}, {"a", "c"})
+
+    assert minimal(["a", "b", "c"], passes) == (["a", "c"], True)
+    assert minimal(["a"], passes) == (["a"], True)

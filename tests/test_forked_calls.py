@@ -104,6 +104,124 @@ def test_a_server_whose_setup_fails_says_so_at_every_call() -> None:
                 server.call(b"x")
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (absent, or a zombie waiting for a parent that is not us)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_child_never_returns_into_the_callers_code() -> None:
+    """A child whose set-up fails (its output cannot be opened) ends there: it must not raise up through the
+    caller's stack and go on running the caller's program (here: the rest of this test session)."""
+    caller = os.getpid()
+    try:
+        with pytest.raises(ForkedCallError, match=r"ended with exit status 1 before it answered"):
+            call_forked(lambda: b"x", output="/nonexistent/folder/log")
+        with ForkedServer(lambda: None, lambda request: request, output="/nonexistent/folder/log") as server:
+            with pytest.raises(ForkedCallError, match=r"server ended before it answered"):
+                server.call(b"x")
+    finally:
+        if os.getpid() != caller:
+            os._exit(99)  # (an escaped child: end it before it runs anything else)
+
+
+def test_an_answer_counts_only_from_a_child_that_exited_normally() -> None:
+    """A child killed while it writes leaves a prefix of its answer: that is how it ended, not a short answer."""
+    from trt_inline_interpreter import _checked_answer, _decoded_answer
+
+    pid = os.fork()
+    if pid == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _, killed = os.waitpid(pid, 0)
+    with pytest.raises(ForkedCallError, match=r"ended with signal 9 before it answered"):
+        _decoded_answer(_checked_answer(b"R" + b"x" * 100, killed))
+    assert _decoded_answer(_checked_answer(b"Rwhole", 0)) == b"whole"
+
+
+def test_closing_a_server_ends_the_call_in_progress_and_its_descriptors(tmp_path: os.PathLike[str]) -> None:
+    """Ctrl-C (here an alarm) during a call closes the server, and with it the child answering the call; a closed
+    server refuses further calls instead of writing to descriptors it no longer owns."""
+    started = os.path.join(tmp_path, "started")
+
+    def handle(request: bytes) -> bytes:
+        with open(started, "w") as handle:
+            handle.write(str(os.getpid()))
+        time.sleep(60)
+        return request
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    server = ForkedServer(lambda: None, handle)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            server.call(b"slow")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    answering = int(open(started).read())
+    deadline = time.monotonic() + 10
+    while not _gone(answering) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(answering), "the child answering the call outlived the server"
+    unrelated = os.path.join(tmp_path, "unrelated")
+    with open(unrelated, "wb") as reused:  # (likely to get a number the server's pipes had)
+        with pytest.raises(ForkedCallError, match="the forked server was closed"):
+            server.call(b"secret request")
+        reused.flush()
+    assert open(unrelated, "rb").read() == b""
+
+
+def test_the_childs_log_records_and_prints_go_to_its_output_only(tmp_path: os.PathLike[str]) -> None:
+    """The caller's log handlers (a file of its own) and its replaced ``sys.stdout`` hear nothing of the child."""
+    import contextlib
+    import io
+    import logging
+
+    callers_log, childs_output = os.path.join(tmp_path, "app.log"), os.path.join(tmp_path, "child.log")
+    handler = logging.FileHandler(callers_log)
+    logging.getLogger().addHandler(handler)
+    captured = io.StringIO()
+
+    def talk() -> bytes:
+        logging.getLogger("torch_tensorrt._utils").error("the child's record")
+        print("the child's print")
+        return b"done"
+
+    try:
+        with contextlib.redirect_stdout(captured):
+            assert call_forked(talk, output=childs_output) == b"done"
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert "the child's" not in open(callers_log).read() and not captured.getvalue()
+    said = open(childs_output).read()
+    assert "the child's record" in said and "the child's print" in said, said
+
+
+def test_a_caller_holding_many_descriptors_still_gets_its_answer() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this machine allows {hard} open files; the case needs 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if hard == resource.RLIM_INFINITY else hard, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert call_forked(lambda: b"answered") == b"answered"
+        with ForkedServer(lambda: None, lambda request: request) as server:
+            assert server.call(b"again") == b"again"
+    finally:
+        for descriptor in held:
+            os.close(descriptor)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_partitioned_module_comes_back_node_for_node_over_the_callers_symbols() -> None:
     """A module with a scalar crossing an engine boundary and a dynamic batch: described, carried as bytes, and
     rebuilt with the fake values of the exported program it came from, every node under its own name."""
@@ -172,3 +290,46 @@ def test_the_childs_cpu_becomes_the_callers_device() -> None:
                     assert value.device == meta, (name, node.name)
         else:
             assert all(t.device == meta for t in child.buffers()), name
+
+
+def test_a_program_copied_for_the_child_leaves_the_callers_program_where_it_was() -> None:
+    """A rehearsal of a model on the GPU hands the child a CPU copy: the caller's program keeps its device (here
+    the copy goes to ``meta``, which every machine has), its weights stay parameters in the copy."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+    x = torch.randn(4, 3)
+    program = torch.export.export(model, (x,))
+    copied = compat.program_copy_on(program, torch.device("meta"))
+    assert {value.device.type for value in copied.state_dict.values()} == {"meta"}
+    assert all(isinstance(value, torch.nn.Parameter) for value in copied.state_dict.values())
+    assert {value.device.type for value in program.state_dict.values()} == {"cpu"}
+    assert torch.equal(program.module()(x), model(x))
+
+
+class _HalfMore(torch.nn.Module):
+    """Sizes that are torch's own functions of the batch (``FloorDiv``), crossing from an engine to a fallback."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        half = x[: x.shape[0] // 2] * 2
+        return torch.cat([x, torch.relu(half)]) + 1
+
+
+def _shapes(module: torch.fx.GraphModule) -> list[str]:
+    graphs = [m for m in (module, *module.children()) if isinstance(m, torch.fx.GraphModule)]
+    values = [node.meta.get("val") for graph in graphs for node in graph.graph.nodes]
+    return [str(value.shape) for value in values if isinstance(value, torch.Tensor)]
+
+
+def test_sizes_come_back_as_the_same_expressions_not_ones_printed_alike() -> None:
+    """``s//2`` is torch's ``FloorDiv``: it must come back as that, not as sympy's ``floor(s/2)``, which prints
+    differently and simplifies differently."""
+    x = torch.randn(6, 4)
+    exported = torch.export.export(_HalfMore(), (x,), dynamic_shapes=({0: torch.export.Dim.AUTO},))
+    compiled = trt_inline.reference.compile(
+        exported, (x,), pipeline="own", torch_executed_ops={"torch.ops.aten.relu.default"}
+    )
+    expressions = _shapes(compiled)
+    assert any("//2" in text for text in expressions), expressions  # (the structure: a FloorDiv size)
+    fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in exported.graph.nodes if n.op == "placeholder"])
+    rebuilt = handover.rebuild(handover.loads(handover.dumps(handover.describe(compiled))), fake_mode, own=compiled)
+    again = _shapes(rebuilt)
+    assert again == expressions and not any("floor(" in text for text in again), again

@@ -227,6 +227,33 @@ def test_the_rehearsal_leaves_the_callers_process_as_it_was(site: Path) -> None:
     assert state() == before and not before["modules"] and not before["ops"]
 
 
+def test_a_tensor_parallel_model_runs_its_collectives_where_the_release_put_them(site: Path, tmp_path: Path) -> None:
+    """The release's lowering (2.10+) fuses each collective with its wait into an operator of its own
+    (``tensorrt::fused_nccl_all_reduce``), which exists only where it is imported: the rehearsal hands back the
+    two calls that operator stands for, and the module computes the model's sums (a 1-rank gloo group)."""
+    import torch.distributed as dist
+    from tensor_parallel import RowColumnMLP, _inputs
+
+    from trt_inline.reference.lowered import LOWERED_ATTRIBUTE
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model, x = RowColumnMLP(0, 1).eval(), _inputs(0)
+        compiled = trt_inline.reference.compile(torch.export.export(model, (x,)), (x,), min_block_size=1)
+        lowered = {node.operator for node in getattr(compiled, LOWERED_ATTRIBUTE)}
+        if RELEASE.autocast:  # type: ignore[union-attr]  # (2.10+: its fuse_distributed_ops runs)
+            assert "torch.ops.tensorrt.fused_nccl_all_reduce.default" in lowered, sorted(lowered)
+        targets = [
+            str(node.target) for child in compiled.children() if isinstance(child, torch.fx.GraphModule)
+            for node in child.graph.nodes if node.op == "call_function"
+        ]  # fmt: skip
+        assert targets == ["_c10d_functional.all_reduce.default", "_c10d_functional.wait_tensor.default"], targets
+        with torch.no_grad():
+            assert torch.allclose(compiled(x), model(x), rtol=1e-6, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_without_a_release_the_module_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     """No release on the path: trt-inline's own pipeline, and one line saying so, naming the release to install."""
     monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "torch_tensorrt").is_dir()])

@@ -517,7 +517,8 @@ else the one this torch pairs with). --settings is merged over them; with neithe
 {"enable_autocast": true, "autocast_low_precision_type": "float16"} (2.10+) or {"enabled_precisions":
 ["float16"]}.
 
-The report is printed before --out saves anything; a save that fails is said after it.
+The report is printed before --out saves anything (with --json: once, after, the save's verdict in it,
+and on Ctrl-C during the save too); a save that fails is said after it.
 
 Exit 0: fixed, or nothing to fix (and --out verified). 1: no set works, or --max-compiles ran out (the best set
 found is printed), or the --out file did not verify. 2: unusable input (a missing script, one without the
@@ -598,6 +599,11 @@ def _run_fix(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # (outside the search, which reports what it found itself)
         print("trt-inline fix: interrupted", file=sys.stderr)
         return _FIX_INTERRUPTED
+    except FixError as error:  # (a set found that the pipeline read otherwise: the report, then the one line)
+        found = getattr(error, "report", None)
+        if found is not None:
+            _print_text(json.dumps(found.to_dict(), indent=2) if args.json else found.to_text())
+        raise
     if not args.json:  # (the set found is printed before anything is saved: a failed save loses nothing)
         _print_text(report.to_text())
     saved: tuple[dict[str, Any], str] | None = None
@@ -606,6 +612,9 @@ def _run_fix(args: argparse.Namespace) -> int:
         try:
             saved = _fix_out(args, report, script.module, script.arg_inputs, tolerance)
         except KeyboardInterrupt:
+            if args.json:  # (the report, said before --out as the help promises, with the save it stopped)
+                stopped = {"path": args.out, "status": None, "worst_error": None, "error": "interrupted"}
+                _print_text(json.dumps({**report.to_dict(), "out": stopped}, indent=2))
             print("trt-inline fix: interrupted", file=sys.stderr)
             return _FIX_INTERRUPTED
         except Exception as exc:  # (said after the report, one line; the exit status is unusable input's)

@@ -21,6 +21,7 @@ import inspect
 import sys
 import threading
 import typing
+import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
@@ -52,6 +53,7 @@ __all__ = [
     "export_nonstrict",
     "export_schema",
     "exported_program",
+    "expression_text",
     "fake_tensor_mode",
     "flatten_by_spec",
     "graph_codegen",
@@ -88,9 +90,9 @@ __all__ = [
     "schema_union_base",
     "script_object_class",
     "serialized_dtype",
-    "shape_env_symbols",
     "set_codegen",
     "set_example_inputs",
+    "shape_env_symbols",
     "splitter_base",
     "splitter_settings",
     "streaming_tensor_writes",
@@ -347,6 +349,33 @@ def move_program_to(program: torch.export.ExportedProgram, device: torch.device)
     return moved
 
 
+def program_copy_on(program: torch.export.ExportedProgram, device: torch.device) -> torch.export.ExportedProgram:
+    """A copy of ``program`` on ``device``, ``program`` left as it is (:func:`move_program_to` moves in place).
+
+    Each tensor is copied straight to ``device`` (a model on the GPU is never duplicated there first)."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    tensors += [value for value in torch.utils._pytree.tree_leaves(program.example_inputs or ())]
+    tensors += [*program.graph_module.parameters(), *program.graph_module.buffers()]
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and id(tensor) not in memo:
+            moved = tensor.detach().to(device)
+            if isinstance(tensor, torch.nn.Parameter):
+                moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = moved
+    with warnings.catch_warnings():  # (copying a pytree spec warns of torch's own deprecations)
+        warnings.simplefilter("ignore", FutureWarning)
+        copied = copy.deepcopy(program, memo)
+    # Copying a graph renames a node named after a builtin ("input" becomes "input_1"), which the program's
+    # signature still names: the copy keeps the original's names.
+    for original, node in zip(program.graph.nodes, copied.graph.nodes, strict=True):
+        node.name = original.name
+    copied.graph_module.recompile()
+    return move_program_to(copied, device)
+
+
 def cuda_built() -> bool:
     """Whether this torch was built with CUDA; asks nothing of a device (CUDA is not started)."""
     return bool(torch.backends.cuda.is_built())  # type: ignore[no-untyped-call]
@@ -464,19 +493,17 @@ def _backed_values(shape_env: Any) -> dict[Any, Any]:
 
 
 def symbolic_value(fake_mode: Any, kind: str, expression: str, names: dict[str, Any]) -> Any:
-    """The SymInt (``kind`` ``"int"``), SymFloat or SymBool that ``expression`` stands for in ``fake_mode``'s shape
-    environment. A symbol it does not know (made after a fork, an unbacked size) becomes a fresh unbacked one, and
-    ``names`` learns it."""
+    """The SymInt (``kind`` ``"int"``), SymFloat or SymBool that ``expression`` (:func:`expression_text`) stands
+    for in ``fake_mode``'s shape environment, its symbols taken by name from ``names``. A symbol it does not know
+    (made after a fork, an unbacked size) becomes a fresh unbacked one, and ``names`` learns it."""
     import sympy
 
     shape_env = fake_mode.shape_env
     parsed = sympy.sympify(expression, locals=names)
-    unknown = [s for s in parsed.free_symbols if names.get(str(s)) is not s]
-    for symbol in sorted(unknown, key=str):
-        fresh = shape_env.create_unbacked_symint().node.expr
-        names[str(symbol)] = fresh
-    if unknown:
-        parsed = sympy.sympify(expression, locals=names)
+    for symbol in sorted(parsed.free_symbols, key=str):
+        if str(symbol) not in names or not isinstance(names[str(symbol)], sympy.Symbol):
+            names[str(symbol)] = shape_env.create_unbacked_symint().node.expr
+    parsed = parsed.xreplace({symbol: names[str(symbol)] for symbol in parsed.free_symbols})
     hints = _backed_values(shape_env)
     hint = parsed.xreplace(hints) if all(s in hints for s in parsed.free_symbols) else None
     if kind == "int":
@@ -484,6 +511,14 @@ def symbolic_value(fake_mode: Any, kind: str, expression: str, names: dict[str, 
     if kind == "float":
         return shape_env.create_symfloatnode(parsed, hint=None if hint is None else float(hint))
     return shape_env.create_symboolnode(parsed)
+
+
+def expression_text(value: torch.SymInt | torch.SymFloat | torch.SymBool) -> str:
+    """A symbolic value's expression as text :func:`symbolic_value` reads back as the same expression: sympy's
+    ``srepr`` (``str`` prints torch's ``FloorDiv(s, 2)`` as ``s//2``, which reads back as ``floor(s/2)``)."""
+    import sympy
+
+    return str(sympy.srepr(value.node.expr))
 
 
 def answer_cuda_queries(capability: tuple[int, int]) -> None:

@@ -184,7 +184,15 @@ def _searched(
         report.nodes = described(table, strategy, found)
         report.settings = settings_with(given, strategy, found)
         if after is not None and after.lowered is not None and trials.first.lowered is not None:
-            check_reached(trials.first.lowered, after.lowered, strategy, found)
+            try:
+                report.notes.extend(check_reached(trials.first.lowered, after.lowered, strategy, found))
+            except FixError as error:
+                error.report = report  # type: ignore[attr-defined]
+                raise
+        elif after is not None:
+            report.notes.append(
+                "which nodes the settings reached is not checked on this build (its lowered graph is not visible)"
+            )
     report.compile_call = compile_call(build, report.settings)
     report.release_call = "" if is_tensorrt(build) else release_call(report.settings)
     return report
@@ -193,7 +201,8 @@ def _searched(
 def minimal(found: Sequence[str], passes: Callable[[Sequence[str]], bool]) -> tuple[list[str], bool]:
     """``found`` made 1-minimal: each member left out once, in turn, and dropped where the rest still passes, until
     leaving out any one fails. The search's own reasoning assumes that keeping more in fp32 never makes a case
-    worse, which real models do not promise; this checks it. Returns the set and True (checked)."""
+    worse, which real models do not promise; this checks it. Returns the set and True (checked: it is 1-minimal,
+    whether or not members were dropped)."""
     kept = list(found)
     changed = True
     while changed and len(kept) > 1:
@@ -208,25 +217,35 @@ def minimal(found: Sequence[str], passes: Callable[[Sequence[str]], bool]) -> tu
 
 def check_reached(
     before: Sequence[LoweredNode], after: Sequence[LoweredNode], strategy: str, found: Sequence[str]
-) -> None:
+) -> list[str]:
     """The settings found do in the pipeline what the search meant: each module path's (operator's) nodes that ran
     in reduced precision (in an engine) in the first build now run in fp32 (in PyTorch). Raises
-    :class:`FixError` naming one that did not (the release read the setting otherwise)."""
+    :class:`FixError` naming a setting that reached none of them (the release read it otherwise); returns a note
+    for each that reached only some (a node missing from the new build counts as not reached)."""
     now = {node.name: node for node in after}
+    what = "kept in fp32" if strategy == "higher_precision" else "run in PyTorch"
+    notes = []
     for chosen in found:
         meant = [node for node in before if node.low and matches(node, strategy, chosen)]
         if strategy == "fallback":
             meant = [node for node in meant if node.in_engine]
         missed = [
             node.name for node in meant
-            if node.name in now and (now[node.name].low if strategy == "higher_precision" else now[node.name].in_engine)
+            if node.name not in now
+            or (now[node.name].low if strategy == "higher_precision" else now[node.name].in_engine)
         ]  # fmt: skip
         if not meant or len(missed) == len(meant):
-            what = "kept in fp32" if strategy == "higher_precision" else "run in PyTorch"
             raise FixError(
                 f"find_fix: the setting for {chosen or TOP_LEVEL!r} reached none of its nodes in the build it made "
-                f"({', '.join(missed) or 'no node'} not {what}): the pipeline does not read it as the search meant"
+                f"({', '.join(missed[:5]) or 'no node'} not {what}): the pipeline does not read it as the search meant"
             )
+        if missed:
+            shown = ", ".join(missed[:5]) + (f" and {len(missed) - 5} more" if len(missed) > 5 else "")
+            notes.append(
+                f"the setting for {chosen or TOP_LEVEL!r} reached {len(meant) - len(missed)} of its {len(meant)} "
+                f"nodes: {shown} not {what} in the build it made"
+            )
+    return notes
 
 
 def with_default_tolerance(tolerance: Tolerances | None) -> Tolerances:
@@ -296,8 +315,10 @@ class _Trials:
             raise _OutOfCompiles()
         result = measure(self.build, self.model, self.arg_inputs, settings, self.cases, self.tolerance, self.seed)
         self.compiles += 1  # (one that Ctrl-C stopped is not counted: it was not made)
+        # (the budget is known once the first build has named the candidates)
+        bound = f" (at most {self.budget})" if self.compiles > 1 else ""
         progress.report(
-            f"compile {self.compiles} (at most {self.budget}): {changed}: worst error "
+            f"compile {self.compiles}{bound}: {changed}: worst error "
             f"{result.worst:.3g}, " + ("every case within tolerance" if result.passes else "out of tolerance")
         )
         return result

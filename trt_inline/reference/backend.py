@@ -68,8 +68,9 @@ def compile(
         pipeline: ``"release"``: the importable Torch-TensorRT release's own pipeline
             (:mod:`trt_inline.reference.release`: its lowering, decompositions, autocast and partitioner, with its
             defaults, dry-run; each engine a reference engine); ``"own"``: trt-inline's own partitioner and
-            precision emulation; ``"auto"`` (default): the release's where one is importable, else trt-inline's
-            own, and the module says so (its ``trt_inline_pipeline``, one line naming the release to install).
+            precision emulation; ``"auto"`` (default): the release's where one is importable (one that needs
+            another torch is an error naming both, never a silent change of pipeline), else trt-inline's own,
+            and the module says so (its ``trt_inline_pipeline``, one line naming the release to install).
             ``TRT_INLINE_PIPELINE=own`` (or ``release``) makes ``"auto"`` mean that one.
         dynamic_shapes: as for ``torch.export.export``.
         settings: Torch-TensorRT's compile settings. On a release's pipeline, exactly what its

@@ -188,11 +188,11 @@ class _Unknown:
 
 def _describe_size(value: Any) -> int | _Size:
     if isinstance(value, torch.SymInt):
-        return _Size("int", str(value.node.expr))
+        return _Size("int", compat.expression_text(value))
     if isinstance(value, torch.SymFloat):
-        return _Size("float", str(value.node.expr))
+        return _Size("float", compat.expression_text(value))
     if isinstance(value, torch.SymBool):
-        return _Size("bool", str(value.node.expr))
+        return _Size("bool", compat.expression_text(value))
     return int(value)
 
 

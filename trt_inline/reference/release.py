@@ -193,7 +193,7 @@ class Rehearsal:
         self.release, self.exported = release, exported
         self.device = _device_of(exported, arg_inputs)
         cpu = torch.device("cpu")
-        self._program = exported if self.device.type == "cpu" else compat.move_program_to(exported, cpu)
+        self._program = exported if self.device.type == "cpu" else compat.program_copy_on(exported, cpu)
         self._inputs = [value.to(cpu) if isinstance(value, torch.Tensor) else value for value in arg_inputs]
         self._kwarg_inputs = dict(kwarg_inputs or {})
         self._capability = (
@@ -242,7 +242,7 @@ class Rehearsal:
         return self._rebuilt(data)
 
     def _started(self) -> trt_inline_interpreter.ForkedServer:
-        if self._server is None:
+        if self._server is None or not self._server.pid:  # (none yet, or closed by an interrupted call)
             release, capability = self.release, self._capability
 
             def setup() -> None:
@@ -268,7 +268,14 @@ class Rehearsal:
         fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in exported.graph.nodes if n.op == "placeholder"])
         flat = exported.module()
         device = None if self.device.type == "cpu" else self.device
-        split = handover.rebuild(handover.loads(data), fake_mode, device, own=flat)
+        try:
+            split = handover.rebuild(handover.loads(data), fake_mode, device, own=flat)
+        except Exception as exc:  # (what the child handed over names something this process lacks)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise CompileError(
+                f"reference.compile: the module {self.release.name}'s dry run returned cannot be rebuilt here "
+                f"({type(exc).__name__}: {first}): pass pipeline='own'"
+            ) from exc
         compat.set_codegen(split.graph, compat.graph_codegen(flat.graph))
         for attr in ("_in_spec", "_out_spec"):
             if hasattr(flat, attr):
@@ -340,6 +347,9 @@ def _dry_run(
     if not isinstance(partitioned, torch.fx.GraphModule):
         raise TypeError(f"its dry run returned a {type(partitioned).__qualname__}, not a partitioned GraphModule")
     table = lowered_nodes(partitioned)
+    for module in partitioned.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            _unfuse_collectives(module)
     for name, block in list(partitioned.named_children()):
         if engines and name.startswith(ACC_PREFIX) and isinstance(block, torch.fx.GraphModule):
             emulate_accumulation(block, tf32=tf32)
@@ -347,6 +357,54 @@ def _dry_run(
     record = handover.describe(partitioned)
     record.attributes[LOWERED_ATTRIBUTE] = table
     return handover.dumps(record)
+
+
+# The collectives the releases' ``fuse_distributed_ops`` (2.10+) fuse with their wait into one operator of the
+# ``tensorrt`` namespace, which exists only where the release is imported: each is its c10d collective then
+# ``wait_tensor`` (the fused operator's own PyTorch implementation), with the same arguments.
+_FUSED_COLLECTIVES = {
+    "fused_nccl_all_gather": "all_gather_into_tensor",
+    "fused_nccl_reduce_scatter": "reduce_scatter_tensor",
+    "fused_nccl_all_reduce": "all_reduce",
+    "fused_nccl_all_to_all": "all_to_all_single",
+}
+
+
+def _unfuse_collectives(module: torch.fx.GraphModule) -> None:
+    """In the child: each fused collective the release made put back as the two calls it stands for, so that the
+    module runs (and unpickles) where the release is not imported. Raises CompileError naming any other operator
+    the release's import registered.
+
+    Before::
+
+        fused = tensorrt.fused_nccl_all_reduce(mm, "sum", "0")
+        add = aten.add(fused, bias)
+
+    After::
+
+        all_reduce = _c10d_functional.all_reduce(mm, "sum", "0")
+        wait_tensor = _c10d_functional.wait_tensor(all_reduce)
+        add = aten.add(wait_tensor, bias)
+    """
+    for fused in list(module.graph.nodes):
+        schema = compat.op_schema_name(fused.target) if fused.op == "call_function" else None
+        if schema is None or not schema.startswith("tensorrt::"):
+            continue
+        name = schema.split("::", 1)[1]
+        if name not in _FUSED_COLLECTIVES:
+            raise CompileError(
+                f"reference.compile: the release's pipeline put operator tensorrt::{name} (node {fused.name}) where "
+                "PyTorch runs it, and it exists only where the release is imported: pass pipeline='own'"
+            )
+        collective = getattr(torch.ops._c10d_functional, _FUSED_COLLECTIVES[name]).default
+        with module.graph.inserting_before(fused):
+            started = module.graph.call_function(collective, fused.args, fused.kwargs)
+            waited = module.graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (started,))
+        for node in (started, waited):
+            node.meta = dict(fused.meta)
+        fused.replace_all_uses_with(waited)
+        module.graph.erase_node(fused)
+    module.recompile()
 
 
 def _import_release(release: InstalledRelease, capability: tuple[int, int]) -> None:
