@@ -140,3 +140,36 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}
     return value
+
+
+class _NonFinite(torch.nn.Module):
+    """Float arguments JSON cannot hold: torch writes them as the words "NaN", "Infinity" and "-Infinity"."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, torch.full_like(x, float("nan")), x).clamp(float("-inf"), float("inf"))
+
+
+def test_float_fields_keep_torchs_words_for_nan_and_infinity_and_nothing_else(tmp_path: Path) -> None:
+    """The three words torch writes for non-finite floats pass the strict reader unchanged, and the file loads and
+    computes; any other string in a float field (another spelling ``float()`` would also take) is refused, naming
+    the field."""
+    x = torch.tensor([[-1.0, 2.0], [3.0, -4.0]])
+    path = tmp_path / "non_finite.pt2"
+    torch.export.save(torch.export.export(_NonFinite(), (x,)), path)
+    name, original = _program_entry(path)
+    for word in (b'"NaN"', b'"-Infinity"', b'"Infinity"'):
+        assert word in original, word  # (the structure: torch's own spellings in the file)
+    document = canonical_bytes(canonical_document(json.loads(original), path, name))
+    for word in (b'"NaN"', b'"-Infinity"', b'"Infinity"'):
+        assert word in document, word
+    loaded = trt_inline.load(path)
+    assert torch.equal(loaded.module()(x).isnan(), _NonFinite()(x).isnan())
+    assert torch.equal(loaded.module()(x).nan_to_num(), _NonFinite()(x).nan_to_num())
+
+    entries = read_entries(path)
+    for other in (b'"nan"', b'"inf"', b'"1e308"', b'"  NaN"'):
+        crafted = dict(entries)
+        crafted[name] = original.replace(b'"NaN"', other, 1)
+        bad = write_entries(tmp_path / "crafted.pt2", crafted)
+        with pytest.raises(trt_inline.UnsafeArchiveError, match="expected a number, found str"):
+            trt_inline.load(bad)

@@ -9,6 +9,7 @@ difference named), and a value is always equal to itself.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -33,11 +34,12 @@ def _from_bytes(data: bytes, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two one-element tensors hold different values (NaN is NaN; -0.0 is 0.0)."""
+    """Whether two one-element tensors hold different values (NaN is NaN; -0.0 is 0.0); a complex value part by
+    part (a NaN real part hides no difference in the imaginary one)."""
     if a.is_floating_point() or a.is_complex():
         x, y = a.to(torch.complex128).item(), b.to(torch.complex128).item()
-        same_nan = (math.isnan(x.real) or math.isnan(x.imag)) and (math.isnan(y.real) or math.isnan(y.imag))
-        return not same_nan and x != y
+        pairs = ((x.real, y.real), (x.imag, y.imag))
+        return any(not (math.isnan(p) and math.isnan(q)) and p != q for p, q in pairs)
     bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return bool(a.view(bits) != b.view(bits))
 
@@ -60,7 +62,7 @@ def test_values_that_differ_are_never_reported_equal(dtype: torch.dtype, data: s
     assert not found.ok, (dtype, actual, expected, found)
     assert found.problem is not None
     assert found.max_abs_diff != 0.0 or found.nan_count or found.inf_count or "NaN or Inf" in found.problem
-    assert f"the first at [{position}]" in found.problem, found.problem
+    assert f"the first at [{position}" in found.problem, found.problem  # (a complex value: then its part)
 
 
 def test_a_complex_value_differing_only_in_its_imaginary_part() -> None:
@@ -69,6 +71,27 @@ def test_a_complex_value_differing_only_in_its_imaginary_part() -> None:
     found = compare_output(0, actual, expected, None, None)
     assert not found.ok and found.max_abs_diff == 8.0, found
     assert "real part 0, imaginary part 8" in str(found.problem), found.problem
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.complex32], ids=str)
+def test_a_nan_in_one_part_hides_no_difference_in_the_other(dtype: torch.dtype) -> None:
+    """A NaN matches a NaN only in the same part at the same place: an imaginary part changed where the real part
+    is NaN is a difference (held to the tolerance like any other: at zero, any change fails; a NaN where the
+    reference's part is a number fails at every tolerance); the same value again is not."""
+    nan = float("nan")
+    expected = torch.tensor([complex(nan, 1.0), complex(2.0, nan), 3 + 4j]).to(dtype)
+    actual = expected.clone()
+    actual[0] = complex(nan, 7.0)
+    found = compare_output(0, actual, expected, 0.0, 0.0)
+    assert not found.ok and found.max_abs_diff == 6.0 and "imaginary part 6" in str(found.problem), found
+    assert "the first at [0, 1]: 7.0 vs 1.0" in str(found.problem), found.problem
+    for changed, position in ((complex(nan, nan), 0), (complex(nan, nan), 1), (complex(nan, 4.0), 2)):
+        actual = expected.clone()
+        actual[position] = changed
+        found = compare_output(0, actual, expected, 1e9, 1e9)
+        assert not found.ok, (changed, found)
+    same = compare_output(0, expected.clone(), expected, 0.0, 0.0)
+    assert same.ok and same.max_abs_diff == 0.0 and same.max_rel_diff == 0.0, same
 
 
 @pytest.mark.parametrize(
@@ -98,3 +121,40 @@ def test_quantized_values_are_compared_by_scale_and_representation() -> None:
     moved = torch.quantize_per_tensor(torch.tensor([0.5, -1.0, 2.1]), 0.1, 3, torch.qint8)
     found = compare_output(0, moved, expected, None, None)
     assert not found.ok and "the first at [2]" in str(found.problem), found.problem
+
+
+class _Complex(torch.nn.Module):
+    """A complex output whose real part is NaN where ``x`` is positive; ``shift`` changes its imaginary part there
+    only (what a caller reading ``.imag`` gets)."""
+
+    def __init__(self, shift: float = 0.0) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        real = torch.where(x > 0, torch.full_like(x, float("nan")), x)
+        return torch.complex(real, x * 2 + torch.where(x > 0, self.shift, 0.0))
+
+
+def test_a_file_changing_the_imaginary_part_behind_a_nan_fails_verify_and_diff(tmp_path: Any) -> None:
+    """The crafted pair, through the command line: ``verify`` against the honest outputs (``--expected``, zero
+    tolerance) and ``diff`` of the two files both exit 1 (verify naming the imaginary part); the honest file
+    against its own outputs passes."""
+    from test_verify import cli
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    honest, shifted = tmp_path / "honest.pt2", tmp_path / "shifted.pt2"
+    torch.export.save(torch.export.export(_Complex(), (x,)), honest)
+    torch.export.save(torch.export.export(_Complex(5.0), (x,)), shifted)
+    assert bool(_Complex()(x).real.isnan().any())  # (the structure: NaN real parts, where the change hides)
+    torch.save([x], tmp_path / "inputs.pt")
+    torch.save([_Complex()(x)], tmp_path / "expected.pt")
+    exact = ("--atol", "0", "--rtol", "0")
+    given = ("--inputs", str(tmp_path / "inputs.pt"), "--expected", str(tmp_path / "expected.pt"), *exact)
+    failed = cli("verify", str(shifted), *given)
+    assert failed.returncode == 1 and "imaginary part 5" in failed.stdout, failed.stdout + failed.stderr
+    assert cli("verify", str(honest), *given).returncode == 0
+    differs = cli("diff", str(honest), str(shifted), "--inputs", str(tmp_path / "inputs.pt"), *exact)
+    assert differs.returncode == 1, differs.stdout + differs.stderr
+    assert "DIFF output 0  complex64[4, 8]  max abs diff 5" in differs.stdout, differs.stdout

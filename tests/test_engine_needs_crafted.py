@@ -46,6 +46,9 @@ REFUSED_BY_THE_RUNTIME = {
     # std::stoi throws on text without digits
     "hardware_compatible true": (dict(hardware_compatible="true"), Gpu(8, 9)),
     "hardware_compatible empty": (dict(hardware_compatible=""), Gpu(8, 9)),
+    # std::stoi throws std::out_of_range past 32 bits, however many digits (Python's int() refuses 4300 and more)
+    "hardware_compatible 2**31": (dict(cc="8.6", hardware_compatible="2147483648"), Gpu(8, 9)),
+    "hardware_compatible 5000 digits": (dict(cc="8.6", hardware_compatible="1" * 5000), Gpu(8, 9)),
     "output_allocator x": (dict(output_allocator="x"), Gpu(8, 9)),
     # RTDevice(string) and parse_device_info: exactly 5 '%'-separated tokens
     "device name with %": (dict(device="0%8%9%0%NVIDIA%L4"), Gpu(8, 9)),
@@ -191,3 +194,18 @@ def test_a_trusted_file_with_an_ordered_dict_still_loads(tmp_path: Path, monkeyp
     assert trt_inline.load(path).constants["_run_on_acc_0_engine"] == {"a": 1}
     monkeypatch.delenv("TRT_INLINE_CHECK_ENGINES")
     assert trt_inline.load(path).constants["_run_on_acc_0_engine"] == {"a": 1}
+
+
+def test_an_engine_info_number_of_thousands_of_digits_is_the_runtimes_refusal_everywhere(tmp_path: Path) -> None:
+    """A numeric field of 5,000 digits (past Python's integer-string limit): ``check`` exit 1 in one line naming the
+    field, as the runtime refuses it; ``trt_inline.load`` its documented LoadError, never a bare ValueError."""
+    from test_engine_needs import _cli
+
+    path = with_engine(tmp_path, python_engine_pickle(_fields(output_allocator="7" * 5000)))
+    proc = _cli("check", str(path), "--target", "cc=8.9,platform=linux_x86_64,torch_tensorrt=2.13.0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "output_allocator" in line]
+    assert lines and all(len(line) < 400 for line in lines), proc.stdout
+    with pytest.raises(trt_inline.LoadError) as raised:
+        trt_inline.load(path)
+    assert "\n" not in str(raised.value) and "output_allocator" in str(raised.value), str(raised.value)

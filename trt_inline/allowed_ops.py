@@ -766,12 +766,13 @@ RUN_CHECKS: dict[str, Callable[[compat.OpOverload, Sequence[Any], dict[str, Any]
 }
 
 
-def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any], *, everywhere: bool = False) -> None:
     """Raise :class:`RefusedOperatorError` where a call about to run with these values would read or write outside
     its arguments (:data:`RUN_CHECKS`), or an ``as_strided`` would read other than its source's elements in order
-    (:func:`check_restride_run`, wherever it runs); nothing for an operator the caller allowed (``--allow-op``),
-    and no :data:`RUN_CHECKS` outside any :func:`allowing` block (a program the process compiled itself, as at
-    save: the allow-list is for files)."""
+    (:func:`check_restride_run`, wherever it runs); nothing for an operator the caller allowed (``--allow-op``).
+    The :data:`RUN_CHECKS` of a graph's call apply inside an :func:`allowing` block only (outside it the process
+    runs a program it compiled itself, as at save: the allow-list is for files); ``everywhere``: wherever it
+    runs (a reference engine's step, whose program may come from a file whatever loaded it)."""
     if not isinstance(target, compat.OpOverload):
         return
     name = compat.op_schema_name(target) or ""
@@ -782,7 +783,7 @@ def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         return
     check = RUN_CHECKS.get(name)
     # (Outside any allowing() block a process runs what it compiled itself, or saves it: not a file's call.)
-    if check is None or allows(name) or _collectives_allowed.get() is None:
+    if check is None or allows(name) or (_collectives_allowed.get() is None and not everywhere):
         return
     why = check(target, args, kwargs)
     if why is not None:

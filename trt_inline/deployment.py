@@ -81,11 +81,16 @@ NUMERIC_FIELDS = ("hardware_compatible", "output_allocator", "resource_allocatio
 
 def stoi(text: str) -> int | None:
     """``std::stoi`` as the runtime reads a field: leading white space, a sign, ASCII digits up to the first other
-    character (``"0x1"`` is 0, ``" 1"`` is 1); None where it throws (no digit, past 32 bits)."""
-    match = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    character (``"0x1"`` is 0, ``" 1"`` is 1, leading zeros skipped); None where it throws (no digit, past 32
+    bits). The digits are counted before any is converted: a field of thousands of digits is out of range by its
+    length (Python would refuse to convert it at all)."""
+    match = re.match(r"[ \t\n\v\f\r]*([+-]?)0*([0-9]+)", text)
     if match is None:
         return None
-    value = int(match.group(1))
+    sign, digits = match.groups()
+    if len(digits) > 10:  # (2**31 has 10 digits: more is out of range whatever they are)
+        return None
+    value = int(sign + digits)
     return value if -_INT32 <= value < _INT32 else None
 
 

@@ -52,17 +52,45 @@ def encode(expr: Any) -> Any:
     return None if any(arg is None for arg in args) else {name: args}
 
 
+# Bounds on an expression read from a file, checked before anything is evaluated: the expressions this module
+# writes are a few terms over int64 sizes; a product of thousands of huge literals is not one of them.
+_MAX_TERMS = 256
+_MAX_DEPTH = 32
+_MAX_BITS = 4096  # (a bound on the magnitude of every value met while folding: sizes count as 64 bits)
+
+
 def checked(expr: Any) -> Any:
-    """An expression read from a file, its shape checked (ValueError if it is not one this module writes)."""
-    if expr is None or (isinstance(expr, int) and not isinstance(expr, bool)):
-        return expr
+    """An expression read from a file, its shape checked (ValueError if it is not one this module writes, or is
+    larger than one: more than 256 terms, nested deeper than 32, or a value that may exceed 4096 bits)."""
+    terms = [0]
+    _checked_bits(expr, 0, terms)
+    return expr
+
+
+def _checked_bits(expr: Any, depth: int, terms: list[int]) -> int:
+    """A bound on the bits of the expression's value, its shape checked; ``terms[0]`` counts the terms seen."""
+    terms[0] += 1
+    if terms[0] > _MAX_TERMS or depth > _MAX_DEPTH:
+        raise ValueError(f"a size expression of more than {_MAX_TERMS} terms or {_MAX_DEPTH} levels")
+    if expr is None:
+        return 0
+    if isinstance(expr, int) and not isinstance(expr, bool):
+        if not -(2**63) <= expr < 2**63:
+            raise ValueError("a size expression with a constant past 64 bits")
+        return 64
     if isinstance(expr, dict) and len(expr) == 1:
         ((tag, payload),) = expr.items()
-        if tag == "sym" and isinstance(payload, str):
-            return expr
+        if tag == "sym" and isinstance(payload, str) and len(payload) <= 64:
+            return 64
         if tag in _OPERATIONS and isinstance(payload, list) and payload:
-            return {tag: [checked(arg) for arg in payload]}
-    raise ValueError(f"unreadable size expression {expr!r}")
+            bits = [_checked_bits(arg, depth + 1, terms) for arg in payload]
+            if any(arg is None for arg in payload):
+                raise ValueError(f"a size expression with an empty {tag} term")
+            total = sum(bits) if tag == "Mul" else max(bits) + len(bits)
+            if total > _MAX_BITS:
+                raise ValueError(f"a size expression whose value may exceed {_MAX_BITS} bits")
+            return total
+    raise ValueError(f"unreadable size expression {repr(expr)[:80]}")
 
 
 def fold(expr: Any, symbol: Callable[[str], Any], operation: Callable[[str, Any, Any], Any]) -> Any:

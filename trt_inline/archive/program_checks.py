@@ -146,7 +146,102 @@ def _python_problem(
             return f"a {what} passing {printable(str(node.arg))!r}"
         if isinstance(node, ast.Constant) and not _plain_constant(node.value):
             return f"a {what} with the constant {printable(repr(node.value)[:40])}"
+    try:
+        _magnitude_bits(tree.body)
+    except _TooLarge as refused:
+        return f"a {what} {refused}: {printable(text[:40])!r}"
+    except RecursionError:
+        return f"a {what} nested too deeply: {printable(text[:40])!r}"
     return None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+# What an expression's values may grow to before it is evaluated (sympify evaluates constant arithmetic as it
+# parses; a guard runs on every call): a size read counts 64 bits, a power needs a literal exponent, a shift a
+# literal count, and no value met may exceed _MAX_BITS. Expressions torch writes stay far below.
+_MAX_BITS = 65536
+_POWERS = frozenset({"Pow", "PowByNatural", "FloatPow"})
+_SHIFTS = frozenset({"LShift"})
+
+
+def _magnitude_bits(node: ast.AST) -> int:
+    """A bound on the bits of every value ``node`` (already checked for its syntax) may compute (_TooLarge)."""
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, bool):
+            return 1
+        if isinstance(node.value, int):
+            return max(node.value.bit_length(), 1)
+        if isinstance(node.value, float):
+            return 1024  # (a double's range)
+        return max(4 * len(str(node.value)), 64)  # (a name, or digits Integer("...") reads: 4 bits each at most)
+    if isinstance(node, ast.UnaryOp):
+        return _magnitude_bits(node.operand)
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, (ast.Pow, ast.LShift)):
+            return _grown(_magnitude_bits(node.left), node.right, isinstance(node.op, ast.Pow))
+        if _is_text(node.left) or _is_text(node.right):
+            raise _TooLarge("computing on a string")
+        left, right = _magnitude_bits(node.left), _magnitude_bits(node.right)
+        return _bounded(left + right if isinstance(node.op, ast.Mult) else max(left, right) + 1)
+    if isinstance(node, ast.Call):
+        name = node.func.id if isinstance(node.func, ast.Name) else None
+        arguments = [*node.args, *(keyword.value for keyword in node.keywords)]
+        if name in _POWERS or name in _SHIFTS:
+            if len(node.args) != 2 or node.keywords:
+                raise _TooLarge(f"calling {name} with other than two arguments")
+            return _grown(_magnitude_bits(node.args[0]), node.args[1], name in _POWERS)
+        if name == "Integer" and len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
+            return _magnitude_bits(node.args[0])
+        bits = [_magnitude_bits(argument) for argument in arguments]
+        if name == "Mul":
+            return _bounded(sum(bits))
+        return _bounded(max(bits, default=64) + len(bits))
+    if isinstance(node, (ast.Compare, ast.BoolOp, ast.Tuple)):
+        children = [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.expr)]
+        return max((_magnitude_bits(child) for child in children), default=1)
+    if isinstance(node, (ast.Subscript, ast.Attribute, ast.Name)):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                _magnitude_bits(child)
+        return 64  # (a size, a stride, a symbol: int64)
+    return 64
+
+
+def _grown(base: int, exponent: ast.AST, power: bool) -> int:
+    """The bound of ``base ** exponent`` (or ``base << exponent``): the exponent a literal, the result bounded."""
+    count = _literal(exponent)
+    if count is None:
+        raise _TooLarge("raising to a computed power" if power else "shifting by a computed count")
+    return _bounded(base * max(math.ceil(abs(count)), 1) if power else base + math.ceil(abs(count)))
+
+
+def _literal(node: ast.AST) -> int | float | None:
+    """The number a literal exponent stands for: ``2``, ``-1``, ``0.5``, ``Integer(2)``; None for anything else."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _literal(node.operand)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        if node.func.id in ("Integer", "Float") and len(node.args) == 1:
+            return _literal(node.args[0])
+        if node.func.id == "Rational" and len(node.args) == 2:  # (sqrt is Pow(x, Rational(1, 2)))
+            numerator, denominator = _literal(node.args[0]), _literal(node.args[1])
+            return None if numerator is None or not denominator else numerator / denominator
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        value = node.value
+        return value if isinstance(value, int) or math.isfinite(value) else None
+    return None
+
+
+def _is_text(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _bounded(bits: int) -> int:
+    if bits > _MAX_BITS:
+        raise _TooLarge(f"whose values may exceed {_MAX_BITS} bits")
+    return bits
 
 
 def _plain_constant(value: Any) -> bool:
@@ -159,6 +254,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 _VERSION = re.compile(r"^[A-Za-z0-9.+_<=-]{0,64}$")
 _MAX_NAME = 1024
 _MAX_DEPTH = 256
+# The only strings a float field may hold: how torch's serializer spells the values JSON cannot (serialize.py).
+_FLOAT_SPELLINGS = frozenset({"NaN", "Infinity", "-Infinity"})
 
 # How a string in a given (schema class, field) is checked; any other string is a name.
 _TEXT_FIELDS = {
@@ -307,6 +404,9 @@ class _Walker:
                 raise _Refused(where, f"expected an integer, found {type(value).__name__}")
             return value
         if annotation is float:
+            if isinstance(value, str) and value in _FLOAT_SPELLINGS:
+                # JSON has no NaN or infinity: torch writes these three words and reads them back with float().
+                return value
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise _Refused(where, f"expected a number, found {type(value).__name__}")
             return value

@@ -28,7 +28,7 @@ from trt_inline import allowed_ops, compat
 from trt_inline.verify.declared import DeclaredValues
 from trt_inline.verify.garbage import Sightings, sights
 
-__all__ = ["CheckedRun", "ProgramInputs", "checking", "running_as"]
+__all__ = ["CheckedRun", "ProgramInputs", "RunChecks", "checking", "run_checks", "running_as"]
 
 
 # Operators whose values depend on their tensor arguments' sizes only (``zeros_like(x)``, ``x.new_ones(3)``,
@@ -51,7 +51,23 @@ def _depends_on_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return found
 
 
-class CheckedRun(torch.fx.Interpreter):
+class RunChecks(torch.fx.Interpreter):
+    """Runs a GraphModule's graph as its generated code does (each node the same operator on the same arguments),
+    each call first held to the checks of the values it is given (:func:`allowed_ops.check_run`): what every run
+    of a file's program makes, not its first alone (a program whose values differ between runs must not hand a
+    checked operator out-of-range arguments where no one looks)."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__(module, garbage_collect_values=True)
+        # An operator's own exception as the generated code raises it (no node's stack trace added).
+        self.extra_traceback = False
+
+    def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        allowed_ops.check_run(target, args, kwargs)
+        return super().call_function(target, args, kwargs)
+
+
+class CheckedRun(RunChecks):
     """Runs a GraphModule's graph, checking each value against its declaration and sighting engine outputs.
 
     ``run``: the run's name in garbage warnings; None runs without sighting (a trace engine by engine, whose
@@ -60,10 +76,7 @@ class CheckedRun(torch.fx.Interpreter):
     """
 
     def __init__(self, module: torch.fx.GraphModule, moved_to: str | None, run: str | None) -> None:
-        super().__init__(module, garbage_collect_values=True)
-        # An operator's own exception as the generated code raises it: no node's stack trace (text from the file)
-        # added to its message, no KeyError turned into a RuntimeError.
-        self.extra_traceback = False
+        super().__init__(module)
         self.declared = DeclaredValues(module, moved_to)
         self.sightings = Sightings(run or "")
         self.sighting = run is not None
@@ -80,11 +93,6 @@ class CheckedRun(torch.fx.Interpreter):
         if site is not None:
             self.sightings.see(site, before, sights(pytree.tree_leaves(result)))
         return result
-
-    def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # The values each call is given, checked where its kernel would not check them (allowed_ops.check_run).
-        allowed_ops.check_run(target, args, kwargs)
-        return super().call_function(target, args, kwargs)
 
     def see_program(self, inputs: list[Any], outputs: list[Any]) -> None:
         """The program's own outputs, against its inputs (those that depend on no input are not judged)."""
@@ -137,6 +145,16 @@ def running_as(module: torch.fx.GraphModule, interpreter: torch.fx.Interpreter) 
         yield
     finally:
         del module.forward
+
+
+@contextlib.contextmanager
+def run_checks(module: Any) -> Iterator[None]:
+    """While inside, a call of ``module`` (a GraphModule) runs as :class:`RunChecks`; other modules as they are."""
+    if not isinstance(module, torch.fx.GraphModule):
+        yield
+        return
+    with running_as(module, RunChecks(module)):
+        yield
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import RankSetError, RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, describe, values
-from trt_inline.verify.checked_run import CheckedRun, checking
+from trt_inline.verify.checked_run import CheckedRun, checking, run_checks
 from trt_inline.verify.garbage import Sightings
 from trt_inline.verify.report import OutputComparison, describe_value
 
@@ -219,21 +219,26 @@ def run_on(
         kwargs: dict[str, Any] = kwargs,
         *,
         checked: bool = False,
+        label: str = "",
     ) -> list[Any]:
         try:
             with (
                 isolated_run(),
                 mode(),
                 buffers_restored(module) as restored,  # from the state it was given
-                checking(module, device, run_name) if checked else contextlib.nullcontext() as check,
+                # (every run holds each checked operator to its run checks: the first checks every value too)
+                checking(module, device, run_name) if checked else run_checks(module) as check,
             ):
                 outputs = restored.apart(module(*args, **kwargs))
                 if check is not None:
                     checks.append(check)
                 if checked:
                     trees.append(describe(outputs))
-        except (RankSetError, RefusedOperatorError):
-            raise  # (a rank set stopped the run, or a check refused a call: each message names what it is)
+        except RankSetError:
+            raise  # (a rank set stopped the run: its message names what it is)
+        except RefusedOperatorError as exc:  # (a check refused a call: which run, then the operator and argument)
+            mode_name = label or dict((m, n) for n, m in RUN_MODES).get(mode, "")
+            raise RefusedOperatorError(f"its run {run_name} {mode_name}: {exc}".replace("  ", " ")) from None
         except Exception as exc:
             raise VerifyInputError(
                 f"the program does not accept the {run_name.removeprefix('on the ')} ({type(exc).__name__}: "
@@ -298,7 +303,9 @@ def _layout_run(
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(max(1, threads // 2))  # (fewer: no thread the limits did not see start)
-        laid = once(normal, args, kwargs)
+        laid = once(normal, args, kwargs, label=LAYOUT_RUN)
+    except RefusedOperatorError:
+        raise  # (a call out of range: the file is refused, whichever run met it)
     except VerifyInputError as exc:
         return [f"the program raises on its inputs as strided views into larger buffers, where it runs on them "
                 f"contiguous ({first_line(exc)[:200]})"]  # fmt: skip
@@ -371,10 +378,11 @@ def compare_output(
     (:func:`top_k_agreement`, :func:`ranked`; below ``min_top_k_agreement`` the output fails).
 
     Nothing is converted into a value that compares equal when the original does not (:func:`_widened`):
-    floating values are compared in float64, into which every floating dtype widens exactly; complex values
-    as complex128 (the magnitude of the difference, both parts reported); integers and booleans by their
-    exact values (a difference is at least 1, however large the values); quantized values by their scale,
-    zero point and integer representation. A value that differs is never reported as max abs diff 0.
+    floating values are compared in float64, into which every floating dtype widens exactly; complex values part
+    by part, each part a floating value of its own (a NaN matches a NaN only in the same part at the same place,
+    and a difference in either part is a difference; the largest of each part reported); integers and booleans
+    by their exact values (a difference is at least 1, however large the values); quantized values by their
+    scale, zero point and integer representation. A value that differs is never reported as max abs diff 0.
     """
     if isinstance(expected, (bool, int, float)):  # (a scalar output of diff's reference program: its 0-d tensor)
         expected = torch.tensor(expected, dtype=torch.float64 if isinstance(expected, float) else None)
@@ -416,6 +424,9 @@ def compare_output(
         if why is not None:
             return mismatch(f"output {index} is quantized differently: {why}")
         actual, expected = actual.int_repr(), expected.int_repr()
+    parts = expected.is_complex()
+    if parts:  # (each part a value of its own, in a last dimension of 2: what follows compares reals)
+        actual, expected = torch.view_as_real(actual), torch.view_as_real(expected)
     a, e, same = _widened(actual, expected)
     integral = not (expected.is_floating_point() or expected.is_complex())
     a, e = (a.double(), e.double()) if integral else (a, e)  # for the statistics only: `same` decided equality
@@ -432,7 +443,9 @@ def compare_output(
     worst, mean, median, p99, cosine = _statistics(diff[both_finite], _real(a[both_finite]), _real(e[both_finite]))
     sqnr = _sqnr_db(diff[both_finite], a[both_finite], e[both_finite])
     max_abs = float("inf") if nan_count or inf_count else worst
-    relative = (diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf"))
+    relative = torch.where(
+        same, 0.0, (diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).nan_to_num(float("inf"))
+    )
     max_rel = float(relative.max())
     if stat == "elemwise":
         within = bool((same | (diff <= atol + rtol * e.abs())).all())
@@ -443,11 +456,11 @@ def compare_output(
         relative_stat = _statistics(relative[both_finite], _real(a[both_finite]), _real(e[both_finite]))[which]
         within = absolute_stat <= atol or relative_stat <= rtol
         how = f"{stat} abs error {absolute_stat:.6g}, {stat} rel error {relative_stat:.6g}"
-    if a.is_complex():
-        parts = (a - e)[both_finite & ~same]
-        if parts.numel():
-            real, imaginary = float(parts.real.abs().max()), float(parts.imag.abs().max())
-            how += f" (real part {real:.6g}, imaginary part {imaginary:.6g})"
+    if parts:
+        differing = both_finite & ~same
+        real, imaginary = (float(diff[..., p][differing[..., p]].amax()) if bool(differing[..., p].any()) else 0.0
+                           for p in (0, 1))  # fmt: skip
+        how += f" (real part {real:.6g}, imaginary part {imaginary:.6g})"
     # Where the reference is NaN or Inf and this value is not the same (finite, or the other Inf): the
     # statistics are over finite pairs only, so these must fail on their own.
     unmatched = int((~both_finite & ~same).sum()) - nan_count - inf_count

@@ -1,0 +1,134 @@
+"""Verdicts that hold, round five: size expressions bounded before anything evaluates them.
+
+torch's deserializer hands a file's size expressions to ``sympify`` (which evaluates constant arithmetic as it
+parses) and runs its guards on every call; trt-inline's engines fold their own scalar expressions. An expression
+such as ``9**9**9`` is now refused by its shape, in one line, before any of them runs: not left to the child's
+time and memory limits. (The other classes of the round have their tests beside the code they guard:
+``test_run_checks.py`` (every run, the engine op wherever it runs), ``test_compare_exact.py`` (complex parts)
+and ``test_engine_needs_crafted.py``.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import SavedSeed
+from hostile import edit_engine, edit_program
+from test_verdicts_round_four import _inputs_and_cases, _modes
+
+import trt_inline
+from trt_inline import symbolic
+from trt_inline.archive.program_checks import check_expression, check_guard
+from trt_inline.errors import EngineFormatError, UnsafeArchiveError
+
+_TOWER = "Pow(Integer(9), Pow(Integer(9), Integer(9)))"
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+@pytest.fixture(scope="module")
+def towers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("towers")
+    x = torch.arange(6.0).reshape(2, 3)
+    honest = root / "honest.pt2"
+    trt_inline.save(torch.export.export(_Twice(), (x,)), honest, arg_inputs=(x,))
+    _inputs_and_cases(root, x, [_Twice()(x)])
+
+    def tower_constraint(document: dict[str, Any]) -> None:
+        document["range_constraints"][_TOWER] = {"min_val": 2, "max_val": 8}
+
+    def tower_guard(document: dict[str, Any]) -> None:
+        document["guards_code"] = ["L['x'].size()[0] ** 999999999 > 0"]
+
+    return {
+        "honest": honest,
+        "root": root,
+        "constraint": edit_program(honest, root / "constraint.pt2", tower_constraint),
+        "guard": edit_program(honest, root / "guard.pt2", tower_guard),
+    }
+
+
+@pytest.mark.parametrize(
+    ("craft", "said"),
+    [
+        ("constraint", "a size expression raising to a computed power"),
+        ("guard", "a guard whose values may exceed 65536 bits"),
+    ],
+)
+def test_a_tower_of_powers_is_refused_by_its_shape_in_every_mode(
+    towers: dict[str, Path], craft: str, said: str, tmp_path: Path
+) -> None:
+    """Before: the expression passed the syntax check (every name one sympy's printer uses) and torch's loader
+    evaluated it until the child's limits ended the run; now every mode is exit 2, naming it, in seconds."""
+    assert trt_inline.verify(towers["honest"], isolate=False).ok
+    for mode, (code, out) in _modes(towers[craft], towers["honest"], towers["root"], tmp_path).items():
+        assert code == 2, (mode, out)
+        assert said in out, (mode, out)
+    with pytest.raises(UnsafeArchiveError, match=said):
+        trt_inline.load(towers[craft])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9**9**9",
+        _TOWER,
+        "PowByNatural(s0, s1)",
+        "1 << 10**9",
+        "LShift(Integer(1), Integer(100000))",
+        "((s0*2)**64)**64",
+        "FloatPow(Float(2.0), Integer(1000000))",
+        "Mul(Symbol('s0'), 'aaaa' * 999999999)",
+        "-" * 3000 + "1",
+    ],
+)
+def test_expressions_that_grow_past_their_bound_are_refused_unevaluated(text: str) -> None:
+    problem = check_expression(text)
+    assert problem is not None and problem.startswith("a size expression"), problem
+    guard = check_guard(f"L['x'].size()[0] == {text}")
+    assert guard is not None and guard.startswith("a guard"), guard
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Add(Symbol('s0', integer=True, positive=True), Integer(-1))",
+        "Pow(Symbol('s0'), Integer(2)) + FloorDiv(s1, 2)",
+        "Pow(Symbol('s0'), Rational(1, 2))",
+        "PowByNatural(s0, 3)",
+        "Max(2, s0*s1*s2)",
+        "s0 << 2",
+    ],
+)
+def test_expressions_torch_writes_still_pass(text: str) -> None:
+    assert check_expression(text) is None
+
+
+def test_an_engine_scalar_expression_is_bounded_before_it_is_folded(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    """The engines' own expressions (JSON): a product of 300 terms, one nested 40 deep, a 70-bit constant and a
+    product that could pass 4096 bits are each refused in one line; the expressions this package writes pass."""
+    size = {"sym": "s0"}
+    assert symbolic.checked({"Add": [-1, {"Mul": [2, size]}]}) == {"Add": [-1, {"Mul": [2, size]}]}
+    nested: Any = size
+    for _ in range(40):
+        nested = {"Add": [1, nested]}
+    for crafted in ({"Mul": [size] * 300}, nested, {"Add": [2**70, size]}, {"Mul": [{"Mul": [size] * 60}] * 2}):
+        with pytest.raises(ValueError, match="size expression") as refused:
+            symbolic.checked(crafted)
+        assert len(str(refused.value)) < 200
+
+    def multiply(program: dict[str, Any]) -> None:
+        program.setdefault("input_specs", [None] * int(program["inputs"]))
+        specs = program["input_specs"]
+        specs[0] = {**(specs[0] or {}), "expr": {"Mul": [{"Mul": [7**20] * 200}] * 2}}
+
+    crafted = edit_engine(saved_seed.good, tmp_path / "crafted.pt2", multiply)
+    with pytest.raises(EngineFormatError, match="size expression") as raised:
+        trt_inline.load(crafted).module()(saved_seed.x)
+    assert "\n" not in str(raised.value) and len(str(raised.value)) < 400, str(raised.value)
