@@ -171,6 +171,23 @@ def _first_value(program: dict[str, Any]) -> int:
     return int(program["inputs"]) + len(program["weights"]) + len(program["steps"])
 
 
+def short_batch(rows: int) -> Callable[[dict[str, Any]], None]:
+    """An engine program edit (for :func:`edit_engine`): steps of ``segment_reduce`` through ``rows`` rows of
+    lengths over data of 4 rows (past them where ``rows`` is under 4), their results computed, not returned."""
+
+    def edit(program: dict[str, Any]) -> None:
+        first = _first_value(program)
+        add_steps(
+            program,
+            ("aten::arange.default", [24], {"dtype": {"dtype": "float32"}}),
+            ("aten::view.default", [{"ref": first}, [4, 6]]),
+            ("aten::full.default", [[rows, 2], 3], {"dtype": {"dtype": "int64"}}),
+            ("aten::segment_reduce.default", [{"ref": first + 1}, "sum"], {"lengths": {"ref": first + 2}, "axis": 1}),
+        )
+
+    return edit
+
+
 def rewrite(source: Path, target: Path, edit: Callable[[dict[str, bytes]], None]) -> Path:
     """Copy an archive entry by entry, letting ``edit`` change the {name: bytes} map (order kept)."""
     entries = read_entries(source)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from releases import Unavailable, release_for_torch, release_site
+from releases import release_for_torch, release_site_or_skip
 
 DOCS = REPO / "docs"
 # Each marked block is counted: a marker that stops matching must not make the test pass with fewer.
@@ -317,12 +317,7 @@ def test_runnable_blocks_run_as_shown(page: Path, tmp_path: Path) -> None:
     env.pop("TRT_INLINE_PIPELINE", None)  # (tests/conftest.py's choice for the suite's own models)
     record = release_for_torch()
     if record is not None:
-        try:
-            site = release_site(record.version)
-        except Unavailable as exc:
-            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-                pytest.fail(f"CI=true and {exc}")
-            pytest.skip(str(exc))
+        site = release_site_or_skip(record.version)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH", "")]))
     for runnable in runnables(page):
         done = subprocess.run(

@@ -333,3 +333,17 @@ def test_sizes_come_back_as_the_same_expressions_not_ones_printed_alike() -> Non
     rebuilt = handover.rebuild(handover.loads(handover.dumps(handover.describe(compiled))), fake_mode, own=compiled)
     again = _shapes(rebuilt)
     assert again == expressions and not any("floor(" in text for text in again), again
+
+
+def test_weights_come_back_as_parameters_and_buffers_as_buffers() -> None:
+    model = torch.nn.BatchNorm1d(4).eval()
+    x = torch.randn(3, 4)
+    exported = torch.export.export(model, (x,))
+    flat = exported.module()
+    fake_mode = compat.detect_fake_mode([n.meta.get("val") for n in exported.graph.nodes if n.op == "placeholder"])
+    rebuilt = handover.rebuild(handover.loads(handover.dumps(handover.describe(flat))), fake_mode, own=flat)
+    assert sorted(name for name, _ in rebuilt.named_parameters()) == ["bias", "weight"]
+    assert {"running_mean", "running_var"} <= {name for name, _ in rebuilt.named_buffers()}
+    compat.set_codegen(rebuilt.graph, compat.graph_codegen(flat.graph))
+    rebuilt.recompile()
+    assert torch.equal(rebuilt(x), flat(x))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import SavedSeed, new_interpreter
-from hostile import _first_value, add_steps, edit_engine
+from hostile import edit_engine, short_batch
 
 from trt_inline import allowed_ops
 from trt_inline.errors import RefusedOperatorError
@@ -83,22 +83,6 @@ def test_a_refusal_in_a_later_run_names_the_run_and_the_operator() -> None:
         )
 
 
-def _short_batch(rows: int) -> Any:
-    """An engine step of ``segment_reduce`` through ``rows`` rows of lengths, over data of 4 rows (past them)."""
-
-    def edit(program: dict[str, Any]) -> None:
-        first = _first_value(program)
-        add_steps(
-            program,
-            ("aten::arange.default", [24], {"dtype": {"dtype": "float32"}}),
-            ("aten::view.default", [{"ref": first}, [4, 6]]),
-            ("aten::full.default", [[rows, 2], 3], {"dtype": {"dtype": "int64"}}),
-            ("aten::segment_reduce.default", [{"ref": first + 1}, "sum"], {"lengths": {"ref": first + 2}, "axis": 1}),
-        )
-
-    return edit
-
-
 _RUN = """
 import sys, torch
 import trt_inline
@@ -120,8 +104,8 @@ def test_a_reference_engine_checks_its_steps_wherever_its_file_is_loaded(
     """Installing trt-inline never lets a file's engine do what verify refuses: under a plain ``torch.export.load``
     (the entry point's operator) and under ``trt_inline.load``, the step out of range is refused in one line, the
     process not aborted; the same step in range runs."""
-    short = edit_engine(saved_seed.good, tmp_path / "short.pt2", _short_batch(1))
-    fine = edit_engine(saved_seed.good, tmp_path / "fine.pt2", _short_batch(4))
+    short = edit_engine(saved_seed.good, tmp_path / "short.pt2", short_batch(1))
+    fine = edit_engine(saved_seed.good, tmp_path / "fine.pt2", short_batch(4))
     inputs = tmp_path / "x.pt"
     torch.save(saved_seed.x, inputs)
     proc = new_interpreter("-c", _RUN, str(short), how, str(inputs), timeout=300)

@@ -22,7 +22,7 @@ from test_verdicts_round_four import _inputs_and_cases, _modes
 import trt_inline
 from trt_inline import symbolic
 from trt_inline.archive.program_checks import check_expression, check_guard
-from trt_inline.errors import EngineFormatError, UnsafeArchiveError
+from trt_inline.errors import EngineFormatError, RefusedOperatorError, UnsafeArchiveError
 
 _TOWER = "Pow(Integer(9), Pow(Integer(9), Integer(9)))"
 
@@ -86,6 +86,13 @@ def test_a_tower_of_powers_is_refused_by_its_shape_in_every_mode(
         "FloatPow(Float(2.0), Integer(1000000))",
         "Mul(Symbol('s0'), 'aaaa' * 999999999)",
         "-" * 3000 + "1",
+        "Integer(Float('1e2000000'))",  # (sympy builds the number digit by digit)
+        "floor(Float('1e9000000'))",
+        "sqrt(Float(2, 2000000))",  # (a precision of two million bits)
+        "Float(2, precision=2000000) * 3",
+        "Float(2, dps=5000)",
+        "s0 # a comment runs to the end of the line torch pastes the guard into",
+        "s0; 1",
     ],
 )
 def test_expressions_that_grow_past_their_bound_are_refused_unevaluated(text: str) -> None:
@@ -104,6 +111,9 @@ def test_expressions_that_grow_past_their_bound_are_refused_unevaluated(text: st
         "PowByNatural(s0, 3)",
         "Max(2, s0*s1*s2)",
         "s0 << 2",
+        "Float(2.5) * s0",
+        "Float('12345', precision=53)",
+        "Integer('99') + Rational(1, 3)",
     ],
 )
 def test_expressions_torch_writes_still_pass(text: str) -> None:
@@ -132,3 +142,68 @@ def test_an_engine_scalar_expression_is_bounded_before_it_is_folded(saved_seed: 
     with pytest.raises(EngineFormatError, match="size expression") as raised:
         trt_inline.load(crafted).module()(saved_seed.x)
     assert "\n" not in str(raised.value) and len(str(raised.value)) < 400, str(raised.value)
+
+
+class _Keywords(torch.nn.Module):
+    def forward(self, x: torch.Tensor, *, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return x + 2 * a - b
+
+
+def test_keyword_inputs_listed_in_another_order_than_the_spec_pairs_them_are_refused(tmp_path: Path) -> None:
+    """The generated ``forward`` pairs the input spec's keys with the parameters after the positional ones by
+    position: a file listing its parameters ``(x, b, a)`` computes ``x + 2b - a`` for ``f(x, a=a, b=b)``. Before,
+    every run of verify paired them by name (``x + 2a - b``) and passed it in every mode; now it is refused in one
+    line, and the runs pair inputs as the generated code does."""
+    from hostile import edit_program
+    from test_verify import cli
+
+    from trt_inline.verify.checked_run import ProgramInputs
+
+    x, a, b = torch.randn(4), torch.ones(4), torch.full((4,), 5.0)
+    honest = tmp_path / "honest.pt2"
+    trt_inline.save(torch.export.export(_Keywords(), (x,), {"a": a, "b": b}), honest, arg_inputs=(x,),
+                    kwarg_inputs={"a": a, "b": b})  # fmt: skip
+
+    def swap(document: dict[str, Any]) -> None:
+        signature = document["graph_module"]["module_call_graph"][0]["signature"]
+        assert signature["forward_arg_names"] == ["x", "a", "b"]  # (the structure the craft changes)
+        signature["forward_arg_names"] = ["x", "b", "a"]
+
+    crafted = edit_program(honest, tmp_path / "crafted.pt2", swap)
+    plain = torch.export.load(crafted).module()
+    assert torch.equal(plain(x, a=a, b=b), x + 2 * b - a)  # (what a normal call computes)
+    assert torch.equal(ProgramInputs(plain).flatten([x], {"a": a, "b": b})[1], b)  # (paired as that call pairs)
+    for args in (("verify", crafted), ("verify", crafted, "--expected-from", honest), ("diff", crafted, honest)):
+        done = cli(*map(str, args))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "the program's keyword inputs (b, a) are not the ones its input spec names" in done.stderr
+    # (trt_inline.load is for a trusted file: it computes what torch's own load computes)
+    assert torch.equal(trt_inline.load(crafted).module()(x, a=a, b=b), x + 2 * b - a)
+    assert cli("verify", str(honest)).returncode == 0
+
+
+def test_later_runs_are_the_generated_code_with_checked_calls_and_it_is_put_back() -> None:
+    """``run_checks`` runs the module's own generated code (its input processing included), each checked
+    operator's call wrapped; leaving it puts the code back as it was."""
+    from test_run_checks import _repeat_interleave_program
+
+    from trt_inline import allowed_ops
+    from trt_inline.verify.checked_run import run_checks
+
+    program = _repeat_interleave_program([2, 0, 1])
+    before = program.code
+    with run_checks(program):
+        assert "checked_" in program.code and "torch.ops.aten.add.Tensor" in program.code, program.code
+        program.repeats.copy_(torch.tensor([5, -3, 1]))
+        with allowed_ops.allowing(()), pytest.raises(RefusedOperatorError, match="repeat_interleave"):
+            program(torch.randn(4))
+    assert program.code == before
+
+
+def test_an_engine_program_counting_infinity_is_its_documented_error(saved_seed: SavedSeed, tmp_path: Path) -> None:
+    def infinite(program: dict[str, Any]) -> None:
+        program["inputs"] = float("inf")
+
+    crafted = edit_engine(saved_seed.good, tmp_path / "infinite.pt2", infinite)
+    with pytest.raises(EngineFormatError, match="OverflowError"):
+        trt_inline.load(crafted).module()(saved_seed.x)

@@ -81,6 +81,7 @@ __all__ = [
     "RUN_CHECKS",
     "check_reads",
     "check_run",
+    "checks_runs",
     "check_restride_run",
     "check_target",
     "is_native_engine_op",
@@ -764,6 +765,14 @@ RUN_CHECKS: dict[str, Callable[[compat.OpOverload, Sequence[Any], dict[str, Any]
     "aten::grid_sampler_2d": _grid_sampler_run,
     **{f"aten::{name}": _upsample_run for name in _UPSAMPLE},
 }
+
+
+def checks_runs(target: Any) -> bool:
+    """Whether :func:`check_run` checks calls of ``target`` (an operator of :data:`RUN_CHECKS`, or ``as_strided``)."""
+    if not isinstance(target, compat.OpOverload):
+        return False
+    name = compat.op_schema_name(target) or ""
+    return name == RESTRIDE_ONLY or name in RUN_CHECKS
 
 
 def check_run(target: Any, args: Sequence[Any], kwargs: dict[str, Any], *, everywhere: bool = False) -> None:

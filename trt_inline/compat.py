@@ -65,6 +65,7 @@ __all__ = [
     "is_core_aten",
     "is_fake",
     "is_torch_tensorrt_device",
+    "keyword_keys",
     "live_groups",
     "load_script_object",
     "module_call_signature",
@@ -587,6 +588,16 @@ def positional_count(in_spec: Any) -> int | None:
     if children is None or len(children) != 2 or children[0].type not in (tuple, list) or children[1].type is not dict:
         return None
     return int(children[0].num_children)
+
+
+def keyword_keys(in_spec: Any) -> list[str] | None:
+    """The keys of an exported program's keyword inputs as its input spec lists them (the order its generated
+    ``forward`` pairs them with its parameters after the positional ones: by position, not by name); None for a
+    spec of another shape."""
+    if positional_count(in_spec) is None:
+        return None
+    children = list(in_spec.children()) if hasattr(in_spec, "children") else in_spec.children_specs
+    return [str(key) for key in children[1].context]
 
 
 def graph_codegen(graph: torch.fx.Graph) -> Any:

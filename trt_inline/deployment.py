@@ -363,11 +363,18 @@ def _optional_text(value: Any) -> str | None:
     return printable(value)[:120]
 
 
+def _shown(text: str) -> str:
+    """A field's text as a report shows it: its first 40 characters, and how long it is where that is longer."""
+    shown = repr(printable(text)[:40])
+    return shown if len(text) <= 40 else f"{shown} ({len(text)} characters)"
+
+
 def field_problems(fields: Mapping[str, str]) -> list[str]:
     """What in an engine's fields (as the file holds them) the runtime refuses whatever the machine: a numeric
     field ``std::stoi`` throws on, a device field it cannot read, a device type it does not know."""
     found = [
-        f"its {name} field {printable(fields[name])[:40]!r} is not a number: the runtime refuses the engine"
+        f"its {name} field {_shown(fields[name])} is not a 32-bit number (std::stoi throws): the runtime refuses "
+        "the engine"
         for name in NUMERIC_FIELDS if name in fields and stoi(fields[name]) is None
     ]  # fmt: skip
     device = DeviceInfo.parse(fields.get("device", ""))

@@ -36,6 +36,7 @@ import ast
 import collections
 import dataclasses
 import enum
+import inspect
 import json
 import math
 import operator
@@ -129,6 +130,9 @@ def _python_problem(
     """
     if len(text) > _MAX_EXPRESSION:
         return f"a {what} of {len(text)} characters"
+    if any(character in text for character in "#;\\\n\r"):
+        # (torch pastes guards into generated source: a comment or a line break would change the lines around)
+        return f"a {what} with a comment, a line break or a statement separator: {printable(text[:40])!r}"
     try:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -193,8 +197,8 @@ def _magnitude_bits(node: ast.AST) -> int:
             if len(node.args) != 2 or node.keywords:
                 raise _TooLarge(f"calling {name} with other than two arguments")
             return _grown(_magnitude_bits(node.args[0]), node.args[1], name in _POWERS)
-        if name == "Integer" and len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
-            return _magnitude_bits(node.args[0])
+        if name in _NUMBERS:
+            return _number_bits(node, name)
         bits = [_magnitude_bits(argument) for argument in arguments]
         if name == "Mul":
             return _bounded(sum(bits))
@@ -208,6 +212,33 @@ def _magnitude_bits(node: ast.AST) -> int:
                 _magnitude_bits(child)
         return 64  # (a size, a stride, a symbol: int64)
     return 64
+
+
+# sympy's number constructors: their arguments, and Float's precision, are what it computes with.
+_NUMBERS = {"Integer": 1, "Rational": 2, "Float": 2}
+_DIGITS = re.compile(r"^[0-9]{1,256}$")
+_MAX_PRECISION = 1024  # (bits of a Float's mantissa: a double's 53 and far beyond, never millions)
+
+
+def _number_bits(node: ast.Call, name: str) -> int:
+    """A bound for ``Integer(n)``, ``Rational(p, q)``, ``Float(x[, precision])``: each number a literal (a string
+    only of decimal digits: ``Float('1e2000000')`` would be built digit by digit), a Float's precision at most
+    _MAX_PRECISION bits."""
+    keywords = {keyword.arg: keyword.value for keyword in node.keywords}
+    if not 1 <= len(node.args) <= _NUMBERS[name] or (keywords and (name != "Float" or set(keywords) != {"precision"})):
+        raise _TooLarge(f"calling {name} with other than its number")
+    values = list(node.args)
+    if name == "Float" and (len(values) == 2 or keywords):
+        precision = _literal(values.pop() if len(values) == 2 else keywords["precision"])
+        if not isinstance(precision, int) or not 1 <= precision <= _MAX_PRECISION:
+            raise _TooLarge(f"with a Float of a precision other than 1 to {_MAX_PRECISION} bits")
+    bits = 0
+    for value in values:
+        text = value.value if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
+        if text is not None and not _DIGITS.match(text):
+            raise _TooLarge(f"calling {name} on text other than decimal digits")
+        bits += math.ceil(len(text) * math.log2(10)) if text is not None else _magnitude_bits(value)
+    return _bounded(max(bits, 1))
 
 
 def _grown(base: int, exponent: ast.AST, power: bool) -> int:
@@ -579,6 +610,26 @@ def _index_read(node: torch.fx.Node, user: torch.fx.Node) -> int | None:
     return None
 
 
+def _check_keyword_order(module: torch.nn.Module, file: Path | str) -> None:
+    """The module's keyword parameters named as its input spec names its keyword inputs, in the same order.
+
+    The generated ``forward`` pairs the spec's keys with the parameters after the positional ones by position
+    (torch writes both from the same call, in the same order): a file that lists them in another order computes
+    ``f(x, a=b, b=a)`` where the caller wrote ``f(x, a=a, b=b)``."""
+    specs = compat.pytree_specs(module.graph) if isinstance(module, torch.fx.GraphModule) else None
+    positional = None if specs is None else compat.positional_count(specs[0])
+    keys = None if specs is None else compat.keyword_keys(specs[0])
+    if positional is None or keys is None:
+        return
+    parameters = list(inspect.signature(module.forward).parameters)[positional:]
+    if parameters != keys:
+        said = ", ".join(printable(name)[:40] for name in parameters[:8])
+        raise UnsafeArchiveError(
+            f"{file}: the program's keyword inputs ({said}) are not the ones its input spec names, in its order "
+            f"({', '.join(printable(key)[:40] for key in keys[:8])}): its generated code would pair them by position"
+        )
+
+
 def check_runnable(module: torch.nn.Module, file: Path | str) -> None:
     """Every node of every graph in the module ``program.module()`` returned calls an allowed target.
 
@@ -588,6 +639,7 @@ def check_runnable(module: torch.nn.Module, file: Path | str) -> None:
     reference engine's steps are checked too. A ``call_module`` may only call the
     input guards torch adds.
     """
+    _check_keyword_order(module, file)
     position = 0
     guards = compat.guard_call_types()
     for submodule in module.modules():

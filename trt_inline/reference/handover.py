@@ -108,6 +108,8 @@ def describe(module: torch.fx.GraphModule) -> ModuleRecord:
             value = _attribute(module, str(node.target))
             if isinstance(value, torch.fx.GraphModule):  # (a higher-order op's branch)
                 record.children[str(node.target)] = describe(value)
+            elif isinstance(value, torch.nn.Parameter):  # (a weight stays a parameter, not a buffer)
+                record.tensors[str(node.target)] = torch.nn.Parameter(value.detach(), value.requires_grad)
             elif isinstance(value, torch.Tensor):
                 record.tensors[str(node.target)] = value.detach()
             else:
@@ -280,8 +282,11 @@ def _callers_own(own: torch.nn.Module | None, name: str) -> torch.nn.Module:
     """The caller's submodule called ``name`` (at the top, else the first of that name below, in module order)."""
     last = name.rsplit(".", 1)[-1]
     if own is not None:
-        for path, module in own.named_modules():
-            if path == name or path.rsplit(".", 1)[-1] == last:
+        modules: dict[str, torch.nn.Module] = dict(own.named_modules())
+        if name in modules:  # (the same path first; a module of the same name elsewhere only where there is none)
+            return modules[name]
+        for path, module in modules.items():
+            if path.rsplit(".", 1)[-1] == last:
                 found: torch.nn.Module = module
                 return found
     raise TypeError(f"submodule {name} did not pickle, and the caller has none of that name")

@@ -323,17 +323,8 @@ def emulate_precision(block: torch.fx.GraphModule, settings: PrecisionSettings, 
                 for user in users:
                     user.replace_input_with(node, stored)
         elif settings.tf32 and _op_name(node.target) in _MATMULS:
-            for source in list(node.all_input_nodes):
-                if _tensor_dtype(source, block) == torch.float32:
-                    if source not in tf32:
-                        tf32[source] = _tf32(graph, source)
-                        inserted += 1
-                    node.replace_input_with(source, tf32[source])
-    if inserted:
-        graph.lint()
-        block.recompile()
-        log_graph(log, "after emulate_precision", block)
-    return inserted
+            inserted += _tf32_inputs(block, node, tf32)
+    return _recompiled(block, inserted, "emulate_precision")
 
 
 def emulate_accumulation(block: torch.fx.GraphModule, *, tf32: bool) -> int:
@@ -377,17 +368,8 @@ def emulate_accumulation(block: torch.fx.GraphModule, *, tf32: bool) -> int:
             for user in users:
                 user.replace_input_with(node, stored)
         elif dtype == torch.float32 and tf32:
-            for source in list(node.all_input_nodes):
-                if _tensor_dtype(source, block) == torch.float32:
-                    if source not in rounded:
-                        rounded[source] = _tf32(graph, source)
-                        inserted += 1
-                    node.replace_input_with(source, rounded[source])
-    if inserted:
-        graph.lint()
-        block.recompile()
-        log_graph(log, "after emulate_accumulation", block)
-    return inserted
+            inserted += _tf32_inputs(block, node, rounded)
+    return _recompiled(block, inserted, "emulate_accumulation")
 
 
 def _tensor_dtype(node: torch.fx.Node, block: torch.fx.GraphModule) -> torch.dtype | None:
@@ -418,6 +400,28 @@ def _rounding(graph: torch.fx.Graph, value: torch.fx.Node, low: torch.dtype, *, 
     if isinstance(val, torch.Tensor):
         down.meta["val"], up.meta["val"] = val.to(low), val
     return up
+
+
+def _recompiled(block: torch.fx.GraphModule, inserted: int, pass_name: str) -> int:
+    """``block`` linted, recompiled and dumped (DEBUG) where a pass inserted nodes; how many it inserted."""
+    if inserted:
+        block.graph.lint()
+        block.recompile()
+        log_graph(log, f"after {pass_name}", block)
+    return inserted
+
+
+def _tf32_inputs(block: torch.fx.GraphModule, node: torch.fx.Node, rounded: dict[torch.fx.Node, torch.fx.Node]) -> int:
+    """``node`` (an fp32 matmul or convolution) reading each of its fp32 inputs rounded to TF32, each input rounded
+    once however many nodes read it (``rounded``); how many roundings it inserted."""
+    inserted = 0
+    for source in list(node.all_input_nodes):
+        if _tensor_dtype(source, block) == torch.float32:
+            if source not in rounded:
+                rounded[source] = _tf32(block.graph, source)
+                inserted += 1
+            node.replace_input_with(source, rounded[source])
+    return inserted
 
 
 def _tf32(graph: torch.fx.Graph, value: torch.fx.Node) -> torch.fx.Node:

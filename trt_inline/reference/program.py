@@ -428,10 +428,10 @@ def _load_program(program: str, allowed: frozenset[str]) -> EngineProgram:
         )
         input_terms = tuple(_decode_terms((spec or {}).get("terms", [])) for spec in raw_inputs)
         scalar_exprs = tuple(symbolic.checked((spec or {}).get("expr")) for spec in raw_inputs)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # (OverflowError: a count of Infinity)
         if isinstance(exc, (EngineFormatError, RefusedOperatorError)):
             raise
-        raise EngineFormatError(f"engine program is incomplete: {exc!r}") from exc
+        raise EngineFormatError(f"engine program is incomplete: {repr(exc)[:200]}") from exc
     if any(not 0 <= i < num_values for i in outputs):
         raise EngineFormatError("engine program returns a value it never computes")
     _check_reads(steps, num_inputs + len(weights), outputs)

@@ -396,10 +396,11 @@ def _unfuse_collectives(module: torch.fx.GraphModule) -> None:
                 f"reference.compile: the release's pipeline put operator tensorrt::{name} (node {fused.name}) where "
                 "PyTorch runs it, and it exists only where the release is imported: pass pipeline='own'"
             )
-        collective = getattr(torch.ops._c10d_functional, _FUSED_COLLECTIVES[name]).default
+        collective = compat.op_by_name(f"_c10d_functional::{_FUSED_COLLECTIVES[name]}", "default")
+        wait = compat.op_by_name("_c10d_functional::wait_tensor", "default")
         with module.graph.inserting_before(fused):
             started = module.graph.call_function(collective, fused.args, fused.kwargs)
-            waited = module.graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (started,))
+            waited = module.graph.call_function(wait, (started,))
         for node in (started, waited):
             node.meta = dict(fused.meta)
         fused.replace_all_uses_with(waited)
@@ -411,6 +412,10 @@ def _import_release(release: InstalledRelease, capability: tuple[int, int]) -> N
     """``import torch_tensorrt`` in the child, with what it needs and this machine lacks stood in for."""
     if not _tensorrt_imports():
         sys.modules["tensorrt"] = _tensorrt_stand_in(release.tensorrt_version)
+        if releases.minor(release.version) < (2, 8):
+            # 2.6 and 2.7 import the bindings' QDP plugin module (TensorRT 10.7+) whatever the features: it
+            # stands in too, with no plugin registered. Later releases ask for it first, and are told it is absent.
+            _plugin_stand_in(sys.modules["tensorrt"])
     compat.answer_cuda_queries(capability)
     if not hasattr(torch.fx.GraphModule, "set_output_tensors_as_unowned"):
         # 2.10 and 2.11's dry run asks each block that returns a model output to hand its outputs over unowned,
@@ -480,6 +485,17 @@ def _tensorrt_stand_in(version: str) -> types.ModuleType:
         __spec__=importlib.util.spec_from_loader("tensorrt", loader=None, is_package=True),
     )  # fmt: skip
     return module
+
+
+def _plugin_stand_in(bindings: types.ModuleType) -> None:
+    """``tensorrt.plugin`` and ``tensorrt.plugin._lib`` (``QDP_REGISTRY`` empty), every other attribute inert."""
+    plugin, lib = _TensorRTStandIn("tensorrt.plugin"), _TensorRTStandIn("tensorrt.plugin._lib")
+    vars(lib).update(QDP_REGISTRY={}, __spec__=importlib.util.spec_from_loader("tensorrt.plugin._lib", loader=None))
+    vars(plugin).update(
+        _lib=lib, __path__=[], __spec__=importlib.util.spec_from_loader("tensorrt.plugin", loader=None, is_package=True)
+    )
+    vars(bindings)["plugin"] = plugin
+    sys.modules.update({"tensorrt.plugin": plugin, "tensorrt.plugin._lib": lib})
 
 
 @contextlib.contextmanager

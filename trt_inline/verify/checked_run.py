@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -119,11 +120,14 @@ class ProgramInputs:
 
     def flatten(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         bound = self.signature.bind(*args, **kwargs)
-        names, values = list(bound.arguments), list(bound.arguments.values())
+        values = list(bound.arguments.values())
         positional = None if self.specs is None else compat.positional_count(self.specs[0])
-        if self.specs is None or positional is None:
+        keys = None if self.specs is None else compat.keyword_keys(self.specs[0])
+        if self.specs is None or positional is None or keys is None:
             return values  # (a graph of flat inputs: its input processing is the identity)
-        structured = (values[:positional], dict(zip(names[positional:], values[positional:], strict=True)))
+        # The spec's keys paired with the parameters after the positional ones by position, as the generated code
+        # pairs them (a file whose parameter names are in another order computes what that pairing gives).
+        structured = (values[:positional], dict(zip(keys, values[positional:], strict=False)))
         return list(compat.flatten_by_spec(structured, self.specs[0]))
 
     def outputs(self, returned: Any) -> Any:
@@ -149,12 +153,52 @@ def running_as(module: torch.fx.GraphModule, interpreter: torch.fx.Interpreter) 
 
 @contextlib.contextmanager
 def run_checks(module: Any) -> Iterator[None]:
-    """While inside, a call of ``module`` (a GraphModule) runs as :class:`RunChecks`; other modules as they are."""
-    if not isinstance(module, torch.fx.GraphModule):
+    """While inside, a call of ``module`` runs its own generated code, every call of an operator that
+    :func:`allowed_ops.check_run` checks first held to its checks on the values it is given (in every graph of the
+    module: the program's, a higher-order operator's branches).
+
+    Before (the generated code)::
+
+        repeat_interleave = torch.ops.aten.repeat_interleave.Tensor(repeats, output_size = 3)
+
+    Inside::
+
+        repeat_interleave = checked_repeat_interleave_tensor(repeats, output_size = 3)
+
+    where ``checked_...`` checks the values and then calls the same operator: the same kernels compute the same
+    values, and the input processing is the generated code's own (an interpreter's would be a second
+    implementation of it, and a file could make the two disagree). Put back on leaving.
+    """
+    graphs = [m for m in module.modules() if isinstance(m, torch.fx.GraphModule)] if isinstance(
+        module, torch.nn.Module) else []  # fmt: skip
+    replaced: list[tuple[torch.fx.GraphModule, torch.fx.Node, Any]] = []
+    try:
+        for graph_module in graphs:
+            nodes = [
+                n for n in graph_module.graph.nodes if n.op == "call_function" and allowed_ops.checks_runs(n.target)
+            ]
+            for node in nodes:
+                replaced.append((graph_module, node, node.target))
+                node.target = _checked_call(node.target)
+            if nodes:
+                graph_module.recompile()
         yield
-        return
-    with running_as(module, RunChecks(module)):
-        yield
+    finally:
+        for _, node, target in replaced:
+            node.target = target
+        for graph_module in {id(g): g for g, _, _ in replaced}.values():
+            graph_module.recompile()
+
+
+def _checked_call(target: Any) -> Callable[..., Any]:
+    """``target`` called after :func:`allowed_ops.check_run` on its arguments."""
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        allowed_ops.check_run(target, args, kwargs)
+        return target(*args, **kwargs)
+
+    checked.__name__ = checked.__qualname__ = "checked_" + re.sub(r"\W", "_", str(target))
+    return checked
 
 
 @contextlib.contextmanager
