@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     x = torch.randn(3, 8)
-    compiled = trt_inline.reference.compile(CrossedHalves().eval(), (x,), torch_executed_ops=["aten.relu.default"])
+    compiled = trt_inline.reference.compile(
+        CrossedHalves().eval(), (x,), torch_executed_ops={torch.ops.aten.relu.default}, min_block_size=1
+    )
     good = Path("good.pt2")
     trt_inline.save(compiled, good, arg_inputs=[x], embed_reference="boundaries")
     engine = engine_fault(good, Path("engine_fault.pt2"), engine=1)

@@ -695,6 +695,33 @@ def test_doctor_reports_and_exits_zero_without_torch_tensorrt() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_doctor_tells_a_rehearsal_setup_from_a_broken_install(tmp_path: Path) -> None:
+    """A release that cannot import without TensorRT, on a machine without CUDA and without TensorRT, is what the
+    reference backend rehearses on (exit 0, its pipeline named, the release's own import noise kept out); with
+    TensorRT installed the same failure is a broken install (exit 1)."""
+    package = tmp_path / "site" / "torch_tensorrt"
+    package.mkdir(parents=True)
+    (package / "_version.py").write_text('__version__ = "9.9.0"\n__tensorrt_version__ = "99.0"\n')
+    (package / "__init__.py").write_text(
+        "print('import error when try to import _TensorRTProxyModule')\n"
+        "raise ImportError('Could not find libnvinfer.so.99')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    env.pop("TRT_INLINE_PIPELINE", None)
+    proc = new_interpreter("-m", "trt_inline.cli", "doctor", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "import error when try" not in proc.stdout + proc.stderr
+    assert "torch_tensorrt  9.9.0, not importable (ImportError: Could not find libnvinfer.so.99)" in proc.stdout
+    assert "rehearsal       Torch-TensorRT 9.9.0's own pipeline (dry run)" in proc.stdout
+
+    (tmp_path / "site" / "tensorrt").mkdir()
+    (tmp_path / "site" / "tensorrt" / "__init__.py").write_text("__version__ = '99.0'\n")
+    proc = new_interpreter("-m", "trt_inline.cli", "doctor", env=env, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "tensorrt        99.0" in proc.stdout
+    assert "rehearsed without TensorRT" not in proc.stdout
+
+
 def run_doctor(tree: Path) -> subprocess.CompletedProcess[str]:
     """``trt-inline doctor`` (``python -m trt_inline.cli doctor``) with ``tree``'s torch_tensorrt importable and
     autoload on, as run_python runs a user's process. (test_doctor_reports_and_exits_zero_without_torch_tensorrt

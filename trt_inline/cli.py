@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
+import io
 import json
 import logging
 import os
@@ -78,11 +79,24 @@ def _package_status(distribution: str, module: str) -> tuple[str, bool, bool]:
             return "not installed", False, False
         version = None
     try:
-        imported = importlib.import_module(module)
+        # (torch_tensorrt prints its own import failure; the finding says it in one line)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            imported = importlib.import_module(module)
     except Exception as exc:  # a missing libnvinfer surfaces as OSError, ImportError, RuntimeError...
         reason = f"{type(exc).__name__}: {first_line(exc)}"
         return f"{version or 'unknown version'}, not importable ({reason})", True, False
     return str(version or getattr(imported, "__version__", "unknown version")), True, True
+
+
+def _rehearsal_pipeline() -> str:
+    """The pipeline ``trt_inline.reference.compile`` runs here, in one line."""
+    from trt_inline.formats import default_pipeline
+    from trt_inline.reference import release
+
+    found = release.installed_release() if default_pipeline() != "own" else None
+    if found is None:
+        return release.own_pipeline_note(chosen=default_pipeline() == "own")
+    return release.release_pipeline_note(found)
 
 
 def _entry_point() -> str | None:
@@ -100,10 +114,22 @@ def doctor() -> list[Finding]:
 
     findings = [Finding("torch", torch.__version__)]
     trt_text, trt_installed, trt_importable = _package_status("torch_tensorrt", "torch_tensorrt")
-    findings.append(Finding("torch_tensorrt", trt_text, ok=trt_importable or not trt_installed))
+    if trt_text.startswith("unknown version"):  # (a source tree on the path: its _version.py says it)
+        from trt_inline.reference.release import installed_release
+
+        found = installed_release()
+        trt_text = trt_text.replace("unknown version", found.version, 1) if found is not None else trt_text
     tensorrt_text, tensorrt_installed, tensorrt_importable = _package_status("tensorrt", "tensorrt")
+    cuda = torch.cuda.is_available()
+    # A release installed without TensorRT on a machine without CUDA is the rehearsal setup (the reference backend
+    # runs its pipeline as a dry run), not a broken install; with CUDA, or TensorRT installed, it is one.
+    rehearsal_only = trt_installed and not trt_importable and not tensorrt_installed and not cuda
+    if rehearsal_only:
+        trt_text += "; rehearsed without TensorRT (see rehearsal)"
+    findings.append(Finding("torch_tensorrt", trt_text, ok=trt_importable or not trt_installed or rehearsal_only))
     findings.append(Finding("tensorrt", tensorrt_text, ok=tensorrt_importable or not tensorrt_installed))
-    findings.append(Finding("CUDA", "available" if torch.cuda.is_available() else "not available"))
+    findings.append(Finding("CUDA", "available" if cuda else "not available"))
+    findings.append(Finding("rehearsal", _rehearsal_pipeline()))
 
     entry = _entry_point()
     findings.append(

@@ -347,6 +347,9 @@ def _dry_run(
     if not isinstance(partitioned, torch.fx.GraphModule):
         raise TypeError(f"its dry run returned a {type(partitioned).__qualname__}, not a partitioned GraphModule")
     table = lowered_nodes(partitioned)
+    for name, block in list(partitioned.named_children()):
+        if engines and name.startswith(ACC_PREFIX) and isinstance(block, torch.fx.GraphModule):
+            _refuse_engine_collectives(release, name, block)
     for module in partitioned.modules():
         if isinstance(module, torch.fx.GraphModule):
             _unfuse_collectives(module)
@@ -359,15 +362,41 @@ def _dry_run(
     return handover.dumps(record)
 
 
-# The collectives the releases' ``fuse_distributed_ops`` (2.10+) fuse with their wait into one operator of the
-# ``tensorrt`` namespace, which exists only where the release is imported: each is its c10d collective then
-# ``wait_tensor`` (the fused operator's own PyTorch implementation), with the same arguments.
+# The collectives the releases' ``fuse_distributed_ops`` (2.6+) fuse with their wait into one call of their own: a
+# Python function of the release (``tensorrt_fused_nccl_all_gather_op``, to 2.12) or an operator of the ``tensorrt``
+# namespace (``tensorrt::fused_nccl_all_gather``, 2.13+), either of which exists only where the release is
+# imported. Each is its c10d collective then ``wait_tensor`` (the fused call's own PyTorch implementation), with the
+# same arguments.
 _FUSED_COLLECTIVES = {
-    "fused_nccl_all_gather": "all_gather_into_tensor",
-    "fused_nccl_reduce_scatter": "reduce_scatter_tensor",
-    "fused_nccl_all_reduce": "all_reduce",
-    "fused_nccl_all_to_all": "all_to_all_single",
+    "all_gather": "all_gather_into_tensor",
+    "reduce_scatter": "reduce_scatter_tensor",
+    "all_reduce": "all_reduce",
+    "all_to_all": "all_to_all_single",
 }
+_FUSED_FUNCTION = re.compile(r"^tensorrt_fused_nccl_(\w+)_op$")
+
+
+def _fused_collective(target: Any) -> str | None:
+    """``"all_gather"`` for a fused collective's call (either form), None for any other target."""
+    schema = compat.op_schema_name(target)
+    if schema is not None:
+        name = schema.removeprefix("tensorrt::fused_nccl_")
+        return name if name != schema else None
+    module = getattr(target, "__module__", None) or ""
+    match = _FUSED_FUNCTION.match(getattr(target, "__name__", "") or "")
+    return match.group(1) if match is not None and module.startswith("torch_tensorrt") else None
+
+
+def _refuse_engine_collectives(release: InstalledRelease, name: str, block: torch.fx.GraphModule) -> None:
+    """Raise CompileError where the release put a collective inside a block it would build into a TensorRT engine
+    (its converter runs it on TensorRT-LLM's NCCL plugin), which a reference engine does not hold."""
+    for node in block.graph.nodes:
+        if node.op == "call_function" and _fused_collective(node.target) is not None:
+            raise CompileError(
+                f"reference.compile: {release.name}'s pipeline puts the collective {node.name} in engine {name}, to "
+                "run on TensorRT-LLM's NCCL plugin, which reference engines do not emulate: pass pipeline='own' "
+                "(collectives stay in PyTorch)"
+            )
 
 
 def _unfuse_collectives(module: torch.fx.GraphModule) -> None:
@@ -386,15 +415,18 @@ def _unfuse_collectives(module: torch.fx.GraphModule) -> None:
         wait_tensor = _c10d_functional.wait_tensor(all_reduce)
         add = aten.add(wait_tensor, bias)
     """
+    changed = False
     for fused in list(module.graph.nodes):
-        schema = compat.op_schema_name(fused.target) if fused.op == "call_function" else None
-        if schema is None or not schema.startswith("tensorrt::"):
+        if fused.op != "call_function":
             continue
-        name = schema.split("::", 1)[1]
+        name = _fused_collective(fused.target)
+        schema = compat.op_schema_name(fused.target) or ""
+        if name is None and not schema.startswith("tensorrt::"):
+            continue
         if name not in _FUSED_COLLECTIVES:
             raise CompileError(
-                f"reference.compile: the release's pipeline put operator tensorrt::{name} (node {fused.name}) where "
-                "PyTorch runs it, and it exists only where the release is imported: pass pipeline='own'"
+                f"reference.compile: the release's pipeline put {schema or name} (node {fused.name}) where PyTorch "
+                "runs it, and it exists only where the release is imported: pass pipeline='own'"
             )
         collective = compat.op_by_name(f"_c10d_functional::{_FUSED_COLLECTIVES[name]}", "default")
         wait = compat.op_by_name("_c10d_functional::wait_tensor", "default")
@@ -405,7 +437,9 @@ def _unfuse_collectives(module: torch.fx.GraphModule) -> None:
             node.meta = dict(fused.meta)
         fused.replace_all_uses_with(waited)
         module.graph.erase_node(fused)
-    module.recompile()
+        changed = True
+    if changed:
+        module.recompile()
 
 
 def _import_release(release: InstalledRelease, capability: tuple[int, int]) -> None:
