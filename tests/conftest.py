@@ -61,6 +61,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the torchrun rank-set tests (tests/test_tensor_parallel.py, about a minute; .ci/run does)",
     )
     parser.addoption(
+        "--release-pipeline",
+        action="store_true",
+        help="run the tests on the release's own pipeline (tests/test_release_pipeline.py, 2-4 minutes; .ci/run and "
+        ".ci/matrix do)",
+    )
+    parser.addoption(
         "--docs",
         action="store_true",
         help="run the runnable code blocks of README.md and docs/ (tests/test_docs.py, 1-2 minutes; .ci/run does)",
@@ -88,6 +94,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ("--packages", "packages", "the tests that compile AOTInductor packages run with --packages (.ci/run and "
          ".ci/matrix pass it)"),
         ("--docs", "docs", "the runnable code blocks of README.md and docs/ run with --docs (.ci/run passes it)"),
+        ("--release-pipeline", "release_pipeline", "the tests on the release's own pipeline run with "
+         "--release-pipeline (.ci/run and .ci/matrix pass it)"),
     ):  # fmt: skip
         if config.getoption(option):
             continue

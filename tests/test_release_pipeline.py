@@ -13,6 +13,9 @@ program holding that block's operators, and the same outputs (bitwise in fp32; i
 and the engines' fp32 accumulation within fp16's rounding). The fixes the search writes are held to the release
 too: compiled by its own pipeline, the modules they name are the ones its classifier keeps in fp32, and the build
 is within tolerance. And what the rehearsal does to the caller's process: nothing (it runs in a forked child).
+
+Marked ``release_pipeline``: 2-4 minutes on one worker, so they run with ``--release-pipeline`` in a step of their
+own (``.ci/run``; ``.ci/matrix`` passes it on every pair).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from trt_inline.reference.program import encodable_target
 from trt_inline.reference.release import INSTALL, PIPELINE_ATTRIBUTE, Rehearsal, installed_release
 from trt_inline.releases import minor as releases_minor
 
+pytestmark = pytest.mark.release_pipeline
 RELEASE = release_for_torch()
 # Where a release's own dry run fails, measured (each is the release's own code: its autocast, rule_based_autocast.py,
 # casts every tensor argument of a reduced-precision node, an Embedding's indices too, and sets the value of an
