@@ -67,6 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ".ci/matrix do)",
     )
     parser.addoption(
+        "--hub",
+        action="store_true",
+        help="run the hub models end to end (tests/test_hub_models.py: transformers installed into a cached folder, "
+        "BERT and GPT-2 from configs through the commands; two to three minutes; .ci/run does)",
+    )
+    parser.addoption(
         "--docs",
         action="store_true",
         help="run the runnable code blocks of README.md and docs/ (tests/test_docs.py, 1-2 minutes; .ci/run does)",
@@ -94,6 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ("--packages", "packages", "the tests that compile AOTInductor packages run with --packages (.ci/run and "
          ".ci/matrix pass it)"),
         ("--docs", "docs", "the runnable code blocks of README.md and docs/ run with --docs (.ci/run passes it)"),
+        ("--hub", "hub", "the hub models (transformers) run with --hub (.ci/run passes it)"),
         ("--release-pipeline", "release_pipeline", "the tests on the release's own pipeline run with "
          "--release-pipeline (.ci/run and .ci/matrix pass it)"),
     ):  # fmt: skip

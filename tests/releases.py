@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         r"tests at scale \(1 GiB model, reports at the cap\) run with --memory",  # .ci/run runs them on their own
         r"the torchrun rank-set tests run with --tensor-parallel",  # .ci/run runs them on their own
         r"the runnable code blocks of README\.md and docs/ run with --docs",  # .ci/run runs them on their own
+        r"the hub models \(transformers\) run with --hub",  # .ci/run runs them on their own
     ]
     if minor(torch_version) < (2, 9):
         allowed.append(r"writes no payload configs")  # measured on 2.8.0 too
@@ -107,6 +108,8 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
     if minor(torch_version) < (2, 7):  # (where torch.export.passes has no move_to_device_pass)
         allowed.append(r"has no torch\.export\.passes\.move_to_device_pass")
         allowed.append(r"has no aten::rrelu_with_noise_functional")  # (a functional variant of later releases)
+    if minor(torch_version) < (2, 6):
+        allowed.append(r"export keeps no size floor-divided by 2")
     if minor(torch_version) < (2, 7):  # (the flag exists from 2.7.1: compat.traces_size_obliviously)
         allowed.append(r"traces without size-oblivious sizes")
     if (2, 7) <= minor(torch_version) < (2, 10):  # the size-oblivious flag, still guarding there (2.7.1 ... 2.9.1)
@@ -264,23 +267,56 @@ EXECUTORCH = ("executorch==1.5.1", "flatbuffers==25.12.19", "ruamel.yaml==0.19.1
 
 
 def executorch_site() -> Path:
-    """A folder to put on ``PYTHONPATH`` for ``import executorch.exir`` (installed into the cache once).
+    """A folder to put on ``PYTHONPATH`` for ``import executorch.exir`` (installed into the cache once)."""
+    return _site(EXECUTORCH, Path("executorch") / "exir")
 
-    Installed without dependencies, so that no other torch is ever resolved.
-    """
-    target = CACHE / EXECUTORCH[0].replace("==", "-")
-    if (target / "executorch" / "exir").is_dir():
+
+# transformers and what `import transformers` and its models import beside torch, numpy and the test venv's own
+# packages (pinned: the closure pip resolves for transformers 5.25.0 on this venv, less torch). What a user adds to
+# the README's venv with `pip install transformers` (which needs no torch of its own).
+TRANSFORMERS = (
+    "transformers==5.25.0", "huggingface_hub==2.4.0", "tokenizers==0.23.3", "safetensors==0.8.0",
+    "regex==2026.12.2", "tqdm==4.70.1", "hf-xet==1.8.0", "httpx2==2.17.0", "httpcore2==2.17.0", "h11==0.16.0",
+    "anyio==4.16.0", "typer==0.29.2", "rich==15.0.0", "shellingham==1.5.4", "markdown-it-py==4.3.0",
+    "mdurl==0.1.2", "annotated-doc==0.0.7", "truststore==0.10.5", "tomlkit==0.15.3", "pydantic==2.14.4",
+    "pydantic_core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5", "kernels==0.19.1",
+)  # fmt: skip
+
+
+def transformers_site() -> Path:
+    """A folder to put on ``PYTHONPATH`` for ``import transformers`` (installed into the cache once)."""
+    return _site(TRANSFORMERS, Path("transformers") / "models" / "gpt2")
+
+
+# The torchvision each torch pairs with (its registry wheels are CUDA builds of that torch).
+TORCHVISION = {(2, 13): "torchvision==0.28.0", (2, 14): "torchvision==0.29.0"}
+
+
+def torchvision_site(torch_version: str) -> Path:
+    """A folder to put on ``PYTHONPATH`` for the torchvision ``torch_version`` pairs with (installed into the cache
+    once; whether it imports with that torch is another matter: :class:`Unavailable` where none pairs)."""
+    pinned = TORCHVISION.get(minor(torch_version))
+    if pinned is None:
+        raise Unavailable(f"no torchvision is pinned for torch {torch_version} (tests/releases.py, TORCHVISION)")
+    return _site((pinned,), Path("torchvision") / "models" / "resnet.py")
+
+
+def _site(packages: Sequence[str], probe: Path) -> Path:
+    """``packages`` installed into a cached folder (once: ``probe`` in it says so), without dependencies, so that no
+    other torch is ever resolved; :class:`Unavailable` where pip cannot fetch them."""
+    target = CACHE / packages[0].replace("==", "-")
+    if (target / probe).exists():
         return target
     partial = target.with_name(target.name + ".partial")
     subprocess.run(["rm", "-rf", str(partial)], check=True)
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-         "--only-binary=:all:", "--target", str(partial), *EXECUTORCH],
+         "--only-binary=:all:", "--target", str(partial), *packages],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     if proc.returncode != 0:
         reason = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise Unavailable(f"cannot install {' '.join(EXECUTORCH)}: {reason}")
+        raise Unavailable(f"cannot install {' '.join(packages)}: {reason}")
     partial.rename(target)
     return target
 

@@ -17,6 +17,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import releases
@@ -32,7 +33,9 @@ from trt_inline.archive import REFERENCE_IO_FILE, decode_reference_io, open_file
 from trt_inline.archive.reference_io import EngineBoundary, ReferenceIO, decode_boundaries_file, encode_reference_io
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.flat_program import exported_program_from_graph
+from trt_inline.isolation import is_allocation_failure
 from trt_inline.reference.program import load_program
+from trt_inline.verify.boundaries import trace_program
 from trt_inline.verify.compare import ERROR_STATS, compare_output
 from trt_inline.verify.drill import drill_program, rebuild_drill_down
 from trt_inline.verify.extract import region_repro
@@ -622,6 +625,38 @@ def test_an_engine_that_raises_on_inputs_that_agree_is_the_divergence(files: Fil
                         f"engine 1 ({files.engines[1]}) inputs"]  # fmt: skip
     assert rows[-1] == f"engine 2 ({files.engines[2]}) outputs (not reached)"
     assert report.boundaries[-1].own_ok and report.boundaries[-1].own is not None
+
+
+@pytest.mark.parametrize("where", ["engine", "fallback"])
+def test_running_out_of_memory_is_the_limit_not_a_divergence(
+    files: Files, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An allocation that fails in the engine-by-engine run is this process's memory limit (the child says it as
+    one, exit 2, naming --memory-limit), never "first divergence: ... raised"; any other error is the divergence."""
+    module = trt_inline.load(files.good).module()
+    recorded = decode_reference_io(reference_io_text(files.good)).boundaries
+    assert recorded is not None
+    target = engine_calls(torch.export.load(files.good))[1].name if where == "engine" else "relu_1"
+    stock_run_node = torch.fx.Interpreter.run_node
+    for error, is_limit in (
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes"), True),
+        (RuntimeError("split_with_sizes expects split_sizes to sum exactly to 8"), False),
+    ):
+
+        def run_node(self: torch.fx.Interpreter, n: torch.fx.Node, error: Exception = error) -> Any:
+            if n.name == target:
+                raise error
+            return stock_run_node(self, n)
+
+        monkeypatch.setattr(torch.fx.Interpreter, "run_node", run_node)
+        if is_limit:
+            with pytest.raises(RuntimeError, match="can't allocate memory") as raised:
+                trace_program(module, [files.x], {}, None, recorded)
+            assert is_allocation_failure(raised.value)
+        else:
+            trace = trace_program(module, [files.x], {}, None, recorded)
+            assert trace.crash is not None and "split_with_sizes" in trace.crash.error, trace.crash
+        monkeypatch.setattr(torch.fx.Interpreter, "run_node", stock_run_node)
 
 
 def test_a_boundary_table_of_random_inputs_says_which_inputs() -> None:

@@ -21,6 +21,7 @@ from models import scalar_cases
 import trt_inline
 from trt_inline import compat
 from trt_inline.reference import handover
+from trt_inline.releases import minor as releases_minor
 from trt_inline_interpreter import ForkedCallError, ForkedServer, call_forked
 
 _STATE = {"value": "the caller's"}
@@ -323,6 +324,9 @@ def test_sizes_come_back_as_the_same_expressions_not_ones_printed_alike() -> Non
     """``s//2`` is torch's ``FloorDiv``: it must come back as that, not as sympy's ``floor(s/2)``, which prints
     differently and simplifies differently."""
     x = torch.randn(6, 4)
+    if releases_minor(torch.__version__) < (2, 6):
+        pytest.skip(f"torch {torch.__version__}'s export keeps no size floor-divided by 2 (Dim.AUTO: KeyError; a named "
+                    "Dim: a guard it cannot prove)")  # fmt: skip
     exported = torch.export.export(_HalfMore(), (x,), dynamic_shapes=({0: torch.export.Dim.AUTO},))
     compiled = trt_inline.reference.compile(
         exported, (x,), pipeline="own", torch_executed_ops={"torch.ops.aten.relu.default"}

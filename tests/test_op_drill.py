@@ -163,27 +163,43 @@ def test_each_op_is_held_to_its_own_error_not_the_one_it_inherits(files: Files) 
     assert len(measured) >= len(program.steps) - 5 and all(e.ok for e in measured if e.step != past[0])
 
 
-def test_verify_per_engine_names_a_planted_op_and_its_source_line(files: Files, tmp_path: Path) -> None:
-    """stages.2's gain altered in the saved fp32 program to one float32 cannot hold: that op overflows float32."""
+@pytest.mark.parametrize("divisor", [1e39, 4.0])
+def test_verify_per_engine_names_a_planted_op_and_its_source_line(files: Files, tmp_path: Path, divisor: float) -> None:
+    """stages.2's gain (and, with ``divisor`` 1e39, its inverse) altered in the saved fp32 program to one float32
+    cannot hold: that op overflows float32. With its inverse altered alike, the overflow is what the outputs lose
+    (x * 1e39 / 1e39 is x in float64): the op is named, with how far its float64 value moves the outputs. With the
+    inverse left at 4, x * 1e39 / 4 gives tanh 1 either way: the overflow changes no output, the op is passed
+    over, and the drill says the program differs."""
     _, program = _engine(files.good)
     assert len(program.steps) >= 20
     gains = _steps(program, "aten::mul.Tensor", "stages.2.boost (Boost)")
     assert len(gains) == 1 and program.step_origins()[gains[0]].source == _gain_line()
+    (inverse,) = [i for i in _steps(program, "aten::div.Tensor", "stages.2.boost (Boost)")]
 
     def plant(document: dict[str, Any]) -> None:
         step = document["steps"][gains[0]]
         assert step["args"][1] == 4.0 and step["origin"][0] == "stages.2.boost (Boost)", step
         step["args"][1] = 1e39
+        assert document["steps"][inverse]["args"][1] == 4.0, document["steps"][inverse]
+        document["steps"][inverse]["args"][1] = divisor
 
     planted = edit_engine(files.good, tmp_path / "planted.pt2", plant)
     proc = cli("verify", str(planted), "--per-engine")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "first divergence: engine 0 (" in proc.stdout, proc.stdout
+    step = f"step {gains[0]} of {len(program.steps)} (aten::mul.Tensor)"
+    if divisor == 4.0:
+        assert (
+            "  inside it: the own error of one op crosses its tolerance and reaches none of the engine's outputs: "
+            f"with its float64 value put back, the outputs do not move ({step}: a value no output depends on"
+        ) in proc.stdout, proc.stdout
+        assert "the program or its weights differ from the reference's" in proc.stdout
+        return
     assert (
-        f"  inside it: step {gains[0]} of {len(program.steps)} (aten::mul.Tensor) is the first op whose own error "
-        "crosses its tolerance: "
+        f"  inside it: {step} is the first op whose own error crosses its tolerance and reaches the engine's outputs: "
     ) in proc.stdout, proc.stdout
     assert "Inf where the reference is finite in float32" in proc.stdout
+    assert "with its float64 value put back, the outputs move by up to " in proc.stdout
     assert f"    module: stages.2.boost (Boost)\n    source: {_gain_line()}\n" in proc.stdout, proc.stdout
 
 
@@ -261,3 +277,71 @@ def test_a_report_with_an_op_drill_is_read_strictly() -> None:
         bad["divergence"]["op_drill"][field] = value
         with pytest.raises(ValueError, match="op_drill"):
             VerifyReport.from_dict(bad)
+
+
+class _Square(nn.Module):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h * h
+
+
+class MaskedAttention(nn.Module):
+    """Attention with a causal mask built from float32's minimum (as transformers builds one), which an fp16 build
+    stores as -inf: an op past its tolerance that changes no output (exp gives 0 either way); ``planted``: an
+    activation past fp16's range after it (``spot``), which does."""
+
+    def __init__(self, planted: bool) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.spot, self.planted = _Square(), planted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[1]
+        scores = self.q(x) @ self.k(x).transpose(-1, -2)
+        mask = torch.full((length, length), torch.finfo(torch.float32).min).triu(1)
+        out = torch.softmax(scores + mask, -1) @ self.v(x)
+        return self.spot(out * 300.0) / 1e5 if self.planted else out
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_op_whose_error_reaches_no_output_is_passed_over(tmp_path: Path, planted: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16)
+    path = tmp_path / "masked.pt2"
+    trt_inline.save(trt_inline.reference.compile(MaskedAttention(planted).eval(), (x,), **fp16_settings()), path,
+                    arg_inputs=[x])  # fmt: skip
+    (call,) = trace_program(trt_inline.load(path).module(), [x], {}, None).calls
+    program = load_program(call.engine[1])
+    first = program.num_inputs + len(program.weights)
+    (mask,) = [i for i, name in enumerate(program.step_names()) if name == "aten::_to_copy.default"
+               and program.step_reads(i)[0] - first >= 0
+               and program.step_names()[program.step_reads(i)[0] - first] == "aten::full.default"]  # fmt: skip
+    errors = own_errors(program, call.engine[0], call.inputs)
+    assert errors[mask] is not None and not errors[mask].ok, errors[mask]  # (the structure: the mask is past it)
+    drill = drill_call(call)
+    assert drill is not None
+    mask_text = f"step {mask} of {len(program.steps)} (aten::_to_copy.default, which the build inserted, on the result"
+    if not planted:
+        assert drill.step is None, drill
+        assert drill.summary.startswith(
+            "the own error of one op crosses its tolerance and reaches none of the engine's outputs: with its float64 "
+            f"value put back, the outputs do not move ({mask_text}"
+        ), drill.summary
+        return
+    assert drill.module == "spot (_Square)" and drill.op == "aten::_to_copy.default", drill
+    assert "is the first op whose own error crosses its tolerance and reaches the engine's outputs" in drill.summary
+    assert "with its float64 value put back, the outputs move by up to " in drill.summary, drill.summary
+    assert f"; passed over: {mask_text}" in drill.summary, drill.summary
+
+
+def test_the_reach_of_an_op_counts_every_kind_of_output() -> None:
+    """An index or a mask that changes, or a shape, reaches the outputs whatever its size; a float within its
+    dtype's tolerance does not."""
+    from trt_inline.verify.drill import _moved
+
+    kinds = [torch.float32, torch.int64, torch.bool]
+    same = [torch.ones(3), torch.tensor([1, 4, 0]), torch.tensor([True, False, True])]
+    assert _moved(same, [t.clone() for t in same], kinds) == (0.0, False)
+    assert _moved(same, [same[0], torch.tensor([4, 4, 0]), same[2]], kinds)[1]
+    assert _moved(same, [same[0], same[1], torch.tensor([True, True, True])], kinds)[1]
+    assert _moved(same, [torch.ones(4), same[1], same[2]], kinds)[1]
+    assert not _moved(same, [same[0] * (1 + 1e-6), same[1], same[2]], kinds)[1]

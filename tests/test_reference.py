@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from models import RELU, ConvBnRelu
 
 import trt_inline
 from trt_inline import reference
-from trt_inline.errors import EngineFormatError, RefusedOperatorError
+from trt_inline.errors import CompileError, EngineFormatError, RefusedOperatorError
 from trt_inline.reference.partition import resolve_ops
 from trt_inline.reference.program import FORMAT, load_program
 
@@ -111,3 +112,36 @@ def test_reference_engines_run_on_cuda(tmp_path: Path) -> None:
     with torch.no_grad():
         outputs = as_list(loaded(x.cuda()))
     assert max_abs_diff([t.cpu() for t in outputs], [t.cpu() for t in on_cuda]) == 0.0
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q) + 1
+
+
+def test_an_attention_torch_cannot_decompose_is_kept_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's decomposition of scaled_dot_product_attention fails on some strides (transformers' GPT-2 at batch 2,
+    tests/test_hub_models.py): the own pipeline keeps that operator whole and compiles; a failure of a program
+    without it is the failure it is."""
+    from trt_inline import compat
+
+    stock = compat.decompose_keeping
+    attention = torch.ops.aten.scaled_dot_product_attention.default
+    kept: list[bool] = []
+
+    def failing(exported: torch.export.ExportedProgram, keep: Any) -> Any:
+        kept.append(attention in keep)
+        if attention not in keep:
+            raise ValueError("Cannot view a tensor with shape torch.Size([2, 16, 64]) and strides (64, 128, 1)")
+        return stock(exported, keep)
+
+    monkeypatch.setattr(compat, "decompose_keeping", failing)
+    q = torch.randn(2, 4, 8, 16)
+    compiled = trt_inline.reference.compile(_Attention().eval(), (q,), pipeline="own")
+    assert kept == [False, True]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q), _Attention()(q))
+    kept.clear()
+    with pytest.raises(CompileError, match="Cannot view a tensor"):
+        trt_inline.reference.compile(torch.nn.Linear(16, 16).eval(), (q,), pipeline="own")
+    assert kept == [False]

@@ -418,6 +418,31 @@ def namedtuple_fields(kind: Any) -> tuple[str, ...] | None:
     return None
 
 
+def pytree_type_registered(serialized_name: str) -> bool:
+    """Whether torch's pytree deserializes a node named ``serialized_name`` (a spec's ``"type"``) here."""
+    from torch.utils import _pytree as pytree
+
+    return serialized_name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+
+
+def register_mapping_node(cls: type, serialized_name: str) -> None:
+    """``cls`` (a ``dict`` subclass whose constructor takes its items) registered with torch's pytree as
+    transformers registers its ``ModelOutput`` types: values in key order, the keys as its context (dumped as
+    JSON), key paths as a dict's (``out['last_hidden_state']``), deserialized from ``serialized_name``."""
+    from torch.utils import _pytree as pytree
+
+    def flatten(value: dict[str, Any]) -> tuple[list[Any], list[str]]:
+        return list(value.values()), list(value.keys())
+
+    def unflatten(values: Any, context: Any) -> Any:
+        return cls(zip(context, values, strict=True))
+
+    pytree.register_pytree_node(
+        cls, flatten, unflatten, serialized_type_name=serialized_name,
+        flatten_with_keys_fn=pytree._dict_flatten_with_keys,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 def op_return_types(target: OpOverload) -> list[str]:
     """The declared type of each value an OpOverload returns (``"Tensor"``, ``"List[Tensor]"``, ``"bool"``)."""
     return [str(result.type) for result in target._schema.returns]

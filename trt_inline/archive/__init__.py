@@ -18,6 +18,8 @@ module              concern
 ``program_checks``  the program document against this torch's schema, rebuilt; the
                     runnable module and its reference engines against the allow-list
 ``canonical``       the archive torch is given instead of the file, and its loader
+``output_types``    output types a file names that this process does not import,
+                    rebuilt from the file as data in a child
 ``reference_io``    the reference inputs, outputs and engine boundaries a save embeds
 ``loading``         opening files: read, canonical, loaded, what runs checked; ``load``
 ``engine_info``     what each TensorRT engine of a file needs, read as data (nothing

@@ -38,6 +38,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import compat, progress
 from trt_inline.archive import program_checks
+from trt_inline.archive.output_types import prepare_output_types, spec_types
 from trt_inline.archive.reader import Bases, Contents, TensorRecord, passthrough_loader
 from trt_inline.errors import VerifyInputError, first_line
 from trt_inline.formats import format_size
@@ -57,6 +58,8 @@ class Canonical:
     extra: list[str] = field(default_factory=list)
     # Whole torch.save blobs the user allowed to reach torch as they are (torch 2.5 ... 2.8 weight files).
     blobs: dict[str, bytes] = field(default_factory=dict)
+    # The pytree types its call specs name, with their contexts (:func:`~trt_inline.archive.output_types.spec_types`).
+    spec_types: list[tuple[str, Any, int]] = field(default_factory=list)
 
     def entries(self) -> list[str]:
         """The parts of the archive, named as the current layout names them."""
@@ -87,6 +90,7 @@ class Canonical:
             constants: Any = self.blobs.get("constants") or {
                 name: _materialize(value, bases, weights) for name, value in self.constants.items()
             }
+            prepare_output_types(self.spec_types, self.source)
             return compat.deserialize_program(self.document, state_dict, constants, self.sample_inputs)
         except RecursionError:
             raise VerifyInputError(f"{self.source}: nested too deeply to be read") from None
@@ -125,4 +129,5 @@ def canonical_archive(contents: Contents) -> Canonical:
         contents.sample_inputs,
         sorted(contents.extra),
         dict(contents.blobs),
+        spec_types(contents.document),
     )

@@ -53,6 +53,9 @@ class Measured:
     # Outputs the build returns in a narrower floating dtype than the model (``"output 0 is float16"``), compared
     # widened to the model's.
     narrowed: tuple[str, ...] = ()
+    # Outputs within tolerance that collapsed where the model's did not (``"case x: output 0 is all zeros"``): out
+    # of tolerance all the same (:func:`~trt_inline.verify.compare.collapse_warnings`).
+    collapsed: tuple[str, ...] = ()
 
     @property
     def passes(self) -> bool:
@@ -184,6 +187,7 @@ def _measured(compiled: torch.nn.Module, cases: Sequence[HeldCase], tolerance: T
     criteria = tolerance.criteria()  # (verify's comparison: the same value every verdict of it takes)
     errors, oks = [], []
     narrowed: set[str] = set()
+    collapsed: list[str] = []
     for case in cases:
         with torch.no_grad():
             got = flat_tensors(compiled(*case.args, **case.kwargs))
@@ -200,12 +204,16 @@ def _measured(compiled: torch.nn.Module, cases: Sequence[HeldCase], tolerance: T
             comparison = criteria.output(index, actual, want)
             error = comparison.max_abs_diff if math.isfinite(comparison.max_abs_diff) else math.inf
             worst, ok = max(worst, error), ok and comparison.ok
+            if comparison.ok and comparison.collapsed is not None:  # (no build to accept, however wide the tolerance)
+                ok = False
+                what = "all zeros" if comparison.collapsed == "all zeros" else "one value everywhere"
+                collapsed.append(f"case {case.name}: output {index} is {what} where the model's is not")
         errors.append(worst)
         oks.append(ok)
     lowered = getattr(compiled, LOWERED_ATTRIBUTE, None)
     return Measured(
         tuple(errors), tuple(oks), shape_of(compiled), lowered, str(getattr(compiled, PIPELINE_ATTRIBUTE, "")),
-        tuple(sorted(narrowed)),
+        tuple(sorted(narrowed)), tuple(collapsed),
     )  # fmt: skip
 
 

@@ -167,6 +167,11 @@ def _searched(
             f"the build returns what the model returns in float32 in a narrower dtype ({narrowed}): its last engine "
             "keeps the low precision autocast gave it, as the release's do; compared widened"
         )
+    if trials.first.collapsed:
+        report.notes.append(
+            f"out of tolerance before: {'; '.join(trials.first.collapsed)} (an error within tolerance, and no "
+            "signal: verify warns of it, and fails it with --strict)"
+        )
     if found is None and trials.best is not None and report.outcome in (OUT_OF_COMPILES, INTERRUPTED):
         order = {name: index for index, name in enumerate(chosen_from)}
         found = sorted(trials.best, key=order.__getitem__)

@@ -56,6 +56,7 @@ It imports nothing from the floors above it (``trt_inline.archive``,
 from __future__ import annotations
 
 from trt_inline.isolation.child import JOBS, ChildResult, run_isolated, sandbox_required
+from trt_inline.isolation.inside import in_child
 from trt_inline.isolation.limits import (
     DEFAULT_TIMEOUT,
     Limits,
@@ -75,6 +76,7 @@ __all__ = [
     "MemorySampler",
     "available_memory",
     "default_memory_limit",
+    "in_child",
     "is_allocation_failure",
     "parse_size",
     "reusing_interpreter",

@@ -91,6 +91,15 @@ def child_main(folder: str) -> None:
     os._exit(0)
 
 
+_IN_CHILD = [False]
+
+
+def in_child() -> bool:
+    """Whether this process is a child running a job (a process of its own, ended with the job: what it registers
+    with torch outlives nothing of the caller's)."""
+    return _IN_CHILD[0]
+
+
 def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, bytes]:
     """The job run inside the sandbox and the limits: its answer (but for the peak, measured once it has ended) and
     the tensors it hands back."""
@@ -98,6 +107,8 @@ def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, 
     import resource
 
     import torch
+
+    _IN_CHILD[0] = True
 
     from trt_inline.isolation import sandbox as sandbox_walls
 

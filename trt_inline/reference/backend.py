@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import operator
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from trt_inline.engines import ACC_PREFIX
 from trt_inline.errors import CompileError, first_line
 from trt_inline.formats import PIPELINES, default_pipeline
 from trt_inline.reference import release
-from trt_inline.reference.engine import build_engine
+from trt_inline.reference.engine import block_outputs, build_engine
 from trt_inline.reference.lowered import LOWERED_ATTRIBUTE, lowered_nodes
 from trt_inline.reference.partition import partition, resolve_ops
 from trt_inline.reference.precision import (
@@ -40,6 +41,8 @@ from trt_inline.reference.precision import (
 )
 
 __all__ = ["PIPELINES", "compile", "rehearsing"]
+
+log = logging.getLogger(__name__)
 
 
 # The settings trt-inline's own partitioner and precision emulation take (with their defaults).
@@ -190,7 +193,7 @@ def _compile_own(
     if not _is_core_aten(exported.graph):
         # The operators named to run in PyTorch are kept from decomposition, as Torch-TensorRT keeps them.
         with _step(f"decomposing {what}'s exported program to core ATen (run_decompositions)"):
-            exported = compat.decompose_keeping(exported, overloads | packets)
+            exported = _decomposed(exported, overloads | packets)
     flat = exported.module()
     _warn_unmatched(flat.graph, overloads, packets)
     if not isinstance(flat, torch.fx.GraphModule):
@@ -243,13 +246,29 @@ def _compile_own(
             continue
         name = str(call_node.target)
         block = getattr(split, name)
-        call_node.meta["val"] = [out.meta["val"] for out in _output_nodes(block)]
+        call_node.meta["val"] = [out.meta["val"] for out in block_outputs(block)]
         if precision.emulated:
             emulate_precision(block, precision, low_nodes)
         setattr(split, name, build_engine(block, name, note))
     split.recompile()
     setattr(split, release.PIPELINE_ATTRIBUTE, note)
     return split
+
+
+def _decomposed(exported: torch.export.ExportedProgram, keep: Collection[Any]) -> torch.export.ExportedProgram:
+    """``exported`` decomposed to core ATen but for ``keep``; where torch's own decomposition of
+    ``scaled_dot_product_attention`` fails on the strides a model gives it (transformers' GPT-2 at batch 2: "Cannot
+    view a tensor with shape ..."), with that operator kept whole (each release decomposes it with its own rule)."""
+    try:
+        decomposed: torch.export.ExportedProgram = compat.decompose_keeping(exported, keep)
+        return decomposed
+    except (ValueError, RuntimeError):
+        attention = torch.ops.aten.scaled_dot_product_attention.default
+        if not any(node.target is attention for node in exported.graph.nodes):
+            raise
+        log.info("torch's decomposition of scaled_dot_product_attention failed: kept whole")
+        kept: torch.export.ExportedProgram = compat.decompose_keeping(exported, {*keep, attention})
+        return kept
 
 
 @contextlib.contextmanager
@@ -302,9 +321,3 @@ def _copy_placeholder_meta(source: torch.fx.GraphModule, split: torch.fx.GraphMo
     for src, dst in zip(source_inputs, split_inputs, strict=False):
         for key, value in src.meta.items():
             dst.meta.setdefault(key, value)
-
-
-def _output_nodes(block: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    output = next(n for n in reversed(block.graph.nodes) if n.op == "output")
-    result = output.args[0]
-    return list(result) if isinstance(result, (tuple, list)) else [result]

@@ -56,7 +56,7 @@ from trt_inline.reference.program import (
 )
 from trt_inline_switches import REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA
 
-__all__ = ["ReferenceBackend", "ReferenceEngine", "build_engine", "run_engine", "run_engine_traced"]
+__all__ = ["ReferenceBackend", "ReferenceEngine", "block_outputs", "build_engine", "run_engine", "run_engine_traced"]
 
 
 class ReferenceBackend(engines.EngineBackend):
@@ -165,6 +165,13 @@ compat.define_op(REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA, run_engine, run_e
 # ---------------------------------------------------------------------------
 # Building engines from accelerated blocks
 # ---------------------------------------------------------------------------
+
+
+def block_outputs(block: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The nodes an accelerated block returns, in order (each an engine output)."""
+    output = next(n for n in reversed(block.graph.nodes) if n.op == "output")
+    result = output.args[0]
+    return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 def build_engine(block: torch.fx.GraphModule, name: str, built_on: str = "") -> ReferenceEngine:

@@ -164,6 +164,16 @@ class ReferencePartitioner(_SplitterBase):  # type: ignore[misc,valid-type]
         )
         self.min_block_size = min_block_size
 
+    def starter_nodes(self) -> tuple[set[torch.fx.Node], set[torch.fx.Node]]:
+        """The splitter's first nodes, and a call that reads no node (``arange(3)``) among them: torch 2.5's
+        splitter starts from the users of inputs and weights only, so such a call was never reached, and a block
+        reading it could never start ("Subgraph can't be empty"); later torches start from it too."""
+        cpu_nodes, acc_nodes = super().starter_nodes()
+        for node in self.module.graph.nodes:
+            if node.op == "call_function" and not node.all_input_nodes:
+                (acc_nodes if node in self.acc_nodes else cpu_nodes).add(node)
+        return cpu_nodes, acc_nodes
+
     def remove_small_acc_subgraphs(self, subgraphs: list[Any]) -> list[Any]:
         """Fold accelerated blocks below ``min_block_size`` into the fallback before them."""
         result: list[Any] = []

@@ -181,6 +181,15 @@ def _torch_attr(name: Any, kind: type) -> Any:
     return value
 
 
+def _float64(value: Any) -> Any:
+    """``value`` with every floating tensor in it widened to float64 (exactly)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(torch.float64)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_float64(v) for v in value)
+    return value
+
+
 def _substitute(value: Any, env: list[Any], device: torch.device) -> Any:
     if isinstance(value, _Ref):
         return env[value.index]
@@ -252,6 +261,15 @@ class EngineProgram:
             payload = _payload_on(payload, like.device)
         return [payload[w.offset : w.offset + w.nbytes].view(w.dtype).view(w.shape) for w in self.weights]
 
+    def reduced_precisions(self) -> frozenset[torch.dtype]:
+        """The reduced floating dtypes (float16, bfloat16) the program computes in: those of its inputs, outputs
+        and weights, and those its steps cast to (an emulated fp16 layer's roundings)."""
+        found = {spec.dtype for spec in (*self.input_specs, *self.output_specs) if spec is not None}
+        found.update(weight.dtype for weight in self.weights)
+        for step in self.steps:
+            found.update(value for value in (*step.args, *step.kwargs.values()) if isinstance(value, torch.dtype))
+        return frozenset(found & {torch.float16, torch.bfloat16})
+
     def is_scalar_input(self, index: int) -> bool:
         spec = self.input_specs[index]
         return spec is not None and spec.scalar
@@ -297,6 +315,35 @@ class EngineProgram:
         env, _ = self._run_steps(inputs, payload, upcast=upcast)
         return env[len(env) - len(self.steps) :]
 
+    def outputs_of(self, values: Sequence[Any]) -> list[Any]:
+        """The program's outputs among ``values`` (as :meth:`values` numbers them), as its steps left them."""
+        return [values[index] for index in self.outputs]
+
+    def outputs_after(self, values: Sequence[Any], step: int, value: Any, device: torch.device) -> list[Any]:
+        """The outputs of a run that goes on from ``values`` (a run's, as :meth:`values` numbers them) with step
+        ``step`` returning ``value``, every step after it computing in float64 (what one op's own error does
+        downstream, nothing after it adding its own; the steps before it are not run again)."""
+        first = self.num_inputs + len(self.weights)
+        env: list[Any] = [*values[: first + step], value]
+        for index in range(step + 1, len(self.steps)):
+            env.append(self._step(index, env, device, upcast=True))
+        return self.outputs_of(env)
+
+    def _step(self, index: int, env: list[Any], device: torch.device, *, upcast: bool) -> Any:
+        """Step ``index`` on ``env``; ``upcast``: its floating arguments in float64, a floating cast made to it."""
+        step = self.steps[index]
+        args = _substitute(step.args, env, device)
+        kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
+        if upcast:  # (the values it reads may be narrower: a run going on from an engine's own values)
+            args, kwargs = _float64(args), {k: _float64(v) for k, v in kwargs.items()}
+        dtype = kwargs.get("dtype")
+        if upcast and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+            kwargs["dtype"] = torch.float64  # (a cast to float16 or float32 stays float64: never narrower)
+        # (as_strided only where it reads its source's elements in order; index arguments within range:
+        # wherever the engine runs, a plain torch.export.load of its file included)
+        allowed_ops.check_run(step.target, args, kwargs, everywhere=True)
+        return step.target(*args, **kwargs)
+
     def _run_steps(
         self, inputs: Sequence[torch.Tensor], payload: torch.Tensor, *, upcast: bool
     ) -> tuple[list[Any], Any]:
@@ -309,16 +356,8 @@ class EngineProgram:
         env: list[Any] = [*values, *self.weight_tensors(payload, like)]
         if upcast:
             env = [v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in env]
-        for step in self.steps:
-            args = _substitute(step.args, env, device)
-            kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
-            dtype = kwargs.get("dtype")
-            if upcast and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
-                kwargs["dtype"] = torch.float64  # (a cast to float16 or float32 stays float64: never narrower)
-            # (as_strided only where it reads its source's elements in order; index arguments within range:
-            # wherever the engine runs, a plain torch.export.load of its file included)
-            allowed_ops.check_run(step.target, args, kwargs, everywhere=True)
-            env.append(step.target(*args, **kwargs))
+        for index in range(len(self.steps)):
+            env.append(self._step(index, env, device, upcast=upcast))
         return env, device
 
     def values(self, inputs: Sequence[torch.Tensor], payload: torch.Tensor) -> list[Any]:

@@ -62,7 +62,7 @@ from trt_inline import compat, releases
 from trt_inline.engines import ACC_PREFIX
 from trt_inline.errors import CompileError
 from trt_inline.reference import handover
-from trt_inline.reference.engine import build_engine
+from trt_inline.reference.engine import block_outputs, build_engine
 from trt_inline.reference.lowered import LOWERED_ATTRIBUTE, lowered_nodes
 from trt_inline.reference.precision import emulate_accumulation
 
@@ -353,8 +353,13 @@ def _dry_run(
     for module in partitioned.modules():
         if isinstance(module, torch.fx.GraphModule):
             _unfuse_collectives(module)
+    calls = {str(node.target): node for node in partitioned.graph.nodes if node.op == "call_module"}
     for name, block in list(partitioned.named_children()):
         if engines and name.startswith(ACC_PREFIX) and isinstance(block, torch.fx.GraphModule):
+            call = calls.get(name)
+            if call is not None and not isinstance(call.meta.get("val"), (list, tuple)):
+                # (2.5 records the engine's output values on the block's nodes only: its exporter reads them there)
+                call.meta["val"] = [out.meta.get("val") for out in block_outputs(block)]
             emulate_accumulation(block, tf32=tf32)
             setattr(partitioned, name, build_engine(block, name, release_pipeline_note(release)))
     record = handover.describe(partitioned)

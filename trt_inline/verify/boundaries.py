@@ -34,6 +34,7 @@ from trt_inline import engines, progress
 from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.engines import EngineOp, is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.isolation import is_allocation_failure
 from trt_inline.module_paths import Coverage
 from trt_inline.module_state import buffers_restored
 from trt_inline.verify.checked_run import CheckedRun, running_as
@@ -294,6 +295,8 @@ class _Tracer(CheckedRun):
             try:
                 return super().run_node(n)
             except Exception as exc:
+                if is_allocation_failure(exc):  # (this process's memory limit: said as one, never a divergence)
+                    raise
                 region = self.words.region(n) if n.op == "call_function" else None
                 self.crash = Crash(n.name, None, region, f"{type(exc).__name__}: {first_line(exc)}")
                 raise _Stopped from exc
@@ -319,6 +322,8 @@ class _Tracer(CheckedRun):
         try:
             result = super().run_node(n)
         except Exception as exc:
+            if is_allocation_failure(exc):
+                raise
             self.crash = Crash(n.name, index, None, f"{type(exc).__name__}: {first_line(exc)}")
             raise _Stopped from exc
         call.outputs = boundary_tensors(result)
@@ -340,6 +345,8 @@ class _Tracer(CheckedRun):
                     call.inputs = list(record.inputs)
                     call.alone, call.alone_problem = self._alone(n, (record.inputs, *rest), {}, record)
                 except Exception as exc:
+                    if is_allocation_failure(exc):
+                        raise
                     call.alone_problem = f"it could not be run alone ({type(exc).__name__}: {first_line(exc)})"
             result.append(call)
         return result
@@ -359,6 +366,8 @@ class _Tracer(CheckedRun):
         try:
             return boundary_tensors(target(inputs, *args[1:], **kwargs)), None
         except Exception as exc:
+            if is_allocation_failure(exc):
+                raise
             return None, f"running it alone on its recorded inputs raised {type(exc).__name__}: {first_line(exc)}"
 
 
@@ -393,6 +402,8 @@ def trace_program(
             unreached = tracer.unreached()
         return ProgramTrace(tracer.calls, [], [], [], tracer.crash, unreached)
     except Exception as exc:
+        if is_allocation_failure(exc):
+            raise
         raise VerifyInputError(
             f"the program does not accept the inputs ({type(exc).__name__}: {first_line(exc)})"
         ) from exc

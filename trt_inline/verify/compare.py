@@ -23,6 +23,7 @@ from trt_inline.verify.report import OutputComparison, describe_value
 __all__ = [
     "ERROR_STATS",
     "boundary_tolerance",
+    "collapse_warnings",
     "compare_output",
     "default_tolerance",
     "exactly_as",
@@ -272,9 +273,28 @@ def run_on(
             disagree = modes_disagree(run.outputs, other, normal_name, name, exact=False)
         run.problems += disagree
     if layouts:
-        run.problems += _layout_run(once, run, normal, [laid_out_otherwise(a) for a in args],
-                                    {k: laid_out_otherwise(v) for k, v in kwargs.items()})  # fmt: skip
+        problems, note = _layout_run(once, run, normal, [laid_out_otherwise(a) for a in args],
+                                     {k: laid_out_otherwise(v) for k, v in kwargs.items()},
+                                     engine_precision(module))  # fmt: skip
+        run.problems += problems
+        run.notes += [note] if note else []
     return run
+
+
+def engine_precision(module: Any) -> torch.dtype | None:
+    """The reduced precision the reference engines of ``module``'s graph compute in (float16 where any does, else
+    bfloat16); None where none does (or the engines are not reference engines: a TensorRT plan does not say)."""
+    from trt_inline.engines import REFERENCE_OP, engine_op
+    from trt_inline.reference.program import load_program
+
+    graph = getattr(module, "graph", None)
+    found: set[torch.dtype] = set()
+    for node in graph.nodes if isinstance(graph, torch.fx.Graph) else ():
+        text = node.args[2] if engine_op(node) is REFERENCE_OP and len(node.args) > 2 else None
+        if isinstance(text, str):
+            found |= load_program(text).reduced_precisions()
+    # (float16 where any engine says so: bfloat16's wider tolerance only where no engine computes in float16)
+    return torch.float16 if torch.float16 in found else (torch.bfloat16 if found else None)
 
 
 # Operators whose CPU kernel takes another path where autograd records them (the recurrent layers: a composite
@@ -297,9 +317,20 @@ def mode_dependent_calls(module: Any) -> list[str]:
 
 
 def _layout_run(
-    once: Callable[..., list[Any]], run: Run, normal: Any, args: list[Any], kwargs: dict[str, Any]
-) -> list[str]:
-    """The problems of a run :data:`LAYOUT_RUN` against the normal call's outputs, within each dtype's tolerance."""
+    once: Callable[..., list[Any]],
+    run: Run,
+    normal: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    precision: torch.dtype | None = None,
+) -> tuple[list[str], str | None]:
+    """The problems of a run :data:`LAYOUT_RUN` against the normal call's outputs, within each dtype's tolerance,
+    and a note where they were held to ``precision``'s instead.
+
+    Engines that compute in ``precision`` (float16, bfloat16) round each value they store to it, and a sum made
+    in another order by fewer threads can round the other way: one unit in the last place of float16 is 1e-3
+    relative, past float32's tolerance. Their outputs are compared within ``precision``'s tolerance (a program
+    that computes otherwise on this run is still named: a switch, a wrong index, a value past it)."""
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(max(1, threads // 2))  # (fewer: no thread the limits did not see start)
@@ -308,17 +339,33 @@ def _layout_run(
         raise  # (a call out of range: the file is refused, whichever run met it)
     except VerifyInputError as exc:
         return [f"the program raises on its inputs as strided views into larger buffers, where it runs on them "
-                f"contiguous ({first_line(exc)[:200]})"]  # fmt: skip
+                f"contiguous ({first_line(exc)[:200]})"], None  # fmt: skip
     finally:
         torch.set_num_threads(threads)
-    return modes_disagree(run.outputs, laid, RUN_MODES[0][0], LAYOUT_RUN, exact=False)
+    problems = modes_disagree(run.outputs, laid, RUN_MODES[0][0], LAYOUT_RUN, exact=False)
+    if not problems or precision is None:
+        return problems, None
+    rtol = default_tolerance(precision)[1]
+    held = modes_disagree(run.outputs, laid, RUN_MODES[0][0], LAYOUT_RUN, exact=False, at=precision)
+    name = str(precision).removeprefix("torch.")
+    return held, (
+        f"its run {LAYOUT_RUN} was compared within {name}'s relative tolerance (rtol {rtol:g}; each output's own "
+        f"atol): its engines (as their programs say) compute in {name}, whose roundings a sum made by fewer "
+        "threads can move"
+    )
 
 
 def modes_disagree(
-    first: Sequence[Any], other: Sequence[Any], first_mode: str, other_mode: str, *, exact: bool = True
+    first: Sequence[Any],
+    other: Sequence[Any],
+    first_mode: str,
+    other_mode: str,
+    *,
+    exact: bool = True,
+    at: torch.dtype | None = None,
 ) -> list[str]:
     """Where two runs of one program on the same inputs differ in any bit (``exact=False``: past each dtype's
-    tolerance): a program that reads how it is run."""
+    tolerance, or ``at``'s where that is wider): a program that reads how it is run."""
     if len(first) != len(other):
         return [f"the program returns {len(first)} outputs run {first_mode} and {len(other)} run {other_mode}"]
     problems = []
@@ -327,8 +374,12 @@ def modes_disagree(
         if isinstance(value, torch.Tensor):
             if isinstance(again, torch.Tensor) and identical(again, value):
                 continue
-            tolerance = 0.0 if exact else None
-            found = compare_output(index, again, value, tolerance, tolerance)
+            atol = rtol = 0.0 if exact else None
+            if not exact and at is not None and value.is_floating_point() and value.dtype != torch.float64:
+                # (rounding is relative: the relative tolerance only, the absolute one the output's own)
+                atol, rtol = default_tolerance(value.dtype)
+                rtol = max(rtol, default_tolerance(at)[1])
+            found = compare_output(index, again, value, atol, rtol)
             why = found.problem.removeprefix(f"output {index} differs: ") if found.problem else None
             why = why or (None if not exact else "the same values in other bits (a NaN's)")
         else:
@@ -424,6 +475,7 @@ def compare_output(
         if why is not None:
             return mismatch(f"output {index} is quantized differently: {why}")
         actual, expected = actual.int_repr(), expected.int_repr()
+    collapsed = _collapsed(actual, expected) if expected.is_floating_point() or expected.is_complex() else None
     parts = expected.is_complex()
     if parts:  # (each part a value of its own, in a last dimension of 2: what follows compares reals)
         actual, expected = torch.view_as_real(actual), torch.view_as_real(expected)
@@ -479,9 +531,51 @@ def compare_output(
     finite_count = int(both_finite.sum())
     comparison = OutputComparison(
         index, shape, dtype, max_abs, max_rel, atol, rtol, ok, problem, mean, median, p99, cosine, nan_count,
-        inf_count, finite_count, sqnr,
+        inf_count, finite_count, sqnr, collapsed=collapsed,
     )  # fmt: skip
     return comparison if top_k is None else ranked(comparison, actual, expected, top_k, min_top_k_agreement)
+
+
+def _collapsed(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """``"all zeros"`` or ``"constant"`` where ``actual`` (floating or complex, each complex element one value) is and
+    ``expected`` is not: a build that lost its signal, which a tolerance as wide as the values would pass (an fp16
+    underflow to 0). Judged where neither is NaN; the reference counts as constant where its values spread by no
+    more than ten times its dtype's relative tolerance (a batch of one sample, reduced in two orders)."""
+    wide = torch.complex128 if expected.is_complex() else torch.float64
+    a, e = actual.to(wide).reshape(-1), expected.to(wide).reshape(-1)
+    kept = ~(a.isnan() | e.isnan())
+    a, e = a[kept], e[kept]
+    if a.numel() < 2:
+        return None
+    if not bool(a.ne(0).any()) and bool(e.ne(0).any()):
+        return "all zeros"
+    finite = e[e.isfinite()]
+    if finite.numel():
+        spread, scale = float((finite - finite[0]).abs().max()), float(finite.abs().max())
+        varies = spread > 10 * default_tolerance(expected.dtype)[1] * scale
+    else:  # (every value an infinity)
+        varies = not bool(e.eq(e[0]).all())
+    return "constant" if varies and bool(a.eq(a[0]).all()) else None
+
+
+def collapse_warnings(outputs: Sequence[OutputComparison], said: Sequence[str] = ()) -> list[str]:
+    """A warning for each output within tolerance that collapsed where its reference did not (``collapsed``),
+    unless ``said`` (the report's warnings) already says it of that output (verify's own check without a
+    reference: ``output 0 is all zeros ...``)."""
+    warnings = []
+    for comparison in outputs:
+        if comparison.collapsed is None or not comparison.ok:
+            continue  # (past tolerance, it is a problem already)
+        name = f"output {comparison.index}"
+        if any(line.startswith(f"{name} is all zeros") or line.startswith(f"{name} is the same") for line in said):
+            continue
+        what = "all zeros" if comparison.collapsed == "all zeros" else "one value everywhere"
+        warnings.append(
+            f"{name} is {what} where the reference's is not: within atol {comparison.atol:g}, rtol "
+            f"{comparison.rtol:g}, but the values carry no signal (cosine similarity "
+            f"{comparison.cosine_similarity:.6f})"
+        )
+    return warnings
 
 
 def top_k_agreement(actual: Any, expected: torch.Tensor, k: int) -> tuple[int, int, int | None] | None:

@@ -28,6 +28,7 @@ from torch.export import ExportedProgram
 
 from trt_inline import allowed_ops
 from trt_inline.archive.loading import AOTI_PACKAGE, LoadedFile
+from trt_inline.archive.output_types import stood_in_note
 from trt_inline.archive.reader import check_path
 from trt_inline.distributed.manifest import collectives_of
 from trt_inline.errors import RefusedOperatorError, VerifyInputError, first_line
@@ -35,7 +36,7 @@ from trt_inline.isolation import Limits, default_memory_limit
 from trt_inline.output_tree import OutputTree, Pairing, by_path, describe_spec
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, trace_program
-from trt_inline.verify.compare import Criteria, ranked, run_on
+from trt_inline.verify.compare import Criteria, collapse_warnings, ranked, run_on
 from trt_inline.verify.jobs import DiffRequest
 from trt_inline.verify.localize import (
     Reference,
@@ -398,6 +399,7 @@ class Comparison:
             report.problems += [comparison.problem for comparison in report.outputs if comparison.problem]
         if criteria.top_k is not None:
             _rank_outputs(report, outputs_a, outputs_b, criteria)
+        report.warnings += [w for w in collapse_warnings(report.outputs, report.warnings) if w not in report.warnings]
         report.boundaries = rows
         self.outputs = {"a": outputs_a, "b": outputs_b}
 
@@ -433,6 +435,7 @@ def diff_job(request: DiffRequest, tensors: dict[str, Any]) -> Any:
     """:func:`diff` in this process (the child's job); with ``keep_outputs`` (``save_outputs``), the outputs of both
     as well."""
     report, outputs = Comparison(request, tensors)()
+    report.notes += [note] if (note := stood_in_note()) else []
     if request.keep_outputs:
         return report.to_dict(), {"outputs": outputs}
     return report.to_dict()

@@ -25,8 +25,17 @@ wider reference and is not run again; nor is one that only moves values
 (``getitem``, ``as_strided``, which reads its input's storage as laid out); one
 whose float64 run raises or gives other shapes is counted as not measured.
 
+The op named is one whose own error reaches the engine's outputs: with its
+float64 value put back in its place and every op after it computing in float64,
+the outputs move past their tolerance (:func:`_first_that_reaches`); an op whose
+error changes nothing downstream is passed over, and said::
+
+    full(-3.4e38) ─► _to_copy(float16) = -inf ─► add ─► softmax ─► …   (exp gives 0 either way: passed over)
+    mul ─► _to_copy(float16) = inf ─► … ─► out                          (out moves by inf: named)
+
 An op without a module path of its own (a rounding a reduced-precision build
-inserts) is named by the op whose value it reads: the float16 overflow of
+inserts) is named by the op whose value it reads (a cast of a weight, by the op
+that reads it): the float16 overflow of
 ``big = h * h`` reads as that line. A TensorRT engine is a serialized plan
 without its subgraph: there is no op-level program, and the report says so.
 
@@ -42,9 +51,11 @@ in float64, with the same step in float64::
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +64,7 @@ import torch.fx
 from trt_inline import progress
 from trt_inline.engines import REFERENCE_OP, EngineOp
 from trt_inline.errors import EngineFormatError, RefusedOperatorError, VerifyInputError, first_line
+from trt_inline.isolation import is_allocation_failure
 from trt_inline.reference.program import EngineProgram, load_program
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace
 from trt_inline.verify.compare import compare_output, default_tolerance, isolated_run
@@ -79,6 +91,12 @@ class OpError:
     step: int
     ok: bool
     error: str  # how it differs, where past tolerance: "16 Inf where the reference is finite in float16 (...)"
+    # Its float64 result (what :func:`_reach` puts back in its place), where past tolerance.
+    exact: Any = field(default=None, compare=False, repr=False)
+
+
+# The most ops past tolerance whose reach is measured (each one more run of the program).
+_MAX_REACHED = 16
 
 
 def drill_divergence(trace: ProgramTrace, divergence: Divergence | None) -> Divergence | None:
@@ -123,8 +141,9 @@ def drill_program(program: EngineProgram, payload: torch.Tensor, inputs: Sequenc
         errors = own_errors(program, payload, inputs)
     except RefusedOperatorError:
         raise
-    except Exception as exc:
-        return OpDrill(f"its program could not be run op by op ({type(exc).__name__}: {first_line(exc)})")
+    except Exception as exc:  # (a diagnostic after the verdict: said, never the verdict's end)
+        why = "this run's memory ran out (--memory-limit raises it)" if is_allocation_failure(exc) else first_line(exc)
+        return OpDrill(f"its program could not be run op by op ({type(exc).__name__}: {why})")
     names = program.step_names()
     total, measured = len(errors), sum(1 for e in errors if e is not None)
     past = [e for e in errors if e is not None and not e.ok]
@@ -134,19 +153,115 @@ def drill_program(program: EngineProgram, payload: torch.Tensor, inputs: Sequenc
             "with itself run again alone in float64 on its inputs as the engine computed them; the error "
             "accumulates over many ops, or the program or its weights differ from the reference's"
         )
-    first = past[0]
+    first, reach, passed = _first_that_reaches(program, payload, inputs, past)
+    if first is None:
+        listed = ", ".join(_step_text(program, e.step, total) for e in passed[:3])
+        ops = f"{len(past)} ops" if len(past) > 1 else "one op"
+        return OpDrill(
+            f"the own error of {ops} crosses its tolerance and reaches none of the engine's outputs: with its "
+            f"float64 value put back, the outputs {reach} ({listed}{', ...' if len(passed) > 3 else ''}: "
+            "a value no output depends on, as a mask's minimum becoming -inf before a softmax); the error "
+            "accumulates over many ops, or the program or its weights differ from the reference's"
+        )
     named = _named_by(program, first.step)
-    what = f"step {first.step} of {total} ({names[first.step]}"
-    if named != first.step:
-        what += f", which the build inserted, on the result of step {named}, {names[named]}"
-    what += ")"
-    others = f"; {len(past) - 1} more after it" if len(past) > 1 else ""
+    later = len(past) - len(passed) - 1
+    others = f"; {later} more after it" if later else ""
+    skipped = (
+        f"; passed over: {', '.join(_step_text(program, e.step, total) for e in passed[:3])}"
+        f"{', ...' if len(passed) > 3 else ''}, whose own error reaches no output"
+        if passed
+        else ""
+    )
     origin = program.step_origins()[named]
     return OpDrill(
-        f"{what} is the first op whose own error crosses its tolerance: {first.error}, against itself run again "
-        f"alone in float64 on its inputs as the engine computed them{others}",
+        f"{_step_text(program, first.step, total)} is the first op whose own error crosses its tolerance and reaches "
+        f"the engine's outputs: {first.error}, against itself run again alone in float64 on its inputs as the "
+        f"engine computed them; {reach}{skipped}{others}",
         first.step, names[first.step], origin.module, origin.source,
     )  # fmt: skip
+
+
+def _step_text(program: EngineProgram, step: int, total: int) -> str:
+    """``step 4 of 9 (aten::mul.Tensor)``, with the step that names it where the build inserted it."""
+    names = program.step_names()
+    named = _named_by(program, step)
+    text = f"step {step} of {total} ({names[step]}"
+    if named < step:
+        text += f", which the build inserted, on the result of step {named}, {names[named]}"
+    elif named > step:
+        text += f", which the build inserted, read by step {named}, {names[named]}"
+    return text + ")"
+
+
+def _first_that_reaches(
+    program: EngineProgram, payload: torch.Tensor, inputs: Sequence[torch.Tensor], past: list[OpError]
+) -> tuple[OpError | None, str, list[OpError]]:
+    """The first op of ``past`` whose own error reaches the engine's outputs, by how much (or, where none does, by
+    how much the largest moves them), and the ops passed over before it.
+
+    An op's own error reaches the outputs where the program's outputs, going on from the engine's own values with
+    every step after it computing in float64, move past their dtypes' tolerance (an integer, boolean or shape not
+    the same) when its float64 value is put in its place: that op alone, nothing after it adding its own, changes
+    what the engine returns. A value no output depends on (a mask's minimum becoming -inf before a softmax, where
+    exp gives 0 either way) moves nothing. Where that cannot be measured (a step after it has no float64 kernel,
+    or the memory runs out), or past :data:`_MAX_REACHED` ops measured, the next op is named as the first past its
+    tolerance, and the text says its reach was not measured."""
+    device = payload.device
+    passed: list[OpError] = []
+    largest = 0.0
+    try:
+        with torch.no_grad(), isolated_run():
+            values = program.values([t.to(device) for t in inputs], payload)
+            first = program.num_inputs + len(program.weights)
+            kinds = [o.dtype if isinstance(o, torch.Tensor) else None for o in program.outputs_of(values)]
+            for error in past[:_MAX_REACHED]:
+                as_computed = program.outputs_after(values, error.step, values[first + error.step], device)
+                exact = program.outputs_after(values, error.step, error.exact, device)
+                moved, reaches = _moved(as_computed, exact, kinds)
+                if reaches:
+                    return error, f"with its float64 value put back, the outputs move by up to {moved:.3g}", passed
+                largest = max(largest, moved)
+                passed.append(error)
+    except RefusedOperatorError:
+        raise
+    except Exception as exc:  # (a diagnostic after the verdict: said, never the verdict's end)
+        why = "this run's memory ran out (--memory-limit raises it)" if is_allocation_failure(exc) else first_line(exc)
+        unmeasured = past[len(passed)]
+        return unmeasured, f"its reach was not measured ({type(exc).__name__}: {why[:200]})", passed
+    if len(past) > _MAX_REACHED:
+        return (
+            past[_MAX_REACHED],
+            f"its reach was not measured (the first {_MAX_REACHED} before it reach no output)",
+            passed,
+        )
+    return None, "do not move" if largest == 0 else f"stay within tolerance (they move by up to {largest:.3g})", passed
+
+
+def _moved(outputs: Sequence[Any], again: Sequence[Any], dtypes: Sequence[torch.dtype | None]) -> tuple[float, bool]:
+    """How far two runs' outputs are apart (inf where one is not finite and the other not the same, or where an
+    integer, a boolean or a shape differs), and whether any is past the tolerance of the output's own dtype."""
+    worst, past = 0.0, False
+    for got, want, dtype in zip(outputs, again, dtypes, strict=False):
+        if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) or dtype is None:
+            continue
+        if got.shape != want.shape:
+            return math.inf, True
+        if not got.is_floating_point() and not got.is_complex():
+            if not torch.equal(got, want.to(got.dtype)):
+                return math.inf, True
+            continue
+        if got.numel() == 0:
+            continue
+        wide, exact = (
+            got.to(torch.complex128 if got.is_complex() else torch.float64),
+            want.to(torch.complex128 if got.is_complex() else torch.float64),
+        )
+        same = (wide == exact) | (wide.isnan() & exact.isnan())
+        difference = torch.where(same, 0.0, (wide - exact).abs()).nan_to_num(nan=math.inf)
+        worst = max(worst, float(difference.max()))
+        atol, rtol = default_tolerance(dtype if dtype.is_floating_point else torch.float64)
+        past = past or bool((difference > atol + rtol * exact.abs().nan_to_num(posinf=0.0, neginf=0.0)).any())
+    return worst, past
 
 
 def own_errors(program: EngineProgram, payload: torch.Tensor, inputs: Sequence[torch.Tensor]) -> list[OpError | None]:
@@ -161,6 +276,7 @@ def own_errors(program: EngineProgram, payload: torch.Tensor, inputs: Sequence[t
         values = program.values([t.to(device) for t in inputs], payload)
         first = len(values) - len(program.steps)
         errors: list[OpError | None] = []
+        kept = 0
         for index, name in enumerate(names):
             value = values[first + index]
             if name in _MOVES_ONLY or program.steps[index].target is operator.getitem or not _narrow(value):
@@ -173,21 +289,43 @@ def own_errors(program: EngineProgram, payload: torch.Tensor, inputs: Sequence[t
             except Exception:  # (an op float64 does not run: not measured)
                 errors.append(None)
                 continue
-            errors.append(_compared(index, value, exact))
+            error = _compared(index, value, exact)
+            if error is not None and not error.ok:
+                kept += 1
+                if kept > _MAX_REACHED + 1:  # (only the first ones' reach is measured: the rest hold no copy)
+                    error = dataclasses.replace(error, exact=None)
+            errors.append(error)
     return errors
 
 
 def _named_by(program: EngineProgram, index: int) -> int:
     """The step whose module path and source line name step ``index``: itself, or for a step without any (one the
-    build inserted), the nearest step before it, through what it reads, that has them."""
+    build inserted), the nearest step before it, through what it reads, that has them; where none does (a cast of
+    a weight), the first step after it that reads it and has them."""
     origins, first = program.step_origins(), program.num_inputs + len(program.weights)
     seen = index
     while not (origins[seen].module or origins[seen].source):
         steps = [value - first for value in program.step_reads(seen) if value >= first]
         if not steps:
-            return index
+            return _read_by(program, index)
         seen = steps[0]
     return seen
+
+
+def _read_by(program: EngineProgram, index: int) -> int:
+    """The first step after ``index`` that reads its value (through steps without origins) and has a module path
+    or source line; ``index`` itself where none does."""
+    origins, first = program.step_origins(), program.num_inputs + len(program.weights)
+    pending = [index]
+    while pending:
+        value = first + pending.pop(0)
+        for later in range(value - first + 1, len(program.steps)):
+            if value in program.step_reads(later):
+                if origins[later].module or origins[later].source:
+                    return later
+                pending.append(later)
+                break
+    return index
 
 
 def _narrow(value: Any) -> bool:
@@ -219,6 +357,7 @@ def _widened(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, 
 def _compared(index: int, value: Any, exact: Any) -> OpError | None:
     """Step ``index``'s result against its float64 run: each narrow floating tensor at its dtype's tolerance; the
     first past it decides. None where the two do not pair up (other shapes: not measured)."""
+    whole = exact  # (what the drill puts back in the step's place)
     pairs = list(zip(value, exact, strict=False)) if isinstance(value, (list, tuple)) else [(value, exact)]
     if isinstance(value, (list, tuple)) and (not isinstance(exact, (list, tuple)) or len(exact) != len(value)):
         return None
@@ -238,7 +377,7 @@ def _compared(index: int, value: Any, exact: Any) -> OpError | None:
         found = compare_output(0, wide.cpu(), exact.cpu(), atol, rtol)
         text = f"{found.error_text()} in {str(got.dtype).removeprefix('torch.')} (atol {atol:g}, rtol {rtol:g})"
         if not found.ok:
-            return OpError(index, False, text)
+            return OpError(index, False, text, whole)
         worst = worst or OpError(index, True, text)
     return worst
 

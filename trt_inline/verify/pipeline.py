@@ -746,6 +746,8 @@ def range_end_runs(
                 except RefusedOperatorError:
                     raise
                 except Exception as exc:  # (its own guard or kernel refused the size: nothing to compare with)
+                    if is_allocation_failure(exc):
+                        raise
                     report.notes.append(
                         f"at the {end.label}: the program of {reference_file} rejects these inputs "
                         f"({type(exc).__name__}: {first_line(exc)}): not compared"

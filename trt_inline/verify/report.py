@@ -84,6 +84,9 @@ class OutputComparison:
     top_k_rows: int | None = field(default=None, metadata=wire(at_least=1))
     top_k_agreement: float | None = field(default=None, metadata=wire(at_least=0.0, at_most=1.0))
     top_k_first_disagreement: int | None = field(default=None, metadata=wire(at_least=0))
+    # A floating value that collapsed where its reference did not (all zeros, or one value everywhere), whatever
+    # the tolerance: a warning, a failure with --strict (:func:`~trt_inline.verify.compare.collapse_warnings`).
+    collapsed: str | None = field(default=None, metadata=wire(max_len=64))
 
     def sqnr_text(self) -> str:
         """``SQNR 42.1 dB``; ``SQNR inf dB`` where no value differs."""

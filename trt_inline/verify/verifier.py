@@ -17,6 +17,7 @@ from torch.utils import _pytree as pytree
 
 from trt_inline import allowed_ops, distributed
 from trt_inline.archive.loading import open_file
+from trt_inline.archive.output_types import stood_in_note
 from trt_inline.archive.pickles import read_torch_save
 from trt_inline.archive.reader import check_path
 from trt_inline.archive.reference_io import (
@@ -37,7 +38,7 @@ from trt_inline.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, describe
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import recording
-from trt_inline.verify.compare import Criteria, normal_call
+from trt_inline.verify.compare import Criteria, collapse_warnings, normal_call
 from trt_inline.verify.extract import repro_folder, write_repro
 from trt_inline.verify.jobs import DiffRequest, InspectRequest, InspectResponse, VerifyRequest
 from trt_inline.verify.options import (
@@ -228,7 +229,10 @@ def _write_handed(report: VerifyReport, handed: Handed, outputs: Outputs, trust:
 
 
 def strictly(report: VerifyReport, strict: bool) -> VerifyReport:
-    """``report``, its warnings made problems where ``strict`` (``--strict``)."""
+    """``report`` with a warning for each output that collapsed where its reference did not
+    (:func:`~trt_inline.verify.compare.collapse_warnings`), its warnings made problems where ``strict``
+    (``--strict``)."""
+    report.warnings += [w for w in collapse_warnings(report.outputs, report.warnings) if w not in report.warnings]
     if strict:
         report.problems += [f"{warning} (--strict)" for warning in report.warnings]
         report.warnings = []
@@ -502,6 +506,7 @@ def verify_job(request: VerifyRequest, tensors: dict[str, Any]) -> Any:
     report, handed = verification(request.path)
     if request.label:
         report.expected_source = request.label
+    report.notes += [note] if (note := stood_in_note()) else []
     if keep == Keep():
         return report.to_dict()
     back: dict[str, Any] = {"outputs": handed.outputs or []}
