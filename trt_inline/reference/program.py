@@ -49,6 +49,7 @@ __all__ = [
     "encodable_target",
     "encode_arg",
     "encode_spec",
+    "float64_values",
     "load_program",
 ]
 
@@ -181,12 +182,12 @@ def _torch_attr(name: Any, kind: type) -> Any:
     return value
 
 
-def _float64(value: Any) -> Any:
+def float64_values(value: Any) -> Any:
     """``value`` with every floating tensor in it widened to float64 (exactly)."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.to(torch.float64)
     if isinstance(value, (list, tuple)):
-        return type(value)(_float64(v) for v in value)
+        return type(value)(float64_values(v) for v in value)
     return value
 
 
@@ -335,7 +336,7 @@ class EngineProgram:
         args = _substitute(step.args, env, device)
         kwargs = {k: _substitute(v, env, device) for k, v in step.kwargs.items()}
         if upcast:  # (the values it reads may be narrower: a run going on from an engine's own values)
-            args, kwargs = _float64(args), {k: _float64(v) for k, v in kwargs.items()}
+            args, kwargs = float64_values(args), {k: float64_values(v) for k, v in kwargs.items()}
         dtype = kwargs.get("dtype")
         if upcast and isinstance(dtype, torch.dtype) and dtype.is_floating_point:
             kwargs["dtype"] = torch.float64  # (a cast to float16 or float32 stays float64: never narrower)

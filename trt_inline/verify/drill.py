@@ -65,7 +65,7 @@ from trt_inline import progress
 from trt_inline.engines import REFERENCE_OP, EngineOp
 from trt_inline.errors import EngineFormatError, RefusedOperatorError, VerifyInputError, first_line
 from trt_inline.isolation import is_allocation_failure
-from trt_inline.reference.program import EngineProgram, load_program
+from trt_inline.reference.program import EngineProgram, float64_values, load_program
 from trt_inline.verify.boundaries import EngineCall, ProgramTrace
 from trt_inline.verify.compare import compare_output, default_tolerance, isolated_run
 from trt_inline.verify.extract import diverged_engine
@@ -339,19 +339,11 @@ def _widened(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, 
     """A step's arguments in float64: every floating tensor widened (exactly), a floating ``dtype`` asked for made
     float64 (a cast to float16 becomes the value itself); a dtype given positionally (a view as another dtype,
     which reads bits) is left as it is."""
-
-    def wide(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.to(torch.float64)
-        if isinstance(value, (list, tuple)):
-            return type(value)(wide(v) for v in value)
-        return value
-
     dtype = kwargs.get("dtype")
-    wider = {k: wide(v) for k, v in kwargs.items()}
+    wider = {k: float64_values(v) for k, v in kwargs.items()}
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         wider["dtype"] = torch.float64
-    return wide(args), wider
+    return float64_values(args), wider
 
 
 def _compared(index: int, value: Any, exact: Any) -> OpError | None:
