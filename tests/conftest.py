@@ -67,6 +67,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ".ci/matrix do)",
     )
     parser.addoption(
+        "--property",
+        action="store_true",
+        help="run the random-graph property suites (tests/test_fuzz.py, tests/test_fuzz_dynamic.py: two to three "
+        "minutes; .ci/run and .ci/matrix do)",
+    )
+    parser.addoption(
         "--hub",
         action="store_true",
         help="run the hub models end to end (tests/test_hub_models.py: transformers installed into a cached folder, "
@@ -101,6 +107,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
          ".ci/matrix pass it)"),
         ("--docs", "docs", "the runnable code blocks of README.md and docs/ run with --docs (.ci/run passes it)"),
         ("--hub", "hub", "the hub models (transformers) run with --hub (.ci/run passes it)"),
+        ("--property", "property", "the random-graph property suites run with --property (.ci/run and .ci/matrix "
+         "pass it)"),
         ("--release-pipeline", "release_pipeline", "the tests on the release's own pipeline run with "
          "--release-pipeline (.ci/run and .ci/matrix pass it)"),
     ):  # fmt: skip

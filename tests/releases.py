@@ -99,6 +99,7 @@ def documented_skips(release: str | None, torch_version: str) -> list[str]:
         r"the torchrun rank-set tests run with --tensor-parallel",  # .ci/run runs them on their own
         r"the runnable code blocks of README\.md and docs/ run with --docs",  # .ci/run runs them on their own
         r"the hub models \(transformers\) run with --hub",  # .ci/run runs them on their own
+        r"the random-graph property suites run with --property",  # .ci/run runs them on their own
     ]
     if minor(torch_version) < (2, 9):
         allowed.append(r"writes no payload configs")  # measured on 2.8.0 too

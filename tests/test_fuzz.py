@@ -223,6 +223,7 @@ def check_roundtrip(spec: Spec, executed: list[Any], retrace: bool, batches: tup
     return crossings
 
 
+@pytest.mark.property
 @settings(settings.get_profile("trt_inline"))
 @given(spec=specs(), executed=st.lists(st.sampled_from(FALLBACK_CANDIDATES), unique=True), retrace=st.booleans())
 def test_random_partitioned_graphs_roundtrip_bitwise(spec: Spec, executed: list[Any], retrace: bool) -> None:
@@ -242,6 +243,7 @@ def scalar_fallbacks(draw: st.DrawFn) -> list[Any]:
     return [splitter, *(op for op in others if op is not splitter)]
 
 
+@pytest.mark.property
 def test_random_graphs_with_scalar_crossings_roundtrip_bitwise() -> None:
     """Dynamic batch (3 ... 8, checked at both ends): scalars cross engine boundaries wherever the fallbacks fall.
 
@@ -262,6 +264,7 @@ def test_random_graphs_with_scalar_crossings_roundtrip_bitwise() -> None:
     assert crossings and crossed >= len(crossings) / 2, f"only {crossed} of {len(crossings)} examples cross"
 
 
+@pytest.mark.property
 def test_property_catches_name_matched_wiring(monkeypatch: pytest.MonkeyPatch) -> None:
     """The property has bite: with the seed bug put back, it finds a failing graph."""
     positional = trt_inline.passes.inline_torch_modules

@@ -182,6 +182,7 @@ def graphs_and_fallbacks(draw: st.DrawFn) -> tuple[DynamicSpec, list[str]]:
     return spec, [splitter, *(op for op in others if op != splitter)]
 
 
+@pytest.mark.property
 def test_random_graphs_with_real_model_dynamic_shapes() -> None:
     """Shared, derived and two-at-once Dims; the generator reaches scalar crossings in most examples."""
     crossings: list[int] = []
