@@ -206,6 +206,7 @@ SAMPLES = [
 ]
 
 
+@pytest.mark.property
 def test_samples_cross_engine_boundaries() -> None:
     for spec, executed in SAMPLES:
         assert count_scalar_crossings(compile_spec(spec, executed)) >= 1, spec
@@ -264,6 +265,7 @@ _RELEASE_SAVE = """
 """
 
 
+@pytest.mark.property
 def test_samples_through_the_release_save(tmp_path: Path) -> None:
     """The fixed examples through the installed release's ``torch_tensorrt.save`` with the plugin active."""
     from test_plugin import RELEASE, release_tree, run_python
@@ -286,6 +288,7 @@ def test_samples_through_the_release_save(tmp_path: Path) -> None:
             assert max_abs_diff(loaded["outputs"], expected) == 0.0, (path, [t.shape for t in inputs])
 
 
+@pytest.mark.property
 @pytest.mark.parametrize("spec_index", range(len(SAMPLES)))
 def test_samples_roundtrip_with_both_retrace_values(spec_index: int) -> None:
     spec, executed = SAMPLES[spec_index]
