@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from trt_inline import compat
 from trt_inline.errors import VerifyInputError, printable
@@ -41,8 +41,6 @@ _STAND_INS: dict[str, type[StandIn]] = {}
 class StandIn(dict[str, Any]):
     """A registered output type this process does not import: its fields by name, in the file's order (``out["x"]``
     and ``out.x``, as a ``ModelOutput`` reads them)."""
-
-    serialized_name: ClassVar[str] = ""
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -127,6 +125,6 @@ def _register(name: str) -> None:
     if name in _STAND_INS:
         return
     module, _, short = name.rpartition(".")
-    stand_in = type(short, (StandIn,), {"__module__": module, "__qualname__": short, "serialized_name": name})
+    stand_in = type(short, (StandIn,), {"__module__": module, "__qualname__": short})
     compat.register_mapping_node(stand_in, name)
     _STAND_INS[name] = stand_in

@@ -561,7 +561,7 @@ def _collapsed(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
 def collapse_warnings(outputs: Sequence[OutputComparison], said: Sequence[str] = ()) -> list[str]:
     """A warning for each output within tolerance that collapsed where its reference did not (``collapsed``),
     unless ``said`` (the report's warnings) already says it of that output (verify's own check without a
-    reference: ``output 0 is all zeros ...``)."""
+    reference: ``output 0 is all zeros ...``, or this one in an earlier run)."""
     warnings = []
     for comparison in outputs:
         if comparison.collapsed is None or not comparison.ok:
@@ -570,11 +570,13 @@ def collapse_warnings(outputs: Sequence[OutputComparison], said: Sequence[str] =
         if any(line.startswith(f"{name} is all zeros") or line.startswith(f"{name} is the same") for line in said):
             continue
         what = "all zeros" if comparison.collapsed == "all zeros" else "one value everywhere"
-        warnings.append(
+        warning = (
             f"{name} is {what} where the reference's is not: within atol {comparison.atol:g}, rtol "
             f"{comparison.rtol:g}, but the values carry no signal (cosine similarity "
             f"{comparison.cosine_similarity:.6f})"
         )
+        if warning not in said:
+            warnings.append(warning)
     return warnings
 
 

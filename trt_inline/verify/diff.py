@@ -399,7 +399,7 @@ class Comparison:
             report.problems += [comparison.problem for comparison in report.outputs if comparison.problem]
         if criteria.top_k is not None:
             _rank_outputs(report, outputs_a, outputs_b, criteria)
-        report.warnings += [w for w in collapse_warnings(report.outputs, report.warnings) if w not in report.warnings]
+        report.warnings += collapse_warnings(report.outputs, report.warnings)
         report.boundaries = rows
         self.outputs = {"a": outputs_a, "b": outputs_b}
 

@@ -91,7 +91,7 @@ class OpError:
     step: int
     ok: bool
     error: str  # how it differs, where past tolerance: "16 Inf where the reference is finite in float16 (...)"
-    # Its float64 result (what :func:`_reach` puts back in its place), where past tolerance.
+    # Its float64 result (what :func:`_first_that_reaches` puts back in its place), where past tolerance.
     exact: Any = field(default=None, compare=False, repr=False)
 
 
@@ -138,7 +138,9 @@ def drill_program(program: EngineProgram, payload: torch.Tensor, inputs: Sequenc
     """The first op of ``program`` whose own error on ``inputs`` crosses its tolerance, with its module path and
     source line; where none does, a line saying so. A program that cannot be run op by op is said in one line."""
     try:
-        errors = own_errors(program, payload, inputs)
+        with torch.no_grad(), isolated_run():
+            values = program.values([t.to(payload.device) for t in inputs], payload)
+        errors = _own_errors(program, values, payload.device)
     except RefusedOperatorError:
         raise
     except Exception as exc:  # (a diagnostic after the verdict: said, never the verdict's end)
@@ -153,7 +155,7 @@ def drill_program(program: EngineProgram, payload: torch.Tensor, inputs: Sequenc
             "with itself run again alone in float64 on its inputs as the engine computed them; the error "
             "accumulates over many ops, or the program or its weights differ from the reference's"
         )
-    first, reach, passed = _first_that_reaches(program, payload, inputs, past)
+    first, reach, passed = _first_that_reaches(program, values, payload.device, past)
     if first is None:
         listed = ", ".join(_step_text(program, e.step, total) for e in passed[:3])
         ops = f"{len(past)} ops" if len(past) > 1 else "one op"
@@ -194,7 +196,7 @@ def _step_text(program: EngineProgram, step: int, total: int) -> str:
 
 
 def _first_that_reaches(
-    program: EngineProgram, payload: torch.Tensor, inputs: Sequence[torch.Tensor], past: list[OpError]
+    program: EngineProgram, values: list[Any], device: torch.device, past: list[OpError]
 ) -> tuple[OpError | None, str, list[OpError]]:
     """The first op of ``past`` whose own error reaches the engine's outputs, by how much (or, where none does, by
     how much the largest moves them), and the ops passed over before it.
@@ -205,13 +207,12 @@ def _first_that_reaches(
     what the engine returns. A value no output depends on (a mask's minimum becoming -inf before a softmax, where
     exp gives 0 either way) moves nothing. Where that cannot be measured (a step after it has no float64 kernel,
     or the memory runs out), or past :data:`_MAX_REACHED` ops measured, the next op is named as the first past its
-    tolerance, and the text says its reach was not measured."""
-    device = payload.device
+    tolerance, and the text says its reach was not measured. ``values``: the engine's run (:meth:`EngineProgram.values`)
+    on ``device``."""
     passed: list[OpError] = []
     largest = 0.0
     try:
         with torch.no_grad(), isolated_run():
-            values = program.values([t.to(device) for t in inputs], payload)
             first = program.num_inputs + len(program.weights)
             kinds = [o.dtype if isinstance(o, torch.Tensor) else None for o in program.outputs_of(values)]
             for error in past[:_MAX_REACHED]:
@@ -270,10 +271,15 @@ def own_errors(program: EngineProgram, payload: torch.Tensor, inputs: Sequence[t
     The program runs on ``inputs`` moved to the payload's device (where the engine ran); each step is then run
     again on the values it read, widened (:func:`_widened`), and its result compared with the step's own.
     """
-    device = payload.device
+    with torch.no_grad(), isolated_run():
+        values = program.values([t.to(payload.device) for t in inputs], payload)
+    return _own_errors(program, values, payload.device)
+
+
+def _own_errors(program: EngineProgram, values: list[Any], device: torch.device) -> list[OpError | None]:
+    """:func:`own_errors` of a run already made (``values``, as :meth:`EngineProgram.values` numbers them)."""
     names = program.step_names()
     with torch.no_grad(), isolated_run():
-        values = program.values([t.to(device) for t in inputs], payload)
         first = len(values) - len(program.steps)
         errors: list[OpError | None] = []
         kept = 0

@@ -232,7 +232,7 @@ def strictly(report: VerifyReport, strict: bool) -> VerifyReport:
     """``report`` with a warning for each output that collapsed where its reference did not
     (:func:`~trt_inline.verify.compare.collapse_warnings`), its warnings made problems where ``strict``
     (``--strict``)."""
-    report.warnings += [w for w in collapse_warnings(report.outputs, report.warnings) if w not in report.warnings]
+    report.warnings += collapse_warnings(report.outputs, report.warnings)
     if strict:
         report.problems += [f"{warning} (--strict)" for warning in report.warnings]
         report.warnings = []
