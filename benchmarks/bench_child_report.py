@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 def main() -> int:
     from trt_inline import isolation
+    from trt_inline.verify.options import Isolation
     from trt_inline.verify.report import MAX_COMPARISONS, VerifyReport
     from trt_inline.verify.verifier import _handed_back, _outputs_of_child, report_of_child, save_tensors
 
@@ -46,7 +47,6 @@ def main() -> int:
     import report_probe
     import torch
 
-    isolation.JOBS["report"] = ("report_probe", "report")
     limits = isolation.Limits.for_file(__file__, 600, "4GiB")
     arguments = {"kind": "report", "comparisons": args.comparisons}
     document = report_probe.report_of(args.comparisons)
@@ -68,10 +68,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         saved = Path(folder) / "outputs.pt"
         for _ in range(args.runs):
-            timed("end to end (child and parent)", lambda: report_of_child(
-                "report", arguments, None, limits, where="at_cap.pt2", files=(), sandbox=True, debug=False,
-                save_outputs=saved,
-            ))  # fmt: skip
+            request = report_probe.ReportRequest(arguments, keep_outputs=True)
+            timed("end to end (child and parent)", lambda request=request: save_tensors(report_of_child(
+                request, None, limits, where="at_cap.pt2", files=(), isolation=Isolation(),
+            )[1].outputs, saved))  # fmt: skip
             parsed = timed("parse the JSON", lambda: json.loads(header))
             report = timed("read it strictly", lambda parsed=parsed: VerifyReport.from_dict(parsed["value"]))
             timed("text report", report.to_text)

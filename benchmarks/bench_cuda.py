@@ -104,18 +104,18 @@ def main() -> int:
 
     import trt_inline
     from trt_inline import reference
-    from trt_inline.isolation import Limits, run_isolated
+    from trt_inline.isolation import Limits, SandboxRequest, run_isolated
 
     card = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
     print(f"device: {card}; torch {torch.__version__}; median of {args.runs} runs")
     starts = []
     for _ in range(args.runs):
         started = time.perf_counter()
-        result = run_isolated("sandbox", {}, None, Limits(300, 2 << 30), where="sandbox")
+        result = run_isolated(SandboxRequest(), None, Limits(300, 2 << 30), where="sandbox")
         starts.append(time.perf_counter() - started)
     print(
         f"sandboxed child (starting CUDA where there is one): {statistics.median(starts):.2f} s "
-        f"(CUDA inside: {result.value.get('cuda')})"
+        f"(CUDA inside: {result.value.cuda})"
     )
     print(f"{'model':<12} {'file MiB':>9} {'verify s':>9} {'by hand s':>10} {'ratio':>6} {'peak GPU MiB':>13}")
     with tempfile.TemporaryDirectory() as scratch:

@@ -33,7 +33,7 @@ def main() -> int:
     import contextlib
 
     import trt_inline
-    from trt_inline.isolation import Limits, reusing_interpreter, run_isolated, sandbox
+    from trt_inline.isolation import Limits, SandboxRequest, reusing_interpreter, run_isolated, sandbox
 
     missing = sandbox.status().missing
     if missing:
@@ -67,16 +67,16 @@ def main() -> int:
         print("\nset-up alone (a job that does nothing), forked children, median of", args.runs)
         with reusing_interpreter():
             for label, namespaces in (("Landlock + seccomp", False), ("+ namespaces", True)):
-                run_isolated("sandbox", {}, None, Limits(60, 2 << 30), where="bench", namespaces=namespaces)
+                run_isolated(SandboxRequest(), None, Limits(60, 2 << 30), where="bench", namespaces=namespaces)
                 seconds = []
                 for _ in range(args.runs):
                     started = time.perf_counter()
-                    run_isolated("sandbox", {}, None, Limits(60, 2 << 30), where="bench", namespaces=namespaces)
+                    run_isolated(SandboxRequest(), None, Limits(60, 2 << 30), where="bench", namespaces=namespaces)
                     seconds.append(time.perf_counter() - started)
                 unsandboxed = []
                 for _ in range(args.runs):
                     started = time.perf_counter()
-                    run_isolated("sandbox", {}, None, Limits(60, 2 << 30), where="bench", sandbox=False)
+                    run_isolated(SandboxRequest(), None, Limits(60, 2 << 30), where="bench", sandbox=False)
                     unsandboxed.append(time.perf_counter() - started)
                 cost = statistics.median(seconds) - statistics.median(unsandboxed)
                 with_s, without_s = statistics.median(seconds), statistics.median(unsandboxed)

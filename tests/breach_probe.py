@@ -17,8 +17,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trt_inline.isolation import job
+from trt_inline.messages import wire
 
 
 def _attempt(results: dict[str, str], name: str, action: Callable[[], object]) -> None:
@@ -92,8 +96,22 @@ def _lower_limits(pid: int) -> None:
     resource.prlimit(pid, resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
 
 
-def run(arguments: dict[str, Any], tensors: Any) -> dict[str, str]:
-    """Try everything ``arguments`` names a target for; what happened to each attempt."""
+@dataclass(frozen=True)
+class BreachRequest:
+    """What the probe is to try: a target for each attempt, by name (plain data: a test's)."""
+
+    arguments: dict[str, Any] = field(default_factory=dict, metadata=wire(unread=True))
+
+
+@dataclass(frozen=True)
+class EnvironmentRequest:
+    """Nothing: the probe hands back its environment."""
+
+
+@job(BreachRequest)
+def run(request: BreachRequest, tensors: Any) -> dict[str, str]:
+    """Try everything the request names a target for; what happened to each attempt."""
+    arguments = request.arguments
     results: dict[str, str] = {}
     parent = int(arguments["parent"])
     _attempt(results, "read a secret file outside", lambda: _read(arguments["secret"]))
@@ -134,6 +152,7 @@ def run(arguments: dict[str, Any], tensors: Any) -> dict[str, str]:
     return results
 
 
-def environment(arguments: dict[str, Any], tensors: Any) -> dict[str, str]:
+@job(EnvironmentRequest)
+def environment(request: EnvironmentRequest, tensors: Any) -> dict[str, str]:
     """The child's environment, as code in it would read it."""
     return dict(os.environ)

@@ -79,6 +79,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "BERT and GPT-2 from configs through the commands; two to three minutes; .ci/run does)",
     )
     parser.addoption(
+        "--heavy",
+        action="store_true",
+        help="run the heaviest end-to-end tests (9 s and more each on 2 cores: fresh interpreters, real "
+        "architectures; about two minutes; .ci/run and .ci/matrix do)",
+    )
+    parser.addoption(
         "--docs",
         action="store_true",
         help="run the runnable code blocks of README.md and docs/ (tests/test_docs.py, 1-2 minutes; .ci/run does)",
@@ -111,6 +117,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
          "pass it)"),
         ("--release-pipeline", "release_pipeline", "the tests on the release's own pipeline run with "
          "--release-pipeline (.ci/run and .ci/matrix pass it)"),
+        ("--heavy", "heavy", "the heaviest end-to-end tests run with --heavy (.ci/run and .ci/matrix pass it)"),
     ):  # fmt: skip
         if config.getoption(option):
             continue

@@ -23,8 +23,11 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trt_inline.isolation import job
 
 # torch functions that ask the CUDA driver (or start CUDA) when CUDA is built in.
 _CUDA_CALLS = (
@@ -69,13 +72,13 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
         trt_inline_interpreter.child_environment(work)
     )  # as a child gets them: TMPDIR its own folder, ...
     tempfile.tempdir = None
+    from trt_inline.commands.inspect import InspectRequest, inspect_job
     from trt_inline.isolation.envelope import Envelope
     from trt_inline.messages import encode
-    from trt_inline.verify.jobs import InspectRequest
     from trt_inline.verify.options import Trust
 
     request = Envelope(
-        ("trt_inline.verify.verifier", "inspect_job"),
+        (inspect_job.__module__, inspect_job.__qualname__),
         encode(InspectRequest.of(file, Trust(allow_native_code=allow_native_code))),
         2 << 30,
         mapped=os.path.getsize(file),
@@ -135,7 +138,13 @@ def _name(comm: str, name: bytes) -> None:
         os.close(descriptor)
 
 
-def user_name(arguments: dict[str, Any], tensors: Any) -> dict[str, str]:
+@dataclass(frozen=True)
+class UserNameRequest:
+    """Nothing: the probe hands back the user name it sees."""
+
+
+@job(UserNameRequest)
+def user_name(request: UserNameRequest, tensors: Any) -> dict[str, str]:
     """The user name code in the child gets, as torch's cache folder asks for it."""
     try:
         return {"user": getpass.getuser()}

@@ -135,13 +135,13 @@ def run_step(step: str, folder: Path, layers: int, width: int) -> dict[str, Any]
         elif step == "inspect":
 
             def action() -> Any:
+                from trt_inline.commands.inspect import InspectRequest
                 from trt_inline.isolation import Limits, run_isolated
-                from trt_inline.verify.jobs import InspectRequest
                 from trt_inline.verify.options import Trust
 
                 request = InspectRequest.of(str(path), Trust())
                 limits = Limits.for_file(path, None, None)
-                return run_isolated("inspect", request, None, limits, where=str(path), files=(str(path),))
+                return run_isolated(request, None, limits, where=str(path), files=(str(path),))
 
         else:
 

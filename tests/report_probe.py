@@ -1,7 +1,7 @@
 """Jobs that hand back what a hostile child could: a report at (or past) the parent's caps, or malformed.
 
-Reachable only from the tests and ``benchmarks/bench_child_report.py``, which register :func:`report` as a job of
-:mod:`trt_inline.isolation.child` for their length. The child computes nothing: it builds the report a file's
+Reachable only from the tests and ``benchmarks/bench_child_report.py``, which run :func:`report` (a job registered
+for :class:`ReportRequest`) in a child. The child computes nothing: it builds the report a file's
 code could make it send, so that the parent's side (reading, formatting, writing) is what is measured.
 """
 
@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from trt_inline.isolation import job
+from trt_inline.messages import wire
+from trt_inline.verify.options import Trust
 from trt_inline.verify.report import VerifyReport
 
 
@@ -38,10 +42,21 @@ def report_of(comparisons: int) -> dict[str, Any]:
     return document
 
 
-def report(arguments: dict[str, Any], tensors: Any) -> Any:
+@dataclass(frozen=True)
+class ReportRequest:
+    """What the probe is to hand back (plain data: a test's), what it may do, and whether it hands back outputs."""
+
+    arguments: dict[str, Any] = field(default_factory=dict, metadata=wire(unread=True))
+    trust: Trust = field(default_factory=Trust)
+    keep_outputs: bool = False
+
+
+@job(ReportRequest, response=VerifyReport)
+def report(request: ReportRequest, tensors: Any) -> Any:
     """``kind``: ``report`` (``comparisons`` of them, and as many outputs handed back for ``--save-outputs``),
     ``nested`` (a report nested a hundred thousand deep, written raw), ``mistyped`` (a diff given as text),
     ``answer`` (``answer``, written raw as the child's whole answer)."""
+    arguments = request.arguments
     kind = arguments["kind"]
     if kind == "answer":  # an answer as code in the child could write it in place of the one the child writes
         with open(3, "wb", closefd=False) as out:
@@ -56,7 +71,7 @@ def report(arguments: dict[str, Any], tensors: Any) -> Any:
     document = report_of(int(arguments.get("comparisons", 3)))
     if kind == "mistyped":
         document["outputs"][0]["max_abs_diff"] = "0"
-    if arguments.get("keep_outputs"):
+    if request.keep_outputs:
         return document, {"outputs": [torch.zeros(2) for _ in document["outputs"]]}
     return document
 

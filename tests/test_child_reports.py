@@ -16,25 +16,27 @@ from typing import Any
 
 import pytest
 import torch
-from report_probe import comparison, report_of
+from report_probe import ReportRequest, comparison, report_of
 
 from trt_inline import isolation
 from trt_inline.errors import IsolationError, VerifyInputError
+from trt_inline.verify.options import Isolation
 from trt_inline.verify.report import MAX_COMPARISONS, VerifyReport
-from trt_inline.verify.verifier import report_of_child
+from trt_inline.verify.verifier import report_of_child, save_tensors
 
 
 @pytest.fixture
-def probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(isolation.JOBS, "report", ("report_probe", "report"))
+def probe() -> None:
+    """(The probe's job is registered where it is defined: importing report_probe did.)"""
 
 
 def _from_child(arguments: dict[str, Any], *, memory: str = "2GiB", save_outputs: Path | None = None) -> VerifyReport:
     limits = isolation.Limits.for_file(__file__, 120, memory)
-    return report_of_child(
-        "report", arguments, None, limits, where="at_cap.pt2", files=(), sandbox=True, debug=False,
-        save_outputs=save_outputs,
-    )  # fmt: skip
+    request = ReportRequest(arguments, keep_outputs=save_outputs is not None)
+    report, handed = report_of_child(request, None, limits, where="at_cap.pt2", files=(), isolation=Isolation())
+    if save_outputs is not None:
+        save_tensors(handed.outputs, save_outputs)
+    return report
 
 
 @pytest.mark.memory

@@ -20,11 +20,11 @@ from report_probe import report_of
 from test_compare_exact import DTYPES, _differ, _from_bytes
 from test_verify import cli
 
+from trt_inline.commands.junit import write_junit
 from trt_inline.errors import VerifyInputError
 from trt_inline.verify import VerifyReport, verify
 from trt_inline.verify.cases import CaseResult, read_cases, worst_first
 from trt_inline.verify.compare import compare_output, top_k_agreement
-from trt_inline.verify.junit import write_junit
 
 # --- SQNR -----------------------------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from test_scalars import scalar_crossings
 
 import trt_inline
 import trt_inline_interpreter
-from trt_inline import allowed_ops, isolation, reference
+from trt_inline import allowed_ops, reference
 from trt_inline.errors import RefusedOperatorError
 from trt_inline.isolation import Limits, run_isolated, sandbox
 from trt_inline.reference import program as reference_program
@@ -121,12 +121,13 @@ def test_the_sandbox_lets_the_cuda_driver_name_its_own_threads() -> None:
 @needs_sandbox
 def test_the_child_has_the_callers_user_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """getpass.getuser() in the sandbox (where /etc/passwd is hidden) gives the caller's name, not a KeyError."""
-    monkeypatch.setitem(isolation.JOBS, "user_name", ("cuda_probe", "user_name"))
     for variable in ("USER", "LOGNAME", "LNAME", "USERNAME"):
         monkeypatch.delenv(variable, raising=False)  # as under a service manager: the name only in the passwd file
+    import cuda_probe
+
     trt_inline_interpreter.user_name.cache_clear()
     try:
-        seen = run_isolated("user_name", {}, None, Limits(120, 2 << 30), where="probe").value
+        seen = run_isolated(cuda_probe.UserNameRequest(), None, Limits(120, 2 << 30), where="probe").value
     finally:
         trt_inline_interpreter.user_name.cache_clear()
     assert seen == {"user": getpass.getuser()}, seen

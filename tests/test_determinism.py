@@ -34,6 +34,7 @@ _SAVE = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("seeds", [("0", "1", "12345")])
 def test_saved_files_do_not_depend_on_hash_seed(tmp_path: Path, seeds: tuple[str, ...]) -> None:
     outputs = []

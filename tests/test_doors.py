@@ -249,6 +249,7 @@ _EXECUTORCH = """
 """
 
 
+@pytest.mark.heavy
 def test_executorch_lowers_the_program_trt_inline_flattened(tmp_path: Path) -> None:
     """``torch_tensorrt.save(..., output_format="executorch")``: ExecuTorch's own lowering of trt-inline's program.
 

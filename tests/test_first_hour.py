@@ -96,6 +96,7 @@ def test_the_commands_that_fork_a_child_start_its_interpreter_first() -> None:
         assert not forks_a_child(argv), argv
 
 
+@pytest.mark.heavy
 def test_python_dash_m_starts_the_childs_interpreter_before_torch_as_the_script_does() -> None:
     """``python -m trt_inline inspect FILE`` imports the package before its ``__main__``: the package starts the
     child's interpreter first (torch not imported yet), as the ``trt-inline`` script does; any other importer of
@@ -164,6 +165,7 @@ def test_the_command_ends_on_a_closed_pipe_with_its_status(saved_seed: SavedSeed
 
 
 # (stdin and stdout: the pair a socket of the interpreter would be given first, the case that breaks it)
+@pytest.mark.heavy
 @pytest.mark.parametrize("closed", ["stdin and stdout"])
 def test_the_command_with_a_standard_descriptor_closed_ends_as_the_module_does(
     saved_seed: SavedSeed, closed: str, tmp_path: Path

@@ -141,6 +141,7 @@ def test_the_call_to_paste_compiles_the_fix() -> None:
         assert (pasted(x) - model(x)).abs().max() < 1e-2
 
 
+@pytest.mark.heavy
 @needs_autocast
 def test_each_of_two_spots_is_found_by_its_module_path() -> None:
     x = _inputs()

@@ -94,6 +94,7 @@ def _fix(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, st
     return code, out, err
 
 
+@pytest.mark.heavy
 @needs_autocast
 def test_the_spot_is_named_and_the_fix_saved_and_verified(tmp_path: Path) -> None:
     script, out = _script(tmp_path, SPOT), tmp_path / "fixed.pt2"

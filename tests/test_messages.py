@@ -4,7 +4,6 @@ type; and a round trip through JSON of every request and response a child job is
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import re
@@ -15,22 +14,20 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, TypedDict
 import pytest
 import torch
 
+from trt_inline.commands import check, inspect
+from trt_inline.commands.check import NeedsRequest, NeedsResponse
+from trt_inline.commands.inspect import InspectRequest, InspectResponse
 from trt_inline.deployment import EngineInfo
 from trt_inline.errors import IsolationError, VerifyInputError
-from trt_inline.isolation import child, inside
+from trt_inline.isolation import SandboxRequest, child, inside, job, job_of
+from trt_inline.isolation.jobs import job_at
 from trt_inline.messages import Bounds, MessageError, Wire, decode, encode, wire
 from trt_inline.output_tree import OutputTree
-from trt_inline.verify import engine_needs, verifier
-from trt_inline.verify.jobs import (
-    DiffRequest,
-    InspectRequest,
-    InspectResponse,
-    NeedsRequest,
-    NeedsResponse,
-    VerifyRequest,
-    response_of_child,
-)
+from trt_inline.verify import verifier
+from trt_inline.verify.diff import DiffRequest, diff_job
 from trt_inline.verify.options import Inputs, Options, Outputs, Reference, Tolerances, Trust, for_child
+from trt_inline.verify.report import VerifyReport
+from trt_inline.verify.verifier import VerifyRequest
 
 
 @dataclass(frozen=True)
@@ -250,17 +247,43 @@ def test_the_other_requests_round_trip(tmp_path: Path) -> None:
     assert for_child(Trust(allow_ops=["x"])) == Trust(allow_ops=("x",))
 
 
-def test_each_job_names_its_request() -> None:
-    """The child decodes a job's request into the dataclass its first parameter names; plain data is left as
-    sent (a job that takes plain data: the tests' probes)."""
-    request = VerifyRequest.of("a.pt2", Options(tolerances=Tolerances(atol=1e-3)))
-    assert inside._job_request(verifier.verify_job, encode(request)) == request
-    diff = importlib.import_module("trt_inline.verify.diff")
-    for job, cls in ((diff.diff_job, DiffRequest), (verifier.inspect_job, InspectRequest),
-                     (engine_needs.needs_job, NeedsRequest)):  # fmt: skip
-        with pytest.raises(MessageError, match=f"no such field of {cls.__name__}"):
-            inside._job_request(job, {"x": 1})
-    assert inside._job_request(inside.sandbox_job, {"x": 1}) == {"x": 1}
+def test_each_request_names_its_job_and_the_child_runs_only_registered_jobs() -> None:
+    """The job table is built from the request classes: each request type names the function registered for it
+    beside its definition, the child finds it by that function's own module and name, and decodes the request
+    strictly into the declared dataclass; a function that is not a registered job is refused in the child before it
+    is called, and a request no job runs is refused in the parent."""
+    expected = {
+        VerifyRequest: (verifier.verify_job, VerifyReport), DiffRequest: (diff_job, VerifyReport),
+        InspectRequest: (inspect.inspect_job, InspectResponse), NeedsRequest: (check.needs_job, NeedsResponse),
+        SandboxRequest: (inside.sandbox_job, inside.SandboxResponse),
+    }  # fmt: skip
+    requests = [VerifyRequest.of("a.pt2", Options(tolerances=Tolerances(atol=1e-3))),
+                DiffRequest.of("a.pt2", "b.pt2", Options()), InspectRequest.of("a.pt2", Trust()),
+                NeedsRequest.of("a.pt2", allow_pickle=False), SandboxRequest()]  # fmt: skip
+    for request in requests:
+        found = job_of(request)
+        assert (found.run, found.response) == expected[type(request)]
+        assert job_at(*found.address) is found
+        assert found.decode_request(encode(request)) == request
+        if type(request) is not SandboxRequest:
+            with pytest.raises(MessageError, match=f"no such field of {type(request).__name__}"):
+                found.decode_request({"x": 1})
+    for module, name in (("os", "system"), ("trt_inline.verify.verifier", "verify"), ("subprocess", "run")):
+        with pytest.raises(IsolationError, match=rf"^{re.escape(module)}\.{name} is not a job a child runs$"):
+            job_at(module, name)
+
+    @dataclass(frozen=True)
+    class Unregistered:
+        path: str
+
+    with pytest.raises(TypeError, match=r"no child job runs a .*Unregistered: declare one with @isolation\.job"):
+        job_of(Unregistered("a.pt2"))
+    with pytest.raises(TypeError, match="no child job runs a"):
+        child.run_isolated(Unregistered("a.pt2"), None, child.Limits(10, 1 << 30), where="a.pt2")
+    with pytest.raises(TypeError, match="already has a job"):
+        job(VerifyRequest)(diff_job)
+    with pytest.raises(TypeError, match="a job's request is a dataclass"):
+        job(dict)
 
 
 def test_a_request_that_does_not_decode_is_refused_before_a_child_starts() -> None:
@@ -269,7 +292,8 @@ def test_a_request_that_does_not_decode_is_refused_before_a_child_starts() -> No
         child._sendable(bad, "a.pt2")
     with pytest.raises(VerifyInputError, match=r"a request the child could not read \(inputs.arg_inputs: a field"):
         child._sendable(replace(bad, inputs=Inputs(arg_inputs=[torch.ones(1)])), "a.pt2")
-    assert child._sendable({"kind": "report"}, "a.pt2") == {"kind": "report"}
+    with pytest.raises(TypeError, match="no child job runs a dict"):  # (plain data names no job: nothing runs it)
+        job_of({"kind": "report"})
 
 
 def _info(**changes: Any) -> dict[str, Any]:
@@ -314,7 +338,9 @@ def test_engine_infos_round_trip_within_the_limits_of_the_reader_they_replace() 
     with pytest.raises(MessageError, match="engines: 4097 items, more than 4096"):
         decode(NeedsResponse, {"engines": [_info()] * 4097})
     with pytest.raises(IsolationError, match=r"^m.pt2: the child process handed back a malformed answer \(lines"):
-        response_of_child(InspectResponse, {"lines": "a line", "engines": []}, "m.pt2")
+        job_of(InspectRequest.of("m.pt2", Trust())).decode_response({"lines": "a line", "engines": []}, "m.pt2")
+    with pytest.raises(IsolationError, match=r"^m.pt2: the child process gave a malformed report"):
+        job_of(VerifyRequest.of("m.pt2", Options())).decode_response({"outputs": "x"}, "m.pt2")
 
 
 # -- what a whole message declares: per-level bounds, typed dicts, derived properties, bounds on the message ----

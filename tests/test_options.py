@@ -19,7 +19,8 @@ import torch
 from conftest import SavedSeed
 
 from trt_inline import cli, verify
-from trt_inline.distributed import rank_set
+from trt_inline.commands import arguments
+from trt_inline.commands import ranks as rank_set
 from trt_inline.errors import VerifyInputError
 from trt_inline.messages import encode
 from trt_inline.verify import Inputs, Isolation, Outputs, Reference, Tolerances, Trust, diff, verifier
@@ -63,19 +64,19 @@ def _flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
 def test_every_declared_option_is_one_flag_with_its_help_once(monkeypatch: pytest.MonkeyPatch) -> None:
     helps = {command: _help(monkeypatch, command) for command in ("verify", "diff", "inspect")}
     main_help = _help(monkeypatch)
-    declared = list(opts.declarations(*opts.GROUPS, cli.CommandFlags))
+    declared = list(opts.declarations(*opts.GROUPS, arguments.CommandFlags))
     for item, declaration in declared:
         assert declaration.help, item.name
         if not declaration.flags:
             assert item.name in PYTHON_ONLY, f"{item.name} has no flag"
             continue
-        shown = {command for command, entries in cli._COMMANDS.items() if declaration.used_by & entries}
+        shown = {command for command, entries in arguments.COMMANDS.items() if declaration.used_by & entries}
         if declaration.before_command:
             shown, texts = {"trt-inline"}, {"trt-inline": main_help}
         else:
             texts = helps
         for command, text in texts.items():
-            own = declaration.help_of(cli._COMMANDS.get(command, ()))  # (a command's own help text, else help)
+            own = declaration.help_of(arguments.COMMANDS.get(command, ()))  # (a command's own help text, else help)
             count = text.count(own)
             assert count == (command in shown), f"{declaration.flags[0]}: its help {count} times in {command} --help"
             assert (f"{declaration.flags[0]} " in text) is (command in shown), (declaration.flags[0], command)
@@ -94,8 +95,8 @@ def test_diff_says_where_its_inputs_come_from(monkeypatch: pytest.MonkeyPatch) -
     own = "--inputs INPUTS torch.save'd inputs (default: the reference inputs embedded in A, else in B)"
     assert own in diff_help and own not in verify_help
     assert "--inputs INPUTS torch.save'd tensor, list of tensors, or {'args', 'kwargs'}" in verify_help
-    (inputs,) = (d for item, d in opts.declarations(cli.CommandFlags) if item.name == "inputs")
-    assert inputs.help_of({opts.DIFF}) != inputs.help == inputs.help_of(cli._COMMANDS["verify"])
+    (inputs,) = (d for item, d in opts.declarations(arguments.CommandFlags) if item.name == "inputs")
+    assert inputs.help_of({opts.DIFF}) != inputs.help == inputs.help_of(arguments.COMMANDS["verify"])
     with pytest.raises(ValueError, match="not used by"):
         opts.declared("text", "--x", used_by=(opts.VERIFY,), help_for={opts.DIFF: "other"})
 
@@ -104,11 +105,11 @@ def test_every_flag_of_the_command_line_comes_from_a_declaration() -> None:
     parser = cli._parser()
     by_flag = {
         flag: (item.name, declaration)
-        for item, declaration in opts.declarations(*opts.GROUPS, cli.CommandFlags)
+        for item, declaration in opts.declarations(*opts.GROUPS, arguments.CommandFlags)
         for flag in declaration.flags
     }
     commands = _subparsers(parser)
-    for command, taken_by in cli._COMMANDS.items():
+    for command, taken_by in arguments.COMMANDS.items():
         shown = _flags_of(commands[command])
         assert set(shown) == {
             flag
@@ -120,10 +121,10 @@ def test_every_flag_of_the_command_line_comes_from_a_declaration() -> None:
     assert _flags_of(parser) == {"--debug": "debug"}
     # A flag not given leaves the field's default (--no-sandbox: sandbox stays True).
     args = parser.parse_args(["verify", "model.pt2"])
-    options = cli._options(args)
+    options = arguments.options_of(args)
     for group in opts.GROUPS:
         assert getattr(options, group.__name__.lower()) == group(), group.__name__
-    assert not cli._given_but_not_for(args, opts.RANKS) and not cli._given_but_not_for(args, opts.CASES)
+    assert not arguments.given_but_not_for(args, opts.RANKS) and not arguments.given_but_not_for(args, opts.CASES)
 
 
 def test_flags_parse_into_the_groups() -> None:
@@ -133,7 +134,7 @@ def test_flags_parse_into_the_groups() -> None:
          "--check-error-stat", "p99", "--top-k", "3", "--min-top-k-agreement", "0.5", "--strict", "--per-engine",
          "--random-inputs", "2", "--seed", "7", "--device", "cpu", "--save-outputs", "o.pt"]
     )  # fmt: skip
-    options = cli._options(args)
+    options = arguments.options_of(args)
     assert options.tolerances == Tolerances(
         atol={"*": 1e-3, "1": 0.5}, rtol=0.1, check_error_stat="p99", top_k=3, min_top_k_agreement=0.5, strict=True
     )
@@ -141,8 +142,8 @@ def test_flags_parse_into_the_groups() -> None:
     assert options.isolation == Isolation(sandbox=False, timeout=30.0, memory_limit="2GiB", debug=True)
     assert options.inputs == Inputs(random_inputs=2, seed=7, device="cpu")
     assert options.reference == Reference(per_engine=True) and options.outputs == Outputs(save_outputs="o.pt")
-    assert cli._given_but_not_for(args, opts.RANKS) == ["--device", "--random-inputs", "--seed", "--save-outputs"]
-    assert cli._given_but_not_for(args, opts.CASES) == ["--save-outputs"]
+    assert arguments.given_but_not_for(args, opts.RANKS) == ["--device", "--random-inputs", "--seed", "--save-outputs"]
+    assert arguments.given_but_not_for(args, opts.CASES) == ["--save-outputs"]
 
 
 def test_the_keywords_have_the_types_of_the_fields() -> None:
@@ -256,13 +257,13 @@ def _comparable(report: Any) -> dict[str, Any]:
 def wire(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """The request each child job is sent (JSON), the run going on as it would."""
     sent: list[dict[str, Any]] = []
-    real = verifier._child_report  # (what verify, diff and rank sets run their child jobs through)
+    real = verifier.run_isolated  # (what verify, diff and rank sets run their child jobs through: report_of_child)
 
-    def recording(job: str, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def recording(request: Any, *args: Any, **kwargs: Any) -> Any:
         sent.append(encode(request))
-        return real(job, request, *args, **kwargs)
+        return real(request, *args, **kwargs)
 
-    monkeypatch.setattr(verifier, "_child_report", recording)
+    monkeypatch.setattr(verifier, "run_isolated", recording)
     yield sent
 
 

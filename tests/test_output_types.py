@@ -125,6 +125,7 @@ def test_verify_inspect_and_diff_read_the_type_as_data(saves: dict[str, Path]) -
     assert "out['last_hidden_state'] is output 1 of the program and output 0 of a.pt2" in proc.stdout, proc.stdout
 
 
+@pytest.mark.heavy
 def test_the_child_never_imports_the_library(saves: dict[str, Path], tmp_path: Path) -> None:
     """The commands as processes of their own, with a library of that name on the path that would say so if
     imported."""

@@ -476,6 +476,7 @@ _CONTROLS = """
 _ORDERINGS = list(itertools.product(("install", "uninstall", "enabled"), repeat=2))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("when", ["before", "after"], ids=["exporter-imported-first", "exporter-imported-last"])
 def test_controls_in_every_order_with_the_env_opt_out(tmp_path: Path, when: str) -> None:
     """TRT_INLINE_DISABLE=1, then two calls: the last explicit install/uninstall decides; enabled() leaves none.

@@ -262,6 +262,7 @@ _LSTM_STATES = [
 _KNOWN_TORCH_DISAGREEMENTS = {"lstm": _LSTM_STATES}
 
 
+@pytest.mark.heavy
 def test_no_false_alarm_on_the_test_models_and_real_architectures() -> None:
     """Every model the tests use, run on its inputs and on three other draws: nothing declared disagrees, no warning.
 

@@ -130,6 +130,7 @@ def test_read_ahead_stays_a_window_ahead_of_the_pages_the_program_touched(
     assert open_here() == before
 
 
+@pytest.mark.heavy
 def test_progress_on_a_terminal_and_never_when_piped_or_json(saved_seed: SavedSeed) -> None:
     code, out, err = run_with_stderr_on_a_terminal("verify", str(saved_seed.good))
     assert code == 0 and out.startswith("PASS"), out + err

@@ -97,6 +97,7 @@ print("ran")
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("how", ["torch", "trt_inline"])
 def test_a_reference_engine_checks_its_steps_wherever_its_file_is_loaded(
     saved_seed: SavedSeed, tmp_path: Path, how: str

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from breach_probe import BreachRequest, EnvironmentRequest
 from conftest import REPO, SavedSeed, new_interpreter
 
 import trt_inline
-from trt_inline import cli, isolation
+from trt_inline import cli
 from trt_inline.errors import IsolationError
 from trt_inline.isolation import Limits, reusing_interpreter, run_isolated, sandbox
 
@@ -123,7 +124,6 @@ def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Outside
     unix.listen()
     for server in (tcp, unix):
         threading.Thread(target=_serve, args=(server, knocks), daemon=True).start()
-    monkeypatch.setitem(isolation.JOBS, "breach", ("breach_probe", "run"))
     yield Outside(
         tmp_path, secret, victim, other / "request.json", tmp_path / "marker", tcp.getsockname()[1], unix_path, knocks
     )
@@ -133,7 +133,7 @@ def outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Outside
 
 def _probe(outside: Outside, *, namespaces: bool) -> dict[str, str]:
     result = run_isolated(
-        "breach", outside.arguments(), None, Limits(120, 2 << 30), where="probe", namespaces=namespaces
+        BreachRequest(outside.arguments()), None, Limits(120, 2 << 30), where="probe", namespaces=namespaces
     )
     assert result.sandbox is not None and "seccomp" in result.sandbox and "Landlock" in result.sandbox
     assert ("namespaces" in result.sandbox.split("(")[0]) is namespaces, result.sandbox
@@ -178,8 +178,7 @@ def test_the_child_gets_no_secret_from_the_environment(outside: Outside, monkeyp
     """Only variables that configure Python, torch and devices reach a child: no token of the caller's."""
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-from-the-environment")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    monkeypatch.setitem(isolation.JOBS, "environment", ("breach_probe", "environment"))
-    seen = run_isolated("environment", {}, None, Limits(120, 2 << 30), where="probe").value
+    seen = run_isolated(EnvironmentRequest(), None, Limits(120, 2 << 30), where="probe").value
     assert "AWS_SECRET_ACCESS_KEY" not in seen and "s3cr3t-from-the-environment" not in str(seen)
     assert seen["OMP_NUM_THREADS"] == "2"
     assert seen["TMPDIR"].startswith(str(outside.root)), seen["TMPDIR"]

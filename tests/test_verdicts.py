@@ -222,6 +222,7 @@ def _every_call_allowed(device: str) -> set[str]:
     return seen
 
 
+@pytest.mark.heavy
 def test_every_operator_real_models_export_to_is_allowed() -> None:
     """The allow-list refuses nothing a real model in eval mode exports to, on the CPU (as exported and lowered
     to core ATen): every common layer and tensor function, residual blocks, attention, recurrent layers, scalars

@@ -131,6 +131,7 @@ def test_file_without_reference_io(saved: dict[str, Path]) -> None:
     assert "expected outputs: given" in proc.stdout
 
 
+@pytest.mark.heavy
 def test_bad_inputs_exit_2_with_one_line_across_a_process(saved: dict[str, Path], tmp_path: Path) -> None:
     """The full table is in process (tests/test_bad_inputs.py, and the cases below); here the real process boundary.
 

@@ -26,15 +26,18 @@ core modules             ``passes`` (the inline passes), ``flat_program``, ``eng
                          ``messages`` (typed messages to and from a child: encoded, decoded strictly),
                          ``module_paths`` (a node's module path and source line)
 :mod:`.reference`        the CPU reference backend
-:mod:`.distributed`      rank sets: manifests, the rank check, the relay, ``verify --ranks``
-:mod:`.isolation`        the sandboxed child process, its limits, the read-ahead
+:mod:`.distributed`      rank sets: manifests, the rank check, the relay
+:mod:`.isolation`        the sandboxed child process, its limits, the read-ahead; the
+                         jobs a child may run, declared with each job
 :mod:`.archive`          reading saved files through one strict reader; ``load``
 :mod:`.verify`           checks, comparison, which engine diverged, reports; ``verify``, ``diff``
 ``export``, ``embedding``  ``save``: from a compiled module to a checked, saved file
 :mod:`.fixing`           ``find_fix``: the compile settings that bring a reduced-precision
                          build within tolerance; ``trt-inline fix``
 :mod:`.plugin`           ``torch_tensorrt.save`` / ``load`` patched, with no change to user code
-``cli``, ``__main__``    the ``trt-inline`` command line
+:mod:`.commands`         one module per verb (``doctor``, ``verify``, ``ranks``, ``diff``,
+                         ``inspect``, ``check``, ``fix``) over shared argument groups
+``cli``, ``__main__``    the ``trt-inline`` command line: the dispatcher
 =======================  ===========================================================
 """
 

@@ -19,8 +19,8 @@ runs ``torch.distributed.run`` itself.
   file's own program (``trt_inline::check_ranks``, called first), for loaders
   that know nothing of manifests (``torch.export.load``, AOTInductor).
 * :mod:`trt_inline.distributed.relay` carries a sandboxed verify child's
-  collectives to its parent; :mod:`trt_inline.distributed.rank_set` verifies a
-  rank set.
+  collectives to its parent. Verifying a rank set is a command's
+  (:mod:`trt_inline.commands.ranks`): it runs verification, a floor above.
 
 ==============  ====================================================================
 module          concern
@@ -30,12 +30,10 @@ module          concern
                 live one and against the file's own program
 ``rank_check``  ``trt_inline::check_ranks``, the refusal carried in a rank file's program
 ``relay``       a sandboxed verify child's collectives, carried out by its parent
-``rank_set``    ``verify --ranks N``: one sandboxed child per rank, one report
 ==============  ====================================================================
 
-``manifest``, ``rank_check`` and ``relay`` sit on the core floor (isolation relays
-a child's collectives through ``relay``); ``rank_set`` runs verification and is an
-entry point (``.ci/imports`` checks the floors).
+The whole package sits on the core floor (isolation relays a child's collectives
+through ``relay``); ``.ci/imports`` checks the floors.
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ after all, try to reach what is outside. So ``verify``, ``inspect`` and
 module          concern
 ==============  ====================================================================
 ``child``       ``run_isolated``: the parent's side of one job (refusals before any
-                child starts, the request, how the child ended), ``JOBS``
+                child starts, the request, how the child ended, its answer read)
+``jobs``        what a child may run: ``@job(Request, response=...)`` registers a job
+                beside its function; a request names its job, the child runs only
+                registered functions, the answer is read as the declared response
 ``inside``      the child's side: the request, the sandbox and the limits entered,
                 the job run, its report
 ``envelope``    what every child is sent around its job's request (``Envelope``) and
@@ -48,15 +51,17 @@ module          concern
 ==============  ====================================================================
 
 Its one entry point for the rest of the package is :func:`run_isolated` (with
-:class:`Limits`); verification and rank sets both run their children through it.
-It imports nothing from the floors above it (``trt_inline.archive``,
-``trt_inline.verify``): a job is named in ``JOBS`` and imported by the child.
+:class:`Limits`), and :func:`job` declares what it runs; every verb runs its children
+through it. It imports nothing from the floors above it (``trt_inline.archive``,
+``trt_inline.verify``, the commands): a job registers itself where it is defined, and the
+child imports the one module its envelope names.
 """
 
 from __future__ import annotations
 
-from trt_inline.isolation.child import JOBS, ChildResult, run_isolated, sandbox_required
-from trt_inline.isolation.inside import in_child
+from trt_inline.isolation.child import ChildResult, run_isolated, sandbox_required
+from trt_inline.isolation.inside import SandboxRequest, in_child
+from trt_inline.isolation.jobs import Job, job, job_of
 from trt_inline.isolation.limits import (
     DEFAULT_TIMEOUT,
     Limits,
@@ -70,14 +75,17 @@ from trt_inline.isolation.zygote import reusing_interpreter
 
 __all__ = [
     "DEFAULT_TIMEOUT",
-    "JOBS",
     "ChildResult",
+    "Job",
     "Limits",
+    "SandboxRequest",
     "MemorySampler",
     "available_memory",
     "default_memory_limit",
     "in_child",
     "is_allocation_failure",
+    "job",
+    "job_of",
     "parse_size",
     "reusing_interpreter",
     "run_isolated",

@@ -4,7 +4,8 @@ The parent's side: it refuses a job the sandbox or the memory limit cannot
 hold before any child starts, sends the request, reads the file ahead of the
 child where asked, and turns a killed, crashed or exhausted child into one
 :class:`~trt_inline.errors.IsolationError` line that says which limit or which
-signal. ``JOBS`` is the table of what a child may run, by name.
+signal. What a child may run is declared with the job (:mod:`trt_inline.isolation.jobs`); the request
+names its job, and the answer is read as the job's declared response.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from trt_inline.errors import (
 from trt_inline.formats import format_size
 from trt_inline.isolation import limits as machine
 from trt_inline.isolation.envelope import ANSWER_BOUNDS, Answer, Envelope, ReadAhead
+from trt_inline.isolation.jobs import job_of
 from trt_inline.isolation.limits import Limits
 from trt_inline.isolation.pipes import MAX_REPORT_BYTES, MAX_RESULT_BYTES, Pipes
 from trt_inline.isolation.process import Ended, run_fresh, tail
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ChildResult:
-    value: Any
+    value: Any  # the job's answer, read as its declared response
     peak_rss: int  # bytes, the child's maximum resident set
     base_rss: int  # bytes, the child's resident set once its imports were done, before the job
     sandbox: str | None  # what the sandbox set up, in words; None: it ran without one
@@ -55,19 +57,6 @@ class ChildResult:
     # sampled while it ran, above what it held once its imports were done; 0 where not measured.
     peak_anonymous: int = 0
     peak_file: int = 0
-
-
-# The jobs a child can run, by name: (module, function). The function takes the job's request
-# (decoded into the dataclass its first parameter is annotated with, :mod:`trt_inline.messages`;
-# plain data where it names none) and the tensors the parent sent, and returns a dataclass (its
-# response, encoded) or something JSON can hold (or a pair of that and tensors to hand back).
-JOBS: dict[str, tuple[str, str]] = {
-    "verify": ("trt_inline.verify.verifier", "verify_job"),
-    "inspect": ("trt_inline.verify.verifier", "inspect_job"),
-    "diff": ("trt_inline.verify.diff", "diff_job"),
-    "sandbox": ("trt_inline.isolation.inside", "sandbox_job"),
-    "needs": ("trt_inline.verify.engine_needs", "needs_job"),
-}
 
 
 def _fits(files: tuple[str, ...], limits: Limits, where: str) -> None:
@@ -99,8 +88,7 @@ def sandbox_required(sandbox: bool) -> None:
 
 
 def run_isolated(
-    job: str,
-    arguments: Any,
+    request: Any,
     tensors: Any,
     limits: Limits,
     *,
@@ -114,11 +102,12 @@ def run_isolated(
     relay: RelayServer | None = None,
     read_ahead: str | None = None,
 ) -> ChildResult:
-    """Run ``job`` in a sandboxed child process under ``limits``; its return value, or its error re-raised here.
+    """Run the job of ``request`` in a sandboxed child process under ``limits``; its answer, read as the job's
+    declared response (:mod:`trt_inline.isolation.jobs`), or its error re-raised here.
 
-    ``arguments``: the job's request, a dataclass (sent as :func:`trt_inline.messages.encode`
+    ``request``: a dataclass a job was registered for (sent as :func:`trt_inline.messages.encode`
     makes it, and decoded here first as the child decodes it: a request that is not what it
-    declares is refused before any child starts) or plain data (a job that takes plain data).
+    declares is refused before any child starts).
     ``files``: what the job opens (readable in the sandbox, and mapped within its
     address space). ``tensors`` go through ``torch.save`` into the request.
     ``sandbox=False`` runs the child without the OS sandbox (limits still hold).
@@ -134,15 +123,15 @@ def run_isolated(
     """
     import torch
 
-    sent = _sendable(arguments, where)
+    job = job_of(request)
+    sent = _sendable(request, where)
     sandbox_required(sandbox)
     _fits(files, limits, where)
     progress.report(f"{where}: starting a {'sandboxed ' if sandbox else ''}child process to open it")
-    module, function = JOBS[job]
     payload = io.BytesIO()
     torch.save(tensors, payload)
     envelope = Envelope(
-        (module, function), sent, limits.memory,
+        job.address, sent, limits.memory,
         mapped=sum(os.path.getsize(f) for f in files if os.path.isfile(f)),
         files=tuple(os.path.abspath(f) for f in files), native_code=native_code, sandbox=sandbox, imports=imports,
         namespaces=namespaces, debug=debug,
@@ -165,7 +154,8 @@ def run_isolated(
                 outcome = run_fresh(work, pipes, limits)
         if debug:
             sys.stderr.write(tail(work / "stderr.txt"))
-        return _outcome(outcome, limits, where, files)
+        result = _outcome(outcome, limits, where, files)
+        return dataclasses.replace(result, value=job.decode_response(result.value, where))
     finally:
         try:
             if feed is not None:
@@ -174,14 +164,11 @@ def run_isolated(
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _sendable(arguments: Any, where: str) -> Any:
-    """A job's request as plain data: a dataclass encoded, and refused unless it decodes as the child will decode
-    it; plain data as it is."""
-    if not dataclasses.is_dataclass(arguments) or isinstance(arguments, type):
-        return arguments
+def _sendable(request: Any, where: str) -> Any:
+    """A job's request as plain data: encoded, and refused unless it decodes as the child will decode it."""
     try:
-        sent = encode(arguments)
-        decode(type(arguments), sent)
+        sent = encode(request)
+        decode(type(request), sent)
     except MessageError as exc:
         raise VerifyInputError(f"{where}: a request the child could not read ({exc})") from None
     return sent

@@ -4,8 +4,7 @@
 bytes); :class:`Answer` is the first line of its result pipe (the tensors it hands back follow it). Both
 are read with the one decoder of messages (:func:`trt_inline.messages.decode`): the envelope in the
 child, the answer in the parent, which trusts nothing in it. The job's own request and response inside
-them are read by the job's declared dataclass (:mod:`trt_inline.verify.jobs`) or reader
-(:meth:`~trt_inline.verify.report.VerifyReport.from_dict`), not here.
+them are read by the types the job declares (:mod:`trt_inline.isolation.jobs`), not here.
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ class ReadAhead:
 
 @dataclass(frozen=True)
 class Envelope:
-    """A child's request: the job (``module``, ``function`` of ``JOBS``) and its request as plain data; the memory
+    """A child's request: the job (the ``module`` and ``function`` it was registered as, :mod:`.jobs`) and its
+    request as plain data; the memory
     it may use above its imports and the bytes of the files it may map (its address-space limit); the files the
     sandbox lets it read; which walls it enters (``sandbox``, ``namespaces``), whether it may load native code
     or import by name (``imports``), whether it prints its traceback (``debug``), the read-ahead it paces."""

@@ -1,8 +1,10 @@
 """The child's side: read the request, enter the sandbox and the limits, run the job, report.
 
-The job's request is decoded strictly into the dataclass the job's first parameter
-names (:mod:`trt_inline.messages`), and a response it returns as a dataclass is
-encoded for the parent to decode the same way.
+The envelope names the job by its module and function; only a function that
+module registered as a job runs (:mod:`trt_inline.isolation.jobs`). Its request is
+decoded strictly into the dataclass the job declares (:mod:`trt_inline.messages`),
+and a response it returns as a dataclass is encoded for the parent to decode the
+same way.
 
 Everything this module does after the sandbox is entered runs next to an
 untrusted file: what it reports is checked again by the parent.
@@ -12,14 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import io
 import json
 import os
 import sys
 import traceback
-import typing
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from trt_inline.errors import (
 )
 from trt_inline.formats import format_size
 from trt_inline.isolation.envelope import Answer, Envelope
+from trt_inline.isolation.jobs import job, job_at
 from trt_inline.isolation.limits import (
     MemorySampler,
     is_allocation_failure,
@@ -103,7 +104,6 @@ def in_child() -> bool:
 def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, bytes]:
     """The job run inside the sandbox and the limits: its answer (but for the peak, measured once it has ended) and
     the tensors it hands back."""
-    import importlib
     import resource
 
     import torch
@@ -113,9 +113,8 @@ def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, 
     from trt_inline.isolation import sandbox as sandbox_walls
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    module_name, function_name = envelope.job
-    job: Callable[..., Any] = getattr(importlib.import_module(module_name), function_name)
-    arguments = _job_request(job, envelope.arguments)
+    job = job_at(*envelope.job)  # (only a function its module registered as a job runs)
+    arguments = job.decode_request(envelope.arguments)
     tensors = torch.load(io.BytesIO(payload), weights_only=True)
     from trt_inline import compat
 
@@ -150,7 +149,7 @@ def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, 
         (work / ADDRESS_SPACE_LIMITED).touch()
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     with MemorySampler() as sampler:
-        value = job(arguments, tensors)
+        value = job.run(arguments, tensors)
     peak_anonymous, peak_file = sampler.peaks()
     returned = b""
     if isinstance(value, tuple):
@@ -166,37 +165,42 @@ def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, 
     return answer, returned
 
 
-def _job_request(job: Callable[..., Any], arguments: Any) -> Any:
-    """The request ``job`` is called with: ``arguments`` decoded strictly into the dataclass its first parameter is
-    annotated with (:func:`trt_inline.messages.decode`), or as sent where that names none (plain data)."""
-    first = next(iter(inspect.signature(job).parameters))
-    declared = typing.get_type_hints(job).get(first)
-    if dataclasses.is_dataclass(declared) and isinstance(declared, type):
-        return decode(declared, arguments)
-    return arguments
+@dataclass(frozen=True)
+class SandboxRequest:
+    """What a ``sandbox`` child (``trt-inline doctor``) is sent: nothing; it reports the walls it entered."""
 
 
-def sandbox_job(arguments: dict[str, Any], tensors: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SandboxResponse:
+    """What a ``sandbox`` child hands back: its process id, and whether CUDA works inside the walls (None: this
+    machine has no NVIDIA device; else ``works (...)`` or ``FAILS: ...``)."""
+
+    pid: int
+    cuda: str | None = None
+
+
+@job(SandboxRequest, response=SandboxResponse)
+def sandbox_job(request: SandboxRequest, tensors: Any) -> SandboxResponse:
     """What the sandbox of a child set up (``trt-inline doctor``): the layers are in the result itself; and
     whether CUDA starts and computes inside it, where this machine has NVIDIA devices."""
     from trt_inline import compat
     from trt_inline.isolation import sandbox as sandbox_walls
 
     if not (compat.cuda_built() and sandbox_walls.cuda_devices_visible()):
-        return {"pid": os.getpid(), "cuda": None}
+        return SandboxResponse(os.getpid(), None)
     import torch
 
     try:
         count = torch.cuda.device_count()
         if not torch.cuda.is_available() or count == 0:
-            return {"pid": os.getpid(), "cuda": "FAILS: torch.cuda.is_available() is False inside the sandbox"}
+            return SandboxResponse(os.getpid(), "FAILS: torch.cuda.is_available() is False inside the sandbox")
         value = float((torch.ones(64, device="cuda") * 2).sum())
         name = torch.cuda.get_device_name(0)
     except Exception as exc:
-        return {"pid": os.getpid(), "cuda": f"FAILS: {type(exc).__name__}: {first_line(exc)}"}
+        return SandboxResponse(os.getpid(), f"FAILS: {type(exc).__name__}: {first_line(exc)}")
     if value != 128.0:
-        return {"pid": os.getpid(), "cuda": f"FAILS: 64 twos summed to {value} on CUDA"}
-    return {"pid": os.getpid(), "cuda": f"works ({count} device{'s' if count > 1 else ''}: {name})"}
+        return SandboxResponse(os.getpid(), f"FAILS: 64 twos summed to {value} on CUDA")
+    return SandboxResponse(os.getpid(), f"works ({count} device{'s' if count > 1 else ''}: {name})")
 
 
 def _memory_error(envelope: Envelope | None) -> Answer:

@@ -6,13 +6,13 @@ A file is opened by :mod:`trt_inline.archive` in a sandboxed child process
 ==================  ===================================================================
 module              concern
 ==================  ===================================================================
-``verifier``        ``verify``: the caller's side (the expected module, the child, what
-                    it hands back written) and the child's jobs
+``verifier``        ``verify``: its request (``VerifyRequest``), the caller's side (the
+                    expected module, the child, what it hands back written: the one
+                    reader of a verification child's report, ``report_of_child``) and
+                    the child's job (``verify_job``)
 ``pipeline``        one verification, a step each: open, reference, run, compare,
                     localize, more runs; what it hands back, typed
 ``options``         the option groups every entry point takes, each option declared once
-``jobs``            what each child job is sent (one request per job, built in one place)
-                    and what ``inspect`` and ``check`` hand back
 ``structure``       structural checks on the graph, one function each
 ``compare``         running on reference inputs and comparing values (error statistics)
 ``checked_run``     a normal call that runs the graph node by node, checking each value
@@ -32,17 +32,15 @@ module              concern
                     rebuilt one engine per step
 ``extract``         the diverging engine cut out as a program of its own
 ``report``          ``VerifyReport`` and its text / JSON forms
-``plot``            the error at each boundary as a chart (``--plot FILE``)
-``diff``            ``diff``: two files on the same inputs, boundary by boundary
+``diff``            ``diff``: two files on the same inputs, boundary by boundary (its
+                    request and its child's job too)
 ``cases``           ``verify --cases DIR``: a folder of (inputs, expected) cases, one
                     verify each, the worst first
-``junit``           verdicts as a JUnit XML report (``--junit FILE``)
-``engine_needs``    what a file's TensorRT engines need: ``inspect``'s table, ``check``
-                    against this machine or a described one (``--target``)
 ==================  ===================================================================
 
 It is the top floor of reading and checking: it imports :mod:`trt_inline.archive`,
-:mod:`trt_inline.isolation` and the core modules, and none of them imports it.
+:mod:`trt_inline.isolation` and the core modules, and none of them imports it. The commands that
+use it (``inspect``, ``check``, the JUnit file, the chart, rank sets) are :mod:`trt_inline.commands`'.
 """
 
 from __future__ import annotations

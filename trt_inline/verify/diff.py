@@ -32,12 +32,11 @@ from trt_inline.archive.output_types import stood_in_note
 from trt_inline.archive.reader import check_path
 from trt_inline.distributed.manifest import collectives_of
 from trt_inline.errors import RefusedOperatorError, VerifyInputError, first_line
-from trt_inline.isolation import Limits, default_memory_limit
+from trt_inline.isolation import Limits, default_memory_limit, job
 from trt_inline.output_tree import OutputTree, Pairing, by_path, describe_spec
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, trace_program
 from trt_inline.verify.compare import Criteria, collapse_warnings, ranked, run_on
-from trt_inline.verify.jobs import DiffRequest
 from trt_inline.verify.localize import (
     Reference,
     localize,
@@ -50,9 +49,11 @@ from trt_inline.verify.options import (
     DiffFields,
     Inputs,
     Isolation,
+    Options,
     Outputs,
     Tolerances,
     Trust,
+    for_child,
     gather,
 )
 from trt_inline.verify.pipeline import capture_device, check_given_inputs, open_trusted
@@ -67,7 +68,27 @@ if sys.version_info >= (3, 11):
 else:  # (typing has it from 3.11)
     from typing_extensions import Unpack
 
-__all__ = ["Comparison", "diff", "diff_job"]
+__all__ = ["Comparison", "DiffRequest", "diff", "diff_job"]
+
+
+@dataclass(frozen=True)
+class DiffRequest:
+    """What a ``diff`` child is sent besides the given inputs: both files (``path_b`` the reference), and whether it
+    hands back both files' outputs (``keep_outputs``: ``save_outputs``)."""
+
+    path_a: str
+    path_b: str
+    inputs: Inputs
+    tolerances: Tolerances
+    trust: Trust
+    keep_outputs: bool = False
+
+    @classmethod
+    def of(cls, path_a: str, path_b: str, options: Options) -> DiffRequest:
+        return cls(
+            path_a, path_b, for_child(options.inputs), for_child(options.tolerances), for_child(options.trust),
+            keep_outputs=options.outputs.save_outputs is not None,
+        )  # fmt: skip
 
 
 def diff(
@@ -123,10 +144,13 @@ def diff(
     if save_outputs is not None:
         save_target(save_outputs)
     limits = Limits.for_file(path_a, isolation.timeout, memory_limit)
-    return report_of_child(
-        "diff", request, tensors, limits, where=os.fspath(path_a), files=(os.fspath(path_a), os.fspath(path_b)),
-        sandbox=isolation.sandbox, debug=isolation.debug, verbose=isolation.verbose, save_outputs=save_outputs,
+    report, handed = report_of_child(
+        request, tensors, limits, where=os.fspath(path_a), files=(os.fspath(path_a), os.fspath(path_b)),
+        isolation=isolation,
     )  # fmt: skip
+    if save_outputs is not None:
+        save_tensors(handed.outputs, save_outputs)
+    return report
 
 
 def _program(loaded: LoadedFile) -> ExportedProgram:
@@ -431,6 +455,7 @@ class Comparison:
         report.problems.append(f"first divergence{'' if on is None else f' ({on})'}: {divergence.where}")
 
 
+@job(DiffRequest, response=VerifyReport)
 def diff_job(request: DiffRequest, tensors: dict[str, Any]) -> Any:
     """:func:`diff` in this process (the child's job); with ``keep_outputs`` (``save_outputs``), the outputs of both
     as well."""

@@ -19,9 +19,10 @@ Each field is declared here and nowhere else: its type, its default, and in its 
 back), and every entry point takes the groups, or any field as a keyword of its own
 (``verify(path, atol=1e-3)``, as before the groups): :func:`gather` makes the groups of both,
 refuses a group given together with one of its own fields as a keyword, and a field the entry
-point does not take. A child's job is sent the groups themselves (:mod:`trt_inline.verify.jobs`), as
-:func:`for_child` makes them: how each field travels, or that it stays in the calling process (tensors, a
-module), is declared beside it too (:func:`trt_inline.messages.wire`).
+point does not take. A child's job is sent the groups themselves (in its request:
+:class:`~trt_inline.verify.verifier.VerifyRequest`), as :func:`for_child` makes them: how each
+field travels, or that it stays in the calling process (tensors, a module), is declared beside it
+too (:func:`trt_inline.messages.wire`).
 """
 
 from __future__ import annotations
@@ -637,7 +638,7 @@ def from_flags(cls: type[G], values: Mapping[str, Any]) -> G:
 
 
 def for_child(group: G) -> G:
-    """``group`` as a child's job is sent it (:mod:`trt_inline.verify.jobs`): the fields that stay in this process
+    """``group`` as a child's job is sent it (in its request): the fields that stay in this process
     (tensors, which travel apart; a module) at their defaults, paths as text, tolerances normalized
     (:func:`normalize_tolerance`)."""
     changes: dict[str, Any] = {}

@@ -1,5 +1,6 @@
-"""``verify``: the caller's side (the option groups, the expected module run here, the child, what it hands back
-written) and the child's jobs (``verify_job``, ``inspect_job``); one verification's steps are
+"""``verify``: its request (:class:`VerifyRequest`), the caller's side (the option groups, the expected module run
+here, the child, what it hands back written: :func:`report_of_child`, which ``diff`` and rank sets read their
+children with too) and the child's job (:func:`verify_job`); one verification's steps are
 :class:`~trt_inline.verify.pipeline.Verification`."""
 
 from __future__ import annotations
@@ -7,16 +8,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from trt_inline import allowed_ops, distributed
-from trt_inline.archive.loading import open_file
+from trt_inline import distributed
 from trt_inline.archive.output_types import stood_in_note
 from trt_inline.archive.pickles import read_torch_save
 from trt_inline.archive.reader import check_path
@@ -31,26 +31,27 @@ from trt_inline.archive.reference_io import (
 )
 from trt_inline.archive.views import BytesView
 from trt_inline.distributed import relay as rank_relay
-from trt_inline.errors import IsolationError, VerifyInputError, first_line, printable
+from trt_inline.errors import IsolationError, VerifyInputError, printable
 from trt_inline.formats import atomic_write, format_size
-from trt_inline.isolation import Limits, run_isolated
+from trt_inline.isolation import Limits, job, run_isolated
 from trt_inline.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, describe
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import recording
 from trt_inline.verify.compare import Criteria, collapse_warnings, normal_call
 from trt_inline.verify.extract import repro_folder, write_repro
-from trt_inline.verify.jobs import DiffRequest, InspectRequest, InspectResponse, VerifyRequest
 from trt_inline.verify.options import (
     VERIFY,
     Inputs,
     Isolation,
+    Options,
     Outputs,
     Reference,
     Tolerances,
     Trust,
     VerifyFields,
     error_stat_checked,
+    for_child,
     gather,
     normalize_tolerance,
     top_k_checked,
@@ -67,8 +68,9 @@ if TYPE_CHECKING:
     from trt_inline.distributed.relay import RelayServer
 
 __all__ = [
+    "ChildVerification",
+    "VerifyRequest",
     "error_stat_checked",
-    "inspect_job",
     "normalize_tolerance",
     "report_of_child",
     "save_target",
@@ -77,6 +79,51 @@ __all__ = [
     "verify",
     "verify_job",
 ]
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """What a ``verify`` child is sent besides its tensors (the given inputs, the expected outputs, recorded
+    boundaries). ``label``: ``"module"`` where the expected outputs are ``expected_module``'s, which ran in the
+    parent (the report's expected source); ``expected_tree``: how the expected outputs are nested; what the child
+    hands back besides its report: its outputs (``keep_outputs``: ``save_outputs``), its run with every boundary
+    (``keep_reference``: ``save_boundaries``), the divergent engine or region as a program (``extract``), its runs
+    at the ends of the ranges (``keep_range_ends``: for the parent's ``expected_module``)."""
+
+    path: str
+    inputs: Inputs
+    reference: Reference
+    tolerances: Tolerances
+    trust: Trust
+    label: Literal["module"] | None = None
+    expected_tree: OutputTree | None = None
+    keep_outputs: bool = False
+    keep_reference: bool = False
+    extract: bool = False
+    keep_range_ends: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        path: str,
+        options: Options,
+        *,
+        label: Literal["module"] | None = None,
+        expected_tree: OutputTree | None = None,
+    ) -> VerifyRequest:
+        """The request of ``verify`` (and of each rank of a rank set) on ``path`` with ``options``."""
+        outputs = options.outputs
+        return cls(
+            path, for_child(options.inputs), for_child(options.reference), for_child(options.tolerances),
+            for_child(options.trust), label=label, expected_tree=expected_tree,
+            keep_outputs=outputs.save_outputs is not None, keep_reference=outputs.save_boundaries is not None,
+            extract=outputs.extract is not None, keep_range_ends=label == "module",
+        )  # fmt: skip
+
+    def keep(self) -> Keep:
+        """What the child hands back besides its report."""
+        return Keep(outputs=self.keep_outputs, recorded_run=self.keep_reference, repro=self.extract,
+                    range_ends=self.keep_range_ends)  # fmt: skip
 
 
 def save_target(path: str | os.PathLike[str], flag: str = "--save-outputs") -> Path:
@@ -195,7 +242,7 @@ def verify(
     }
     expected_from = reference.expected_from
     files = (path,) if expected_from is None else (path, os.fspath(expected_from))
-    report, handed = _verified_in_child(
+    report, handed = report_of_child(
         request, tensors, limits, where=path, files=files, isolation=isolation, read_ahead=path
     )
     if handed.range_ends and expected_module is not None and arg_inputs is not None:
@@ -239,97 +286,55 @@ def strictly(report: VerifyReport, strict: bool) -> VerifyReport:
     return report
 
 
+class ChildVerification(Protocol):
+    """A request whose job answers with a :class:`VerifyReport` (``verify``'s, ``diff``'s): what it may do, and
+    whether it hands back its outputs."""
+
+    @property
+    def trust(self) -> Trust: ...
+
+    @property
+    def keep_outputs(self) -> bool: ...
+
+
 def report_of_child(
-    job: str,
-    request: VerifyRequest | DiffRequest | dict[str, Any],
-    tensors: Any,
-    limits: Limits,
-    *,
-    where: str,
-    files: tuple[str, ...],
-    sandbox: bool,
-    debug: bool,
-    save_outputs: str | os.PathLike[str] | None = None,
-    verbose: bool = False,
-    relay: RelayServer | None = None,
-    read_ahead: str | None = None,
-) -> VerifyReport:
-    """The report a ``verify`` or ``diff`` job gives in a child process on ``request``, with what the child cost;
-    the outputs it hands back written to ``save_outputs``.
-
-    ``request``: the job's (:mod:`trt_inline.verify.jobs`), or plain data for a job that takes plain data (told
-    ``keep_outputs`` where ``save_outputs`` is given). ``read_ahead``: the file whose weights the job reads, read
-    ahead by this process (:func:`run_isolated`).
-
-    The child's report is untrusted: it is read strictly here (:meth:`VerifyReport.from_dict`: each field of its
-    type, strings escaped and cut, at most ``MAX_COMPARISONS`` comparisons), and the outputs it hands back
-    for ``save_outputs`` are read by the strict reader, plain tensors only.
-    """
-    if isinstance(request, dict):
-        request = {**request, "keep_outputs": save_outputs is not None}
-    report, handed = _child_report(
-        job, request, tensors, limits, where=where, files=files, sandbox=sandbox, debug=debug, verbose=verbose,
-        relay=relay, read_ahead=read_ahead,
-    )  # fmt: skip
-    if save_outputs is not None:
-        save_tensors(_outputs_of_child(handed, where), save_outputs)
-    return report
-
-
-def _verified_in_child(
-    request: VerifyRequest,
+    request: ChildVerification,
     tensors: Any,
     limits: Limits,
     *,
     where: str,
     files: tuple[str, ...],
     isolation: Isolation,
-    read_ahead: str | None = None,
-) -> tuple[VerifyReport, Handed]:
-    """The report of a ``verify`` child, and what it handed back as the request asked (each part read strictly)."""
-    report, back = _child_report(
-        "verify", request, tensors, limits, where=where, files=files, sandbox=isolation.sandbox,
-        debug=isolation.debug, verbose=isolation.verbose, read_ahead=read_ahead,
-    )  # fmt: skip
-    handed = Handed(
-        outputs=_outputs_of_child(back, where) if request.keep_outputs else None,
-        recorded_run=_reference_of_child(back, where) if request.keep_reference else None,
-        repro=_repro_of_child(back, where) if request.extract else [],
-        range_ends=_range_ends_of_child(back, where) if request.keep_range_ends else [],
-    )
-    return report, handed
-
-
-def _child_report(
-    job: str,
-    request: VerifyRequest | DiffRequest | dict[str, Any],
-    tensors: Any,
-    limits: Limits,
-    *,
-    where: str,
-    files: tuple[str, ...],
-    sandbox: bool,
-    debug: bool,
-    verbose: bool,
     relay: RelayServer | None = None,
     read_ahead: str | None = None,
-) -> tuple[VerifyReport, dict[str, Any]]:
-    """A job run in a child: its report read strictly, with what the child cost, and what it handed back besides
-    (read once by the strict reader, each part taken from it by its own check)."""
-    trust = Trust() if isinstance(request, dict) else request.trust
+) -> tuple[VerifyReport, Handed]:
+    """The report of a ``verify`` or ``diff`` job run in a child on ``request``, with what the child cost, and what
+    it handed back as the request asked.
+
+    The child's report is untrusted: it is read strictly, as the job declares its response
+    (:meth:`VerifyReport.from_dict`: each field of its type, strings escaped and cut, at most ``MAX_COMPARISONS``
+    comparisons), and what it hands back besides is read once by the strict reader, each part taken from it by its
+    own check (plain tensors only). ``read_ahead``: the file whose weights the job reads, read ahead by this
+    process (:func:`run_isolated`); ``relay``: the child is one rank of a rank set.
+    """
+    trust = request.trust
     result = run_isolated(
-        job, request, tensors, limits, where=where, files=files, sandbox=sandbox, imports=trust.allow_pickle,
-        native_code=trust.allow_native_code, debug=debug, relay=relay, read_ahead=read_ahead,
+        request, tensors, limits, where=where, files=files, sandbox=isolation.sandbox, imports=trust.allow_pickle,
+        native_code=trust.allow_native_code, debug=isolation.debug, relay=relay, read_ahead=read_ahead,
     )  # fmt: skip
-    try:
-        report = VerifyReport.from_dict(result.value)  # read strictly: types, escaped strings, bounded counts
-    except (KeyError, TypeError, ValueError) as exc:
-        raise IsolationError(f"{where}: the child process gave a malformed report ({first_line(exc)})") from None
-    handed = _handed_back(result.tensors, where)
+    report: VerifyReport = result.value
+    back = _handed_back(result.tensors, where)
+    keep = request.keep() if isinstance(request, VerifyRequest) else Keep(outputs=request.keep_outputs)
+    handed = Handed(
+        outputs=_outputs_of_child(back, where) if keep.outputs else None,
+        recorded_run=_reference_of_child(back, where) if keep.recorded_run else None,
+        repro=_repro_of_child(back, where) if keep.repro else [],
+        range_ends=_range_ends_of_child(back, where) if keep.range_ends else [],
+    )
     report.child_peak_extra_bytes = max(0, result.peak_rss - result.base_rss)
     report.child_peak_anonymous_bytes, report.child_peak_file_bytes = result.peak_anonymous, result.peak_file
     walls = f"sandboxed: {result.sandbox}" if result.sandbox else "WITHOUT the OS sandbox (--no-sandbox)"
-    if verbose:
+    if isolation.verbose:
         report.notes.append(
             f"loaded and run in a child process ({walls}; limits {limits.describe()}; its peak resident memory "
             f"{format_size(result.peak_rss)}, {format_size(report.child_peak_extra_bytes)} above its imports: "
@@ -485,14 +490,14 @@ def save_boundaries_file(reference: ReferenceIO, path: str | os.PathLike[str]) -
         tmp.write_bytes(encode_boundaries_file(reference))
 
 
+@job(VerifyRequest, response=VerifyReport)
 def verify_job(request: VerifyRequest, tensors: dict[str, Any]) -> Any:
     """:func:`verify` inside the child process (the job :mod:`trt_inline.isolation.inside` runs), its tensors put
     back into the groups they travelled apart from.
 
     Returns the report, and what the request asked to have handed back (the parent writes or compares it).
     """
-    keep = Keep(outputs=request.keep_outputs, recorded_run=request.keep_reference, repro=request.extract,
-                range_ends=request.keep_range_ends)  # fmt: skip
+    keep = request.keep()
     verification = Verification(
         replace(request.inputs, arg_inputs=tensors["args"], kwarg_inputs=tensors["kwargs"]),
         replace(request.reference, expected=tensors["expected"]),
@@ -520,40 +525,6 @@ def verify_job(request: VerifyRequest, tensors: dict[str, Any]) -> Any:
             for what, archive in handed.repro
         ]
     return report.to_dict(), back
-
-
-def inspect_job(request: InspectRequest, tensors: Any) -> InspectResponse:
-    """The ``inspect`` table of a file, line by line, and what its TensorRT engines need, inside the child process
-    (its program loaded without weights; its engines' infos read as data first, nothing deserialized)."""
-    from trt_inline.archive.engine_info import read_engine_infos
-    from trt_inline.verify.engine_needs import engine_lines
-    from trt_inline.verify.graph_table import describe_file
-
-    path, trust = request.path, request.trust
-    _, engines = read_engine_infos(path, allow_pickle=trust.allow_pickle)
-    needs = engine_lines(engines)
-    if engines and not trust.allow_native_code:
-        return InspectResponse([*needs, "engines and fallbacks are shown with --allow-native-code: loading the "
-                                "program deserializes its TensorRT engines (native code; only for a file from a "
-                                "trusted source)"], engines)  # fmt: skip
-    # Collectives, and ATen operators verify refuses for what they compute, are shown, not run: inspect runs
-    # nothing. What verify would refuse is said first.
-    with allowed_ops.allowing((), collectives=True), allowed_ops.showing_refusals() as refused:
-        try:
-            loaded = open_file(
-                path,
-                allow_pickle=trust.allow_pickle,
-                allow_native_code=trust.allow_native_code,
-                allow_ops=trust.allow_ops,
-                weights=False,
-            )
-        except VerifyInputError as exc:  # (its engines' needs are still worth showing: why it does not load here)
-            if not engines:
-                raise
-            return InspectResponse([*needs, f"the program was not loaded here: {first_line(exc)}"], engines)
-        table = describe_file(loaded).split("\n")
-    warnings = [f"warning: verify refuses this file: a node or engine step {why}" for why in dict.fromkeys(refused)]
-    return InspectResponse(warnings + table + needs, engines)
 
 
 def _tree_argument(tree: OutputTree | None, expected: Sequence[Any] | None) -> OutputTree | None:

@@ -1,9 +1,10 @@
-"""What a file's TensorRT engines need, shown (``inspect``) and checked against a machine (``trt-inline check``).
+"""``trt-inline check PATH``: what a file's TensorRT engines need, checked against this machine or a described one
+(``--target``); ``inspect`` shows the same needs (:func:`engine_lines`).
 
 The engine infos are read in the sandboxed child, as every file is
 (:func:`needs_job`: :mod:`trt_inline.archive.engine_info`, nothing
 deserialized), handed back as data and read strictly here
-(:class:`~trt_inline.verify.jobs.NeedsResponse`, within the bounds
+(:class:`NeedsResponse`, within the bounds
 :class:`~trt_inline.deployment.EngineInfo` declares); the checks
 (:mod:`trt_inline.deployment`) run in this process, against this machine or a
 described one.
@@ -11,17 +12,60 @@ described one.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from trt_inline.commands.arguments import add_flags
+from trt_inline.commands.output import print_text
 from trt_inline.deployment import EngineInfo, Machine, engine_problems, releases_of_abi
 from trt_inline.formats import format_size
-from trt_inline.verify.jobs import NeedsRequest, NeedsResponse, response_of_child
+from trt_inline.isolation import job
+from trt_inline.messages import wire
+from trt_inline.verify.options import Isolation, Trust, from_flags
 
-__all__ = ["CheckReport", "check_engines", "engine_lines", "needs_job"]
+__all__ = ["MAX_ENGINES", "CheckReport", "NeedsRequest", "NeedsResponse", "add_parser", "check_engines", "engine_lines",
+           "needs_job", "run"]  # fmt: skip
+
+# The most engine infos a child may hand back.
+MAX_ENGINES = 4096
 
 
+@dataclass(frozen=True)
+class NeedsRequest:
+    """What a ``needs`` child (``trt-inline check``) is sent: the file, and what it may do (pickles only: it reads
+    the engines' infos as data)."""
+
+    path: str
+    trust: Trust
+
+    @classmethod
+    def of(cls, path: str, allow_pickle: bool) -> NeedsRequest:
+        return cls(path, Trust(allow_pickle=allow_pickle))
+
+
+@dataclass(frozen=True)
+class NeedsResponse:
+    """What a ``needs`` child hands back: its engines' infos."""
+
+    engines: list[EngineInfo] = field(metadata=wire(max_items=MAX_ENGINES))
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "check",
+        help="will its TensorRT engines run on this machine, or on --target? (read as data, nothing deserialized)",
+        description="Exit 0: every engine's needs (runtime ABI, platform, GPU compute capability) are met. 1: one "
+        "line per engine that would not run. 2: unusable input.",
+    )
+    parser.add_argument("path")
+    add_flags(parser, "check")
+    parser.set_defaults(run=run)
+
+
+@job(NeedsRequest, response=NeedsResponse)
 def needs_job(request: NeedsRequest, tensors: Any) -> NeedsResponse:
     """The engine infos of a file, inside the child process (``check``)."""
     from trt_inline.archive.engine_info import read_engine_infos
@@ -125,11 +169,28 @@ def check_engines(
     check_path(where)
     limits = Limits.for_file(where, timeout, memory_limit)
     result = run_isolated(
-        "needs", NeedsRequest.of(where, allow_pickle), None, limits, where=where, files=(where,), sandbox=sandbox,
+        NeedsRequest.of(where, allow_pickle), None, limits, where=where, files=(where,), sandbox=sandbox,
         imports=allow_pickle,
     )  # fmt: skip
-    infos = response_of_child(NeedsResponse, result.value, where).engines
+    infos = result.value.engines
     target = machine if machine is not None else this_machine()  # (after the child: nothing forks from here on)
     report = CheckReport(where, target, infos)
     report.problems = [problem for info in infos for problem in engine_problems(info, target)]
     return report
+
+
+def run(args: argparse.Namespace) -> int:
+    from trt_inline.deployment import described_machine
+
+    trust, isolation = from_flags(Trust, vars(args)), from_flags(Isolation, vars(args))
+    machine = described_machine(args.target) if args.target is not None else None
+    report = check_engines(
+        args.path,
+        machine,
+        allow_pickle=trust.allow_pickle,
+        sandbox=isolation.sandbox,
+        timeout=isolation.timeout,
+        memory_limit=isolation.memory_limit,
+    )
+    print_text(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
+    return 0 if report.ok else 1

@@ -1,4 +1,5 @@
-"""Verifying a tensor-parallel rank set: one sandboxed child per rank, collectives relayed, one report.
+"""Verifying a tensor-parallel rank set (``verify --ranks N``, or a template under torchrun): one sandboxed child per
+rank, collectives relayed, one report.
 
 Each rank's process (started by ``torchrun``, or by ``trt-inline verify --ranks N``
 through ``torch.distributed.run``) verifies its own file in a sandboxed child,
@@ -18,6 +19,7 @@ Afterwards the parents gather every rank's report into one
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -34,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 from trt_inline import compat, distributed
+from trt_inline.commands.arguments import given_but_not_for, options_of
+from trt_inline.commands.output import print_text
 from trt_inline.distributed.manifest import (
     COLLECTIVE_OPS,
     REDUCING_OPS,
@@ -45,14 +49,22 @@ from trt_inline.distributed.manifest import (
 )
 from trt_inline.distributed.relay import CALL_OF_OP, Allowed, RelayServer
 from trt_inline.errors import RankSetError, TrtInlineError, VerifyInputError, first_line, printable
-from trt_inline.verify.options import Isolation, RankSetFields, Reference, Tolerances, Trust
+from trt_inline.verify.options import RANKS, Isolation, RankSetFields, Reference, Tolerances, Trust
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
 else:  # (typing has it from 3.11)
     from typing_extensions import Unpack
 
-__all__ = ["RESULT_FILE_ENV", "RankSetReport", "launch", "under_launcher", "verify_rank_set"]
+__all__ = [
+    "RESULT_FILE_ENV",
+    "RankSetReport",
+    "launch",
+    "launch_from",
+    "run_rank",
+    "under_launcher",
+    "verify_rank_set",
+]
 
 # Where `verify --ranks N` wants rank 0 to leave the set's exit status (its workers then exit 0,
 # so that torch.distributed.run reports no failure of its own).
@@ -326,9 +338,8 @@ def verify_rank_set(
     ``reference`` only ``per_engine``; no ``isolate``: a :class:`TypeError`).
     """
     from trt_inline.isolation import DEFAULT_TIMEOUT, Limits
-    from trt_inline.verify.jobs import VerifyRequest
-    from trt_inline.verify.options import RANKS, gather
-    from trt_inline.verify.verifier import report_of_child, strictly
+    from trt_inline.verify.options import gather
+    from trt_inline.verify.verifier import VerifyRequest, report_of_child, strictly
 
     options = gather(RANKS, fields, reference=reference, tolerances=tolerances, trust=trust, isolation=isolation)
     timeout, memory_limit = options.isolation.timeout, options.isolation.memory_limit
@@ -346,10 +357,9 @@ def verify_rank_set(
                 lambda: agreement.relay_world, limits.memory, agreement.ended,
             )  # fmt: skip
             tensors = {"args": None, "kwargs": None, "expected": None, "boundaries": None}
-            report = report_of_child(
-                "verify", VerifyRequest.of(path, options), tensors, limits, where=path, files=(path,),
-                sandbox=options.isolation.sandbox, debug=options.isolation.debug, verbose=options.isolation.verbose,
-                relay=server,
+            report, _ = report_of_child(
+                VerifyRequest.of(path, options), tensors, limits, where=path, files=(path,),
+                isolation=options.isolation, relay=server,
             )  # fmt: skip
             report = strictly(report, options.tolerances.strict)
             if not agreement.done:
@@ -470,3 +480,54 @@ def finish_rank(result: RankSetReport) -> int:
             Path(target).write_text(str(result.exit_code))
         return 0
     return result.exit_code
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command line: verify --ranks N, and one rank's verify under torchrun
+
+
+def launch_from(args: argparse.Namespace) -> int:
+    """``trt-inline verify TEMPLATE --ranks N``: the N ranks started here, each running the rest of the command line."""
+    if under_launcher(args.path) or os.environ.get(RESULT_FILE_ENV):
+        raise VerifyInputError("--ranks starts the ranks itself: run it outside torchrun, or drop --ranks under it")
+    _refuse_for_rank_set(args)  # (here, before N ranks start to refuse it each)
+    return launch(args.ranks, _without_ranks(sys.argv[1:] if args.argv is None else args.argv), debug=args.debug)
+
+
+def _without_ranks(argv: Sequence[str]) -> list[str]:
+    """A verify command line without its ``--ranks N`` (each rank runs the rest)."""
+    result: list[str] = []
+    skip = False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item in ("--ranks", "--rank"):  # (argparse takes an unambiguous prefix too)
+            skip = True
+        elif not item.startswith(("--ranks=", "--rank=")):
+            result.append(item)
+    return result
+
+
+def _refuse_for_rank_set(args: argparse.Namespace) -> None:
+    """Refuse the flags that apply to single files, which a rank set (``--ranks``, or a template under torchrun)
+    does not take."""
+    unsupported = given_but_not_for(args, RANKS)
+    if unsupported:
+        raise VerifyInputError(f"a rank set is verified against its embedded reference I/O: {', '.join(unsupported)} "
+                               "apply to single files")  # fmt: skip
+
+
+def run_rank(args: argparse.Namespace) -> int:
+    """One rank of ``torchrun ... -m trt_inline verify 'model_rank{rank}_of_{world_size}.pt2'``."""
+    _refuse_for_rank_set(args)
+    options = options_of(args)
+    result = verify_rank_set(
+        args.path,
+        reference=options.reference,
+        tolerances=options.tolerances,
+        trust=options.trust,
+        isolation=options.isolation,
+    )
+    if result.rank == 0:
+        print_text(json.dumps(result.to_dict(), indent=2, sort_keys=True) if args.json else result.to_text())
+    return finish_rank(result)
