@@ -24,7 +24,7 @@ from trt_inline.verify.checked_run import checking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_save_load import median_seconds
-from models import RELU, TinyResNet, TransformerBlock
+from support.models import RELU, TinyResNet, TransformerBlock
 
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 

@@ -44,8 +44,8 @@ def main() -> int:
     parser.add_argument("--comparisons", type=int, default=MAX_COMPARISONS)
     args = parser.parse_args()
 
-    import report_probe
     import torch
+    from support import report_probe
 
     limits = isolation.Limits.for_file(__file__, 600, "4GiB")
     arguments = {"kind": "report", "comparisons": args.comparisons}

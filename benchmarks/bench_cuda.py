@@ -35,7 +35,7 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from models import TransformerBlock  # noqa: E402
+from support.models import TransformerBlock  # noqa: E402
 
 _BY_HAND = """
 import json, sys, time, torch

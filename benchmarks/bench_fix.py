@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 import trt_inline
+from trt_inline.fixing.build_cases import held_cases
 from trt_inline.fixing.builds import Compile, measure, rehearsed, settings_with
 from trt_inline.fixing.candidates import candidates
-from trt_inline.fixing.cases import held_cases
 from trt_inline.fixing.runner import with_default_tolerance
 
 SETTINGS = {"enable_autocast": True, "autocast_low_precision_type": torch.float16}

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_hostile.py [--out DIR]
 
-Builds every crafted file of ``tests/hostile.py`` from a freshly saved good
+Builds every crafted file of ``tests/support/hostile.py`` from a freshly saved good
 file, runs ``python -m trt_inline verify`` (or ``inspect``) on it as a user
 would, and prints one row per case. Peak memory is the largest resident set of
 the CLI process and the child process that loads the file (read from the
@@ -34,7 +34,7 @@ def good_file(folder: Path) -> Path:
     import warnings
 
     import torch
-    from models import RELU, ConvBnRelu
+    from support.models import RELU, ConvBnRelu
 
     import trt_inline
 
@@ -52,7 +52,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="keep the crafted files here (default: a temporary folder)")
     args = parser.parse_args()
-    from hostile import CASES, INSPECTED, SECRET, Traps
+    from support.hostile import CASES, INSPECTED, SECRET, Traps
 
     with tempfile.TemporaryDirectory() as scratch:
         root = args.out or Path(scratch)

@@ -2,7 +2,7 @@
 
 The model is a chain of ``Linear(2048, 2048)`` layers with ``relu`` falling back
 between them (24, 96 and 384 layers: one engine per layer, every weight in an
-engine payload). Each step runs in a fresh process (``tests/memory_steps.py``),
+engine payload). Each step runs in a fresh process (``tests/support/memory_steps.py``),
 which reports the step's peak resident memory above what the process held just
 before it (the compiled module for a save; the imports for a load; for
 ``verify`` and ``inspect``, the child process that opens the file, above its
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from memory_steps import measure_in_child
+from support.memory_steps import measure_in_child
 
 WIDTH = 2048
 SAVE_STEPS = ("floor", "save", "save-no-retrace")

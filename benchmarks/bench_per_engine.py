@@ -30,7 +30,7 @@ from trt_inline.archive import REFERENCE_IO_FILE
 from trt_inline.isolation import reusing_interpreter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from memory_steps import build_chain
+from support.memory_steps import build_chain
 
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 

@@ -30,7 +30,7 @@ import trt_inline
 from trt_inline import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from models import ConvBnRelu, TinyResNet
+from support.models import ConvBnRelu, TinyResNet
 
 # torch's own deprecation notice from deep-copying pytree specs; nothing to act on here.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)

@@ -17,11 +17,11 @@ Packages, lowest floor first (imports point down only: ``python3 .ci/imports``):
 =======================  ===========================================================
 package or module        concern
 =======================  ===========================================================
-core modules             ``passes`` (the inline passes), ``flat_program``, ``engines``
-                         (what an engine is), ``scalars``, ``symbolic``, ``attributes``,
-                         ``module_state``, ``allowed_ops`` (the operator allow-list),
-                         ``package`` (AOTInductor), ``compat`` (torch's private APIs),
-                         ``releases``, ``formats``, ``errors``, ``logs``, ``progress``,
+:mod:`.inlining`         the inlining core: ``passes`` (the inline passes), ``flat_program``,
+                         ``scalars``, ``symbolic``, ``attributes``, ``module_state``
+core modules             ``engines`` (what an engine is), ``allowed_ops`` (the operator
+                         allow-list), ``package`` (AOTInductor), ``compat`` (torch's private
+                         APIs), ``releases``, ``formats``, ``errors``, ``logs``, ``progress``,
                          ``output_tree``, ``deployment`` (what an engine needs of a machine),
                          ``messages`` (typed messages to and from a child: encoded, decoded strictly),
                          ``module_paths`` (a node's module path and source line)
@@ -66,8 +66,8 @@ from trt_inline.errors import (
 )
 from trt_inline.export import save, to_exported_program
 from trt_inline.fixing import FixReport, find_fix
-from trt_inline.flat_program import exported_program_from_graph
-from trt_inline.passes import inline_torch_modules, inline_trt_modules, transform
+from trt_inline.inlining.flat_program import exported_program_from_graph
+from trt_inline.inlining.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall
 from trt_inline.verify import VerifyReport, diff, verify
 

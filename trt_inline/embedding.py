@@ -24,7 +24,7 @@ from trt_inline import engines, package
 from trt_inline.archive.reference_io import REFERENCE_IO_FILE, capture_reference_io, encode_reference_io
 from trt_inline.errors import SaveError, VerifyInputError
 from trt_inline.formats import BOUNDARIES, PACKAGE_INFO_FILE
-from trt_inline.module_state import buffers_restored
+from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.verify.boundaries import provenance, record_program_boundaries, recording
 
 __all__ = [

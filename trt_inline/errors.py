@@ -3,7 +3,10 @@
 Each error a user can cause names the node, submodule, file or archive entry it
 is about, so that a failing save or check of a large model points at the place
 to look. The classes are re-exported where they were first defined
-(``trt_inline.plugin.PatchError``, ``trt_inline.verify.VerifyInputError``).
+(``trt_inline.plugin.PatchError``, ``trt_inline.verify.VerifyInputError``,
+``trt_inline.fixing.FixError``, ``trt_inline.messages.MessageError``,
+``trt_inline.isolation.sandbox.SandboxUnavailable``). (Exceptions a module raises and
+catches itself, to stop a walk, stay private to it.)
 """
 
 from __future__ import annotations
@@ -83,6 +86,22 @@ class RankSetError(TrtInlineError, RuntimeError):
 
     The message names the ranks (and the file) concerned.
     """
+
+
+class FixError(TrtInlineError, ValueError):
+    """``find_fix`` cannot search: no case to hold the build to, a strategy the settings cannot express, a script
+    ``trt-inline fix`` cannot read a model from."""
+
+
+class MessageError(ValueError):
+    """A message between a parent and its child that is not what its dataclass declares: its path
+    (``tolerances.atol``) and what is wrong (:mod:`trt_inline.messages`; the parent says it as an
+    :class:`IsolationError` or a :class:`VerifyInputError` naming the file)."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """A wall the sandbox needs (Landlock, seccomp) cannot be set up on this system
+    (:mod:`trt_inline.isolation.sandbox`; said as an :class:`IsolationError` before any child starts)."""
 
 
 class IncompatibleTorchError(TrtInlineError, RuntimeError):

@@ -26,9 +26,9 @@ from trt_inline import compat, distributed, formats, package, progress
 from trt_inline.distributed import rank_check
 from trt_inline.embedding import embeds_boundaries, reference_extra_files, reference_limit
 from trt_inline.errors import SaveError
-from trt_inline.flat_program import drop_provenance, exported_program_from_graph, in_signature_order
-from trt_inline.module_state import buffers_restored
-from trt_inline.passes import transform
+from trt_inline.inlining.flat_program import drop_provenance, exported_program_from_graph, in_signature_order
+from trt_inline.inlining.module_state import buffers_restored
+from trt_inline.inlining.passes import transform
 from trt_inline.verify.checked_run import checking
 from trt_inline.verify.compare import isolated_run
 from trt_inline.verify.declared import output_spec_problems

@@ -64,7 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union
 
-from trt_inline.errors import decoded_text, printable
+from trt_inline.errors import MessageError, decoded_text, printable
 
 __all__ = ["MAX_DEPTH", "Bounds", "MessageError", "Wire", "decode", "encode", "wire", "wire_of"]
 
@@ -76,10 +76,6 @@ _KEY = "wire"
 _INT_RANGE = range(-(1 << 63), 1 << 63)
 
 T = TypeVar("T")
-
-
-class MessageError(ValueError):
-    """A message that is not what its dataclass declares: its path (``tolerances.atol``) and what is wrong."""
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from trt_inline import compat, formats, scalars
+from trt_inline import compat, formats
 from trt_inline.errors import SaveError, TrtInlineError, first_line
 from trt_inline.formats import EXTRA_FOLDER, PACKAGE_INFO_FILE
+from trt_inline.inlining import scalars
 
 __all__ = ["compile_package", "extend_package", "load_package", "output_kinds_of", "package_info", "package_root"]
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, as_list, load_in_fresh_process, max_abs_diff
-from models import Chain, ConvBnRelu, HalfOverflow, MultiOutputBothSides, ScalarCase, TinyResNet, scalar_cases
+from support.models import Chain, ConvBnRelu, HalfOverflow, MultiOutputBothSides, ScalarCase, TinyResNet, scalar_cases
+from support.processes import REPO, load_in_fresh_process
+from support.values import as_list, max_abs_diff
 
 import trt_inline
 
@@ -166,7 +167,7 @@ _SCALAR_CASES = scalar_cases()
 @pytest.mark.parametrize("case", _SCALAR_CASES, ids=[c.name for c in _SCALAR_CASES])
 def test_scalar_crossing_engine_boundaries(tmp_path: Path, case: ScalarCase, retrace: bool) -> None:
     """The scalar-boundary models on real engines, at both ends of the declared range and in between."""
-    from test_scalars import scalar_crossings
+    from support.scalars import scalar_crossings
 
     torch_tensorrt = _torch_tensorrt()
     inputs = tuple(t.cuda() for t in case.inputs)
@@ -233,7 +234,7 @@ _STOCK_SAVE = textwrap.dedent(
     """
     import sys, torch, torch_tensorrt
     sys.path.insert(0, sys.argv[2])
-    from models import ConvBnRelu
+    from support.models import ConvBnRelu
     torch.manual_seed(0)
     model, x = ConvBnRelu().eval().cuda(), torch.randn(2, 3, 16, 16).cuda()
     compiled = torch_tensorrt.dynamo.compile(
@@ -281,7 +282,7 @@ def test_save_keeps_one_copy_of_every_engine(tmp_path: Path) -> None:
     import importlib
     import inspect
 
-    from memory_steps import build_chain
+    from support.memory_steps import build_chain
 
     torch_tensorrt = _torch_tensorrt()
     model, inputs = build_chain(8, 4096)
@@ -327,7 +328,7 @@ def test_per_engine_and_diff_on_tensorrt_engines(tmp_path: Path, monkeypatch: py
     Running a TensorRT engine runs native code from the file: ``--allow-native-code``
     is required for both, as for any run of a TensorRT file.
     """
-    from models import CrossedHalves
+    from support.models import CrossedHalves
 
     torch_tensorrt = _torch_tensorrt()
     model, x = CrossedHalves().eval().cuda(), torch.randn(3, 8).cuda()
@@ -410,7 +411,7 @@ def test_refit_of_a_loaded_trt_inline_file(tmp_path: Path) -> None:
     structural match against the loaded program must hold, and the refitted
     engines must compute what the model with the new weights does.
     """
-    from models import CrossedHalves
+    from support.models import CrossedHalves
 
     torch_tensorrt = _torch_tensorrt()
     model, x = CrossedHalves().eval().cuda(), torch.randn(3, 8).cuda()

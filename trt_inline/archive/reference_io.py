@@ -28,8 +28,8 @@ from trt_inline.archive.pickles import read_torch_save
 from trt_inline.archive.views import BytesView
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError, first_line
 from trt_inline.formats import REFERENCE_IO_FILE
+from trt_inline.inlining.scalars import kinds_of
 from trt_inline.output_tree import OutputTree, describe, values
-from trt_inline.scalars import kinds_of
 
 __all__ = [
     "REFERENCE_IO_FILE",

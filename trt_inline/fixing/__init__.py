@@ -18,13 +18,15 @@ module              concern
 ``candidates``      what the search chooses among (nodes, or operators), in the user's terms
 ``builds``          one build with a set changed: the default compile, its settings, the call
                     to paste, its error per case, its engines and fallbacks
-``cases``           the cases a build is held to: a ``--cases`` folder, or inputs run in fp32
-``report``          ``FixReport`` (text and JSON), ``FixedNode``, ``CaseError``, ``FixError``
+``build_cases``     the cases a build is held to: a ``--cases`` folder, or inputs run in fp32
+``fix_report``      ``FixReport`` (text and JSON), ``FixedNode``, ``CaseError``
 ``script``          a user's script as ``trt-inline fix`` reads it: the model, its inputs, settings
+``out``             ``fix --out``: the build with the settings found saved and verified
 ==================  ==========================================================================
 """
 
-from trt_inline.fixing.report import FixedNode, FixError, FixReport
+from trt_inline.errors import FixError
+from trt_inline.fixing.fix_report import FixedNode, FixReport
 from trt_inline.fixing.runner import find_fix
 
 __all__ = ["FixError", "FixReport", "FixedNode", "find_fix"]

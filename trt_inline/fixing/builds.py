@@ -22,8 +22,8 @@ import torch.fx
 
 from trt_inline.engines import is_accelerated_call, is_fallback_call
 from trt_inline.errors import VerifyInputError
-from trt_inline.fixing.cases import HeldCase, flat_tensors
-from trt_inline.fixing.report import BuildShape, settings_arguments
+from trt_inline.fixing.build_cases import HeldCase, flat_tensors
+from trt_inline.fixing.fix_report import BuildShape, settings_arguments
 from trt_inline.reference.lowered import LOWERED_ATTRIBUTE, LoweredNode
 from trt_inline.reference.release import PIPELINE_ATTRIBUTE
 from trt_inline.verify.options import Tolerances

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trt_inline.fixing.report import FixedNode
+from trt_inline.fixing.fix_report import FixedNode
 from trt_inline.reference.lowered import LoweredNode
 
 __all__ = ["TOP_LEVEL", "candidates", "described", "matches"]

@@ -7,10 +7,9 @@ from typing import Any
 
 import torch
 
-from trt_inline import progress
-from trt_inline.export import save
+from trt_inline import export, progress
 from trt_inline.fixing.builds import default_compile
-from trt_inline.fixing.report import FixReport, plain
+from trt_inline.fixing.fix_report import FixReport, plain
 from trt_inline.verify import verify
 from trt_inline.verify.options import Tolerances
 
@@ -34,7 +33,7 @@ def save_verified(
     progress.report(f"compiling with the settings found and saving the build to {out}")
     torch.manual_seed(seed)
     compiled = default_compile()(module, arg_inputs, **report.settings)
-    save(compiled, out, arg_inputs=arg_inputs)
+    export.save(compiled, out, arg_inputs=arg_inputs)
     with torch.no_grad():
         expected = module(*arg_inputs)
     verdict = verify(out, arg_inputs=list(arg_inputs), expected=expected, tolerances=tolerance)

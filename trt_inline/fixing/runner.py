@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from trt_inline import progress
+from trt_inline.fixing.build_cases import HeldCase, held_cases
 from trt_inline.fixing.builds import (
     Compile,
     Measured,
@@ -30,8 +31,7 @@ from trt_inline.fixing.builds import (
 )
 from trt_inline.fixing.candidates import TOP_LEVEL, described, matches
 from trt_inline.fixing.candidates import candidates as candidates_of
-from trt_inline.fixing.cases import HeldCase, held_cases
-from trt_inline.fixing.report import (
+from trt_inline.fixing.fix_report import (
     FIXED,
     INTERRUPTED,
     NO_FIX,
@@ -95,7 +95,7 @@ def find_fix(
     member that is not needed is dropped), and in the build with the settings found, the nodes the set names
     are the ones the pipeline changed (a pattern or operator that reaches no node is an error).
 
-    Raises :class:`~trt_inline.fixing.report.FixError` where it cannot search (no case, a strategy the settings
+    Raises :class:`~trt_inline.fixing.fix_report.FixError` where it cannot search (no case, a strategy the settings
     cannot express).
     """
     criteria = renamed_tolerances(tolerances, tolerance, "find_fix")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from trt_inline.errors import first_line, printable
-from trt_inline.fixing.report import FixError
+from trt_inline.fixing.fix_report import FixError
 
 __all__ = ["RUN_NAME", "ScriptModel", "default_settings", "load_script", "settings_from_json"]
 

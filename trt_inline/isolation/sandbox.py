@@ -61,11 +61,9 @@ import termios
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trt_inline.errors import SandboxUnavailable
+
 __all__ = ["Applied", "Policy", "SandboxUnavailable", "Status", "cuda_devices_visible", "enter", "status"]
-
-
-class SandboxUnavailable(RuntimeError):
-    """A wall the sandbox needs (Landlock, seccomp) cannot be set up on this system."""
 
 
 @dataclass(frozen=True)

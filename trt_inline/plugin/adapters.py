@@ -5,8 +5,8 @@ Which functions a release gets replaced, and why, is its record in
 stock ``inline_trt_modules`` (the installed version picks among releases that
 share them). This module builds each replacement:
 
-* ``inline_torch_modules``: :func:`trt_inline.passes.inline_torch_modules`.
-* ``inline_trt_modules``: :func:`trt_inline.passes.inline_trt_modules`; 2.5's
+* ``inline_torch_modules``: :func:`trt_inline.inlining.passes.inline_torch_modules`.
+* ``inline_trt_modules``: :func:`trt_inline.inlining.passes.inline_trt_modules`; 2.5's
   ``(gm, outputs_map)`` form types engine outputs from the engine
   (:func:`inline_trt_modules_with_outputs_map`); 2.14's keeps the stock
   KV-cache mutation exposure (:func:`exposing_inline_trt_modules`).
@@ -37,10 +37,11 @@ import torch.fx
 from torch.export import ExportGraphSignature
 from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 
-from trt_inline import compat, engines, passes, releases
+from trt_inline import compat, engines, releases
 from trt_inline.errors import PatchError, SaveError
-from trt_inline.flat_program import add_missing_ranges, drop_guard_calls, drop_unserializable, lift_into
-from trt_inline.module_state import buffers_restored
+from trt_inline.inlining import passes
+from trt_inline.inlining.flat_program import add_missing_ranges, drop_guard_calls, drop_unserializable, lift_into
+from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.plugin.save import sample_inputs_of_this_save
 
 __all__ = ["lift", "preflight", "record_engine_outputs", "release_of", "replacements_for", "torch_tensorrt_version"]
@@ -168,7 +169,7 @@ def lift(
 ) -> tuple[torch.fx.GraphModule, ExportGraphSignature, dict[str, Any], dict[str, Any]]:
     """Drop-in for Torch-TensorRT's ``_exporter.lift`` (the legacy ``retrace=False`` exporter).
 
-    Same contract (:func:`trt_inline.flat_program.lift_into`). Unlike the stock
+    Same contract (:func:`trt_inline.inlining.flat_program.lift_into`). Unlike the stock
     function before 2.14, buffer specs carry ``persistent`` (torch >= 2.3 refuses
     them without it), non-persistent buffers are not saved as state, and
     ``_guards_fn`` calls left by ``ExportedProgram.module()`` are dropped instead
@@ -388,7 +389,7 @@ def sharing_copy_module() -> ModuleType:
     constant, and re-creates each engine (deserializing it again where
     ``TorchTensorRTModule`` has no ``__deepcopy__``, 2.5 to 2.11); the passes
     after it only rewire graphs. With this module bound there instead,
-    ``deepcopy(gm)`` is :func:`trt_inline.passes.copy_module`; anything else is
+    ``deepcopy(gm)`` is :func:`trt_inline.inlining.passes.copy_module`; anything else is
     the standard library's ``copy``.
     """
     shared = ModuleType("trt_inline.plugin.copy", copy.__doc__)

@@ -30,8 +30,8 @@ import torch.fx
 from trt_inline import compat, distributed, embedding, engines, export, formats, package, releases
 from trt_inline.distributed import rank_check
 from trt_inline.distributed.manifest import RankManifest
-from trt_inline.flat_program import in_signature_order
 from trt_inline.formats import REFERENCE_IO_ENV
+from trt_inline.inlining.flat_program import in_signature_order
 from trt_inline.plugin import ranges
 
 __all__ = ["REFERENCE_IO_ENV", "sample_inputs_of_this_save", "save_with_reference_io"]

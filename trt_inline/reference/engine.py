@@ -39,10 +39,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import compat, engines, scalars
-from trt_inline.attributes import resolve_attribute
+from trt_inline import compat, engines
 from trt_inline.engines import EngineSignature
 from trt_inline.errors import EngineFormatError
+from trt_inline.inlining import scalars
+from trt_inline.inlining.attributes import resolve_attribute
 from trt_inline.module_paths import node_origin
 from trt_inline.reference.program import (
     ALIGN,

@@ -19,10 +19,11 @@ import torch
 import torch.fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from trt_inline import compat, scalars
+from trt_inline import compat
 from trt_inline.distributed.manifest import is_collective
 from trt_inline.engines import FALLBACK_PREFIX
-from trt_inline.module_state import buffers_restored
+from trt_inline.inlining import scalars
+from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.reference.program import SCALAR_TARGETS, can_encode_args, encodable_target
 
 __all__ = ["ReferenceOperatorSupport", "partition", "resolve_ops"]

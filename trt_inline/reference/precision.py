@@ -40,9 +40,9 @@ import torch
 import torch.fx
 
 from trt_inline import compat
-from trt_inline.attributes import resolve_attribute
+from trt_inline.inlining.attributes import resolve_attribute
+from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.logs import log_graph
-from trt_inline.module_state import buffers_restored
 from trt_inline.reference.lowered import module_path, operator_name
 
 __all__ = [

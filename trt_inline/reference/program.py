@@ -10,7 +10,7 @@ naming the step), so a program from a stranger's file reaches no other callable.
 Inputs and outputs are described (``input_specs`` / ``output_specs``): a
 tensor's dtype and dims (with the symbol naming each dynamic dim), or a scalar
 with its dtype and, for a SymInt, the size expression it equals
-(:mod:`trt_inline.symbolic`). A scalar input arrives as a 0-d tensor and is
+(:mod:`trt_inline.inlining.symbolic`). A scalar input arrives as a 0-d tensor and is
 read back with ``item()``, or, while tracing, recomputed from the input sizes;
 a scalar output leaves as a 0-d tensor.
 
@@ -32,9 +32,10 @@ from typing import Any
 import torch
 import torch.fx
 
-from trt_inline import allowed_ops, compat, scalars, symbolic
+from trt_inline import allowed_ops, compat
 from trt_inline.engines import ValueSpec
 from trt_inline.errors import EngineFormatError, RefusedOperatorError, printable
+from trt_inline.inlining import scalars, symbolic
 from trt_inline.module_paths import NodeOrigin, file_origin
 
 __all__ = [

@@ -34,9 +34,9 @@ from trt_inline import engines, progress
 from trt_inline.archive.reference_io import EngineBoundary
 from trt_inline.engines import EngineOp, is_accelerated_call, is_engine_call
 from trt_inline.errors import VerifyInputError, first_line
+from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.isolation import is_allocation_failure
 from trt_inline.module_paths import Coverage
-from trt_inline.module_state import buffers_restored
 from trt_inline.verify.checked_run import CheckedRun, running_as
 from trt_inline.verify.compare import isolated_run, normal_call
 from trt_inline.verify.graph_table import Region, Vocabulary

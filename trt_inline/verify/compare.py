@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 from trt_inline import compat
 from trt_inline.engines import engine_submodule_key
 from trt_inline.errors import RankSetError, RefusedOperatorError, VerifyInputError, first_line
-from trt_inline.module_state import buffers_restored
+from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, describe, values
 from trt_inline.verify.checked_run import CheckedRun, checking, run_checks
 from trt_inline.verify.garbage import Sightings
@@ -605,6 +605,16 @@ def top_k_agreement(actual: Any, expected: torch.Tensor, k: int) -> tuple[int, i
     agree = (top(actual) == top(expected)).all(dim=-1)
     rows, agreeing = agree.numel(), int(agree.sum())
     return rows, agreeing, None if agreeing == rows else int((~agree).nonzero()[0, 0])
+
+
+def unranked(outputs: Sequence[OutputComparison], k: int, minimum: float | None) -> tuple[str, bool] | None:
+    """Where ``--top-k k`` ranked no output (none is floating point with at least ``k`` values in its last
+    dimension): what to say, and whether it is a problem (a floor asked for, ``minimum``, and nothing held to it: no
+    pass); None where one was ranked."""
+    if any(output.top_k is not None for output in outputs):
+        return None
+    line = f"--top-k {k}: no output was ranked (none is floating point with at least {k} values in its last dimension)"
+    return line, minimum is not None
 
 
 def ranked(

@@ -36,7 +36,7 @@ from trt_inline.isolation import Limits, default_memory_limit, job
 from trt_inline.output_tree import OutputTree, Pairing, by_path, describe_spec
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, trace_program
-from trt_inline.verify.compare import Criteria, collapse_warnings, ranked, run_on
+from trt_inline.verify.compare import Criteria, collapse_warnings, ranked, run_on, unranked
 from trt_inline.verify.localize import (
     Reference,
     localize,
@@ -182,9 +182,9 @@ def _rank_outputs(
             agreement = comparison.top_k_agreement
             if minimum is not None and agreement is not None and agreement < minimum and comparison.problem:
                 report.problems.append(comparison.problem)
-    if not any(comparison.top_k is not None for comparison in report.outputs):
-        report.notes.append(f"--top-k {k}: no output was ranked (none is floating point with at least {k} values in "
-                            "its last dimension)")  # fmt: skip
+    said = unranked(report.outputs, k, minimum)
+    if said is not None:  # (as verify says it: a floor asked for and nothing held to it is a problem, no pass)
+        (report.problems if said[1] else report.notes).append(said[0])
 
 
 @dataclass

@@ -35,11 +35,11 @@ from torch.utils import _pytree as pytree
 
 from trt_inline import compat
 from trt_inline.archive.reference_io import REFERENCE_IO_FILE, EngineBoundary, ReferenceIO, encode_reference_io
-from trt_inline.attributes import resolve_attribute
 from trt_inline.engines import engine_inputs, is_engine_call
 from trt_inline.errors import VerifyInputError
-from trt_inline.flat_program import exported_program_from_graph
 from trt_inline.formats import atomic_write
+from trt_inline.inlining.attributes import resolve_attribute
+from trt_inline.inlining.flat_program import exported_program_from_graph
 from trt_inline.verify.graph_table import Vocabulary
 from trt_inline.verify.report import Divergence
 

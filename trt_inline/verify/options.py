@@ -445,7 +445,7 @@ GROUPS: tuple[type[OptionGroup], ...] = (Inputs, Reference, Tolerances, Trust, I
 
 
 # The fields as keyword arguments of their own (``verify(path, atol=1e-3)``): their types as the groups declare
-# them (tests/test_options.py holds the two to the same names and types).
+# them (tests/verify/test_options.py holds the two to the same names and types).
 
 
 class InputsFields(TypedDict, total=False):
@@ -497,7 +497,7 @@ class OutputsFields(TypedDict, total=False):
 
 # What each entry point takes as keywords: exactly the fields whose declaration's ``used_by`` names it, so that
 # a type checker refuses the others (diff(a, b, strict=True)) as it refuses any keyword a function does not take;
-# at run time they are refused too (:func:`gather`). ENTRY_POINT_FIELDS: each entry point's (tests/test_options.py
+# at run time they are refused too (:func:`gather`). ENTRY_POINT_FIELDS: each entry point's (tests/verify/test_options.py
 # holds each to its used_by, names and types).
 class VerifyFields(InputsFields, ReferenceFields, TolerancesFields, TrustFields, IsolationFields, OutputsFields):
     """``verify``'s keywords: every field."""

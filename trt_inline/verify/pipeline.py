@@ -43,14 +43,14 @@ from trt_inline.archive.reference_io import (
 from trt_inline.distributed import relay as rank_relay
 from trt_inline.distributed.manifest import collectives_of, decode_manifest, program_mismatch, rank_check_problem
 from trt_inline.errors import RefusedOperatorError, VerifyInputError, first_line
+from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.isolation import is_allocation_failure
-from trt_inline.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, by_path, describe, is_flat
 from trt_inline.package import load_package
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.checked_run import ProgramInputs
-from trt_inline.verify.compare import Criteria, Run, normal_call, run_on
+from trt_inline.verify.compare import Criteria, Run, normal_call, run_on, unranked
 from trt_inline.verify.extract import diverged_engine, diverged_value, engine_repro, region_repro
 from trt_inline.verify.garbage import Sightings, garbage_warnings
 from trt_inline.verify.localize import Reference as BoundaryReference
@@ -229,14 +229,8 @@ class Verification:
                 raise VerifyInputError("expected_module needs arg_inputs (the file embeds no inputs)")
             args = list(arg_inputs) if arg_inputs is not None else embedded.args  # type: ignore[union-attr]
             kwargs = kwargs or (embedded.kwargs if embedded is not None and arg_inputs is None else {})
-            with (
-                recording(expected_module if reference.per_engine else None) as records,
-                normal_call(),
-                buffers_restored(expected_module) as restored,
-            ):
-                returned = restored.apart(expected_module(*args, **kwargs))
+            returned, recorded = run_expected_module(expected_module, args, kwargs, per_engine=reference.per_engine)
             report.expected_source = "module"
-            recorded = records if reference.per_engine else None
             return _Chosen(args, kwargs, tensors_only(returned, "expected outputs"), describe(returned), recorded,
                            device)  # fmt: skip
         if reference.expected_from is not None:
@@ -349,11 +343,9 @@ class Verification:
             if comparison.problem:
                 report.problems.append(comparison.problem)
         top_k = criteria.top_k
-        if top_k is not None and not any(output.top_k is not None for output in report.outputs):
-            unranked = (f"--top-k {top_k}: no output was ranked (none is floating point with at least {top_k} "
-                        "values in its last dimension)")  # fmt: skip
-            # (a floor asked for and nothing held to it: no pass)
-            (report.notes if criteria.min_top_k_agreement is None else report.problems).append(unranked)
+        said = unranked(report.outputs, top_k, criteria.min_top_k_agreement) if top_k is not None else None
+        if said is not None:
+            (report.problems if said[1] else report.notes).append(said[0])
         return any(not o.ok for o in report.outputs)
 
     # -- localize -----------------------------------------------------------------------------------------------
@@ -654,6 +646,20 @@ def _random_runs(
         "give finite outputs, nothing more: one file has no reference outputs for them, so a wrong value (a fault "
         "that shows only at other sizes) passes; trt-inline diff A B --random-inputs N compares two files on them"
     )
+
+
+def run_expected_module(
+    module: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], *, per_engine: bool
+) -> tuple[Any, Any]:
+    """What ``expected_module`` returns on the inputs (run as a normal call, its buffers put back afterwards, its
+    outputs apart from them), and with ``per_engine`` its engine boundaries recorded (else None)."""
+    with (
+        recording(module if per_engine else None) as records,
+        normal_call(),
+        buffers_restored(module) as restored,
+    ):
+        returned = restored.apart(module(*args, **kwargs))
+    return returned, records if per_engine else None
 
 
 def module_differs(

@@ -19,9 +19,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from trt_inline import engines
-from trt_inline.attributes import resolve_attribute
 from trt_inline.distributed.manifest import rank_check_problem
 from trt_inline.errors import TrtInlineError, first_line
+from trt_inline.inlining.attributes import resolve_attribute
 from trt_inline.verify.declared import output_spec_problems
 from trt_inline.verify.report import describe_value
 

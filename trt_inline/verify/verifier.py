@@ -34,11 +34,9 @@ from trt_inline.distributed import relay as rank_relay
 from trt_inline.errors import IsolationError, VerifyInputError, printable
 from trt_inline.formats import atomic_write, format_size
 from trt_inline.isolation import Limits, job, run_isolated
-from trt_inline.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, describe
 from trt_inline.verify import range_ends
-from trt_inline.verify.boundaries import recording
-from trt_inline.verify.compare import Criteria, collapse_warnings, normal_call
+from trt_inline.verify.compare import Criteria, collapse_warnings
 from trt_inline.verify.extract import repro_folder, write_repro
 from trt_inline.verify.options import (
     VERIFY,
@@ -56,7 +54,7 @@ from trt_inline.verify.options import (
     normalize_tolerance,
     top_k_checked,
 )
-from trt_inline.verify.pipeline import Handed, Keep, Verification, given_tree, module_differs
+from trt_inline.verify.pipeline import Handed, Keep, Verification, given_tree, module_differs, run_expected_module
 from trt_inline.verify.report import RANGE_END_NAMES, VerifyReport
 
 if sys.version_info >= (3, 11):
@@ -220,14 +218,10 @@ def verify(
                 "random inputs are drawn from the file's declared ranges in the child that opens it, where "
                 "expected_module cannot run: pass isolate=False (a trusted file), or compare two files with diff"
             )
-        with (
-            recording(expected_module if reference.per_engine else None) as records,
-            normal_call(),
-            buffers_restored(expected_module) as restored,
-        ):
-            returned = restored.apart(expected_module(*arg_inputs, **(inputs.kwarg_inputs or {})))
-            expected, expected_tree = tensors_only(returned, "expected outputs"), describe(returned)
-        recorded = records if reference.per_engine else None
+        returned, recorded = run_expected_module(
+            expected_module, arg_inputs, dict(inputs.kwarg_inputs or {}), per_engine=reference.per_engine
+        )
+        expected, expected_tree = tensors_only(returned, "expected outputs"), describe(returned)
         label = "module"
     limits = Limits.for_file(path, isolation.timeout, isolation.memory_limit)
     if expected is not None and label is None:
