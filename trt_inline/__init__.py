@@ -66,12 +66,19 @@ from trt_inline.errors import (
 )
 from trt_inline.export import save, to_exported_program
 from trt_inline.fixing import FixReport, find_fix
+from trt_inline.inlining import attributes, flat_program, module_state, passes, scalars, symbolic
 from trt_inline.inlining.flat_program import exported_program_from_graph
 from trt_inline.inlining.passes import inline_torch_modules, inline_trt_modules, transform
 from trt_inline.plugin import enabled, install, is_active, uninstall
 from trt_inline.verify import VerifyReport, diff, verify
 
 __version__ = "0.1.0"
+
+# The inlining core's modules by the names they had before it was a package (``trt_inline.passes`` was documented):
+# the same module objects, so ``from trt_inline.passes import inline_trt_modules`` is the function itself.
+for _module in (attributes, flat_program, module_state, passes, scalars, symbolic):
+    _sys.modules.setdefault(f"trt_inline.{_module.__name__.rpartition('.')[2]}", _module)
+del _module
 
 __all__ = [
     "CompileError",

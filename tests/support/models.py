@@ -301,7 +301,6 @@ DERIVED_SCALARS_FROM = (2, 10)
 def derived_scalars_skip() -> str | None:
     """Why this torch cannot re-export a derived Dim's scalar crossing an engine boundary; None where it can."""
     from support.pairs import minor
-
     from trt_inline import compat
 
     if not compat.traces_size_obliviously():
@@ -397,6 +396,7 @@ def operator_survey() -> list[tuple[str, nn.Module, tuple[torch.Tensor, ...]]]:
     refuses (uninitialized memory; SECURITY.md).
     """
     import torch.nn.functional as F
+
     from support.pairs import minor
 
     x4, x3, x2 = torch.randn(2, 3, 16, 16), torch.randn(2, 5, 32), torch.randn(4, 32)

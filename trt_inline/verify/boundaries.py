@@ -217,7 +217,7 @@ class EngineCall:
     alone: list[torch.Tensor] | None = None  # its outputs run alone on the recorded inputs
     alone_problem: str | None = None  # why it could not be run alone
     # The engine op and its arguments after the inputs (a reference engine's payload and program): what the drill
-    # inside a divergent engine runs (:mod:`trt_inline.verify.op_drill`).
+    # inside a divergent engine runs (:mod:`trt_inline.verify.drill`).
     op: EngineOp | None = field(default=None, compare=False, repr=False)
     engine: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     # In the user's terms, where the file records them (:mod:`trt_inline.module_paths`): the modules and source

@@ -497,8 +497,8 @@ class OutputsFields(TypedDict, total=False):
 
 # What each entry point takes as keywords: exactly the fields whose declaration's ``used_by`` names it, so that
 # a type checker refuses the others (diff(a, b, strict=True)) as it refuses any keyword a function does not take;
-# at run time they are refused too (:func:`gather`). ENTRY_POINT_FIELDS: each entry point's (tests/verify/test_options.py
-# holds each to its used_by, names and types).
+# at run time they are refused too (:func:`gather`). ENTRY_POINT_FIELDS: each entry point's
+# (tests/verify/test_options.py holds each to its used_by, names and types).
 class VerifyFields(InputsFields, ReferenceFields, TolerancesFields, TrustFields, IsolationFields, OutputsFields):
     """``verify``'s keywords: every field."""
 

@@ -155,7 +155,7 @@ class BoundaryRow:
 
 @dataclass
 class OpDrill:
-    """Inside a divergent engine, op by op (:mod:`trt_inline.verify.op_drill`): the first op whose own error crosses
+    """Inside a divergent engine, op by op (:mod:`trt_inline.verify.drill`): the first op whose own error crosses
     its tolerance, in the user's terms; or, with no ``step``, a line saying why no op is named."""
 
     summary: str  # the op and its own error; or every op within tolerance; or no op-level program

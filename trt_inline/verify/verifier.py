@@ -316,7 +316,10 @@ def report_of_child(
         request, tensors, limits, where=where, files=files, sandbox=isolation.sandbox, imports=trust.allow_pickle,
         native_code=trust.allow_native_code, debug=isolation.debug, relay=relay, read_ahead=read_ahead,
     )  # fmt: skip
-    report: VerifyReport = result.value
+    report = result.value
+    # (what the job declares it answers with: a request whose job declares anything else is refused, never trusted)
+    if not isinstance(report, VerifyReport):
+        raise IsolationError(f"{where}: the child's job does not answer with a report")
     back = _handed_back(result.tensors, where)
     keep = request.keep() if isinstance(request, VerifyRequest) else Keep(outputs=request.keep_outputs)
     handed = Handed(
