@@ -17,6 +17,7 @@ import torch
 from trt_inline.isolation import job
 from trt_inline.messages import wire
 from trt_inline.verify.options import Trust
+from trt_inline.verify.pipeline import Keep
 from trt_inline.verify.report import VerifyReport
 
 
@@ -49,6 +50,9 @@ class ReportRequest:
     arguments: dict[str, Any] = field(default_factory=dict, metadata=wire(unread=True))
     trust: Trust = field(default_factory=Trust)
     keep_outputs: bool = False
+
+    def keep(self) -> Keep:
+        return Keep(outputs=self.keep_outputs)
 
 
 @job(ReportRequest, response=VerifyReport)

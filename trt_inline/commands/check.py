@@ -169,9 +169,8 @@ def check_engines(
     check_path(where)
     limits = Limits.for_file(where, timeout, memory_limit)
     result = run_isolated(
-        NeedsRequest.of(where, allow_pickle), None, limits, where=where, files=(where,), sandbox=sandbox,
-        imports=allow_pickle,
-    )  # fmt: skip
+        NeedsRequest.of(where, allow_pickle), None, limits, where=where, files=(where,), sandbox=sandbox
+    )
     infos = result.value.engines
     target = machine if machine is not None else this_machine()  # (after the child: nothing forks from here on)
     report = CheckReport(where, target, infos)

@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits.for_file(args.path, isolation.timeout, isolation.memory_limit)
     result = run_isolated(
         InspectRequest.of(args.path, trust), None, limits, where=args.path, files=(args.path,),
-        sandbox=isolation.sandbox, imports=trust.allow_pickle, native_code=trust.allow_native_code,
-        debug=isolation.debug,
+        sandbox=isolation.sandbox, debug=isolation.debug,
     )  # fmt: skip
     answer: InspectResponse = result.value
     lines, engines = answer.lines, answer.engines

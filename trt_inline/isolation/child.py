@@ -95,8 +95,6 @@ def run_isolated(
     where: str,
     files: tuple[str, ...] = (),
     sandbox: bool = True,
-    imports: bool = False,
-    native_code: bool = False,
     debug: bool = False,
     namespaces: bool = True,
     relay: RelayServer | None = None,
@@ -111,9 +109,11 @@ def run_isolated(
     ``files``: what the job opens (readable in the sandbox, and mapped within its
     address space). ``tensors`` go through ``torch.save`` into the request.
     ``sandbox=False`` runs the child without the OS sandbox (limits still hold).
-    ``imports``: the sandbox lets the child read every folder on the import path
-    (an unpickler the user allowed imports modules by name). ``native_code``: the job
-    may load native code the user allowed (a package's library, TensorRT engines).
+    What the child may do beyond reading its files is what the request's ``trust`` allows (a
+    request without one: nothing), so no caller gives a child more than its request says:
+    ``allow_pickle``, the sandbox lets it read every folder on the import path (an unpickler
+    the user allowed imports modules by name); ``allow_native_code``, the job may load native
+    code the user allowed (a package's library, TensorRT engines).
     ``namespaces=False`` leaves the namespace layer out (tests of the other walls).
     ``relay``: the child verifies one rank of a rank set; its collectives come
     over a second pair of pipes and ``relay`` answers them (:mod:`trt_inline.distributed.relay`).
@@ -125,6 +125,10 @@ def run_isolated(
 
     job = job_of(request)
     sent = _sendable(request, where)
+    # (what the child may do is what its request's trust allows: a request without one, nothing)
+    trust = getattr(request, "trust", None)
+    imports = bool(getattr(trust, "allow_pickle", False))
+    native_code = bool(getattr(trust, "allow_native_code", False))
     sandbox_required(sandbox)
     _fits(files, limits, where)
     progress.report(f"{where}: starting a {'sandboxed ' if sandbox else ''}child process to open it")

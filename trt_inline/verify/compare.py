@@ -18,7 +18,7 @@ from trt_inline.inlining.module_state import buffers_restored
 from trt_inline.output_tree import OutputTree, describe, values
 from trt_inline.verify.checked_run import CheckedRun, checking, run_checks
 from trt_inline.verify.garbage import Sightings
-from trt_inline.verify.report import OutputComparison, describe_value
+from trt_inline.verify.report import OutputComparison, VerifyReport, describe_value
 
 __all__ = [
     "ERROR_STATS",
@@ -607,14 +607,14 @@ def top_k_agreement(actual: Any, expected: torch.Tensor, k: int) -> tuple[int, i
     return rows, agreeing, None if agreeing == rows else int((~agree).nonzero()[0, 0])
 
 
-def unranked(outputs: Sequence[OutputComparison], k: int, minimum: float | None) -> tuple[str, bool] | None:
-    """Where ``--top-k k`` ranked no output (none is floating point with at least ``k`` values in its last
-    dimension): what to say, and whether it is a problem (a floor asked for, ``minimum``, and nothing held to it: no
-    pass); None where one was ranked."""
-    if any(output.top_k is not None for output in outputs):
-        return None
+def say_unranked(report: VerifyReport, k: int, minimum: float | None) -> None:
+    """Where ``--top-k k`` ranked none of ``report``'s outputs (none is floating point with at least ``k`` values in
+    its last dimension), say so: a note, or a problem where a floor was asked for (``minimum``) and nothing was held
+    to it (no pass)."""
+    if any(output.top_k is not None for output in report.outputs):
+        return
     line = f"--top-k {k}: no output was ranked (none is floating point with at least {k} values in its last dimension)"
-    return line, minimum is not None
+    (report.notes if minimum is None else report.problems).append(line)
 
 
 def ranked(

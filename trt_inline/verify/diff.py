@@ -36,7 +36,7 @@ from trt_inline.isolation import Limits, default_memory_limit, job
 from trt_inline.output_tree import OutputTree, Pairing, by_path, describe_spec
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, trace_program
-from trt_inline.verify.compare import Criteria, collapse_warnings, ranked, run_on, unranked
+from trt_inline.verify.compare import Criteria, collapse_warnings, ranked, run_on, say_unranked
 from trt_inline.verify.localize import (
     Reference,
     localize,
@@ -56,7 +56,7 @@ from trt_inline.verify.options import (
     for_child,
     gather,
 )
-from trt_inline.verify.pipeline import capture_device, check_given_inputs, open_trusted
+from trt_inline.verify.pipeline import Keep, capture_device, check_given_inputs, open_trusted
 from trt_inline.verify.random_inputs import Draw, draw_inputs
 from trt_inline.verify.range_ends import End
 from trt_inline.verify.report import BoundaryRow, Divergence, VerifyReport
@@ -89,6 +89,10 @@ class DiffRequest:
             path_a, path_b, for_child(options.inputs), for_child(options.tolerances), for_child(options.trust),
             keep_outputs=options.outputs.save_outputs is not None,
         )  # fmt: skip
+
+    def keep(self) -> Keep:
+        """What the child hands back besides its report: both files' outputs, where asked."""
+        return Keep(outputs=self.keep_outputs)
 
 
 def diff(
@@ -182,9 +186,7 @@ def _rank_outputs(
             agreement = comparison.top_k_agreement
             if minimum is not None and agreement is not None and agreement < minimum and comparison.problem:
                 report.problems.append(comparison.problem)
-    said = unranked(report.outputs, k, minimum)
-    if said is not None:  # (as verify says it: a floor asked for and nothing held to it is a problem, no pass)
-        (report.problems if said[1] else report.notes).append(said[0])
+    say_unranked(report, k, minimum)  # (as verify says it: a floor asked for and nothing held to it, no pass)
 
 
 @dataclass

@@ -50,7 +50,7 @@ from trt_inline.package import load_package
 from trt_inline.verify import range_ends
 from trt_inline.verify.boundaries import ProgramTrace, as_boundaries, recording, trace_program
 from trt_inline.verify.checked_run import ProgramInputs
-from trt_inline.verify.compare import Criteria, Run, normal_call, run_on, unranked
+from trt_inline.verify.compare import Criteria, Run, normal_call, run_on, say_unranked
 from trt_inline.verify.extract import diverged_engine, diverged_value, engine_repro, region_repro
 from trt_inline.verify.garbage import Sightings, garbage_warnings
 from trt_inline.verify.localize import Reference as BoundaryReference
@@ -343,9 +343,8 @@ class Verification:
             if comparison.problem:
                 report.problems.append(comparison.problem)
         top_k = criteria.top_k
-        said = unranked(report.outputs, top_k, criteria.min_top_k_agreement) if top_k is not None else None
-        if said is not None:
-            (report.problems if said[1] else report.notes).append(said[0])
+        if top_k is not None:
+            say_unranked(report, top_k, criteria.min_top_k_agreement)
         return any(not o.ok for o in report.outputs)
 
     # -- localize -----------------------------------------------------------------------------------------------

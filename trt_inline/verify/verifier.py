@@ -281,14 +281,10 @@ def strictly(report: VerifyReport, strict: bool) -> VerifyReport:
 
 
 class ChildVerification(Protocol):
-    """A request whose job answers with a :class:`VerifyReport` (``verify``'s, ``diff``'s): what it may do, and
-    whether it hands back its outputs."""
+    """A request whose job answers with a :class:`VerifyReport` (``verify``'s, ``diff``'s), and says what its child
+    hands back besides."""
 
-    @property
-    def trust(self) -> Trust: ...
-
-    @property
-    def keep_outputs(self) -> bool: ...
+    def keep(self) -> Keep: ...
 
 
 def report_of_child(
@@ -311,17 +307,16 @@ def report_of_child(
     own check (plain tensors only). ``read_ahead``: the file whose weights the job reads, read ahead by this
     process (:func:`run_isolated`); ``relay``: the child is one rank of a rank set.
     """
-    trust = request.trust
     result = run_isolated(
-        request, tensors, limits, where=where, files=files, sandbox=isolation.sandbox, imports=trust.allow_pickle,
-        native_code=trust.allow_native_code, debug=isolation.debug, relay=relay, read_ahead=read_ahead,
+        request, tensors, limits, where=where, files=files, sandbox=isolation.sandbox, debug=isolation.debug,
+        relay=relay, read_ahead=read_ahead,
     )  # fmt: skip
     report = result.value
     # (what the job declares it answers with: a request whose job declares anything else is refused, never trusted)
     if not isinstance(report, VerifyReport):
         raise IsolationError(f"{where}: the child's job does not answer with a report")
     back = _handed_back(result.tensors, where)
-    keep = request.keep() if isinstance(request, VerifyRequest) else Keep(outputs=request.keep_outputs)
+    keep = request.keep()
     handed = Handed(
         outputs=_outputs_of_child(back, where) if keep.outputs else None,
         recorded_run=_reference_of_child(back, where) if keep.recorded_run else None,
