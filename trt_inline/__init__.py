@@ -6,17 +6,28 @@ every submodule input to its producer by argument position. ``transform`` runs
 both on a copy and lints the result; ``save`` writes the ExportedProgram;
 ``verify`` checks a saved file; ``diff`` compares two saves engine by engine.
 
-``torch.ops.trt_inline.execute_engine``, the op of the CPU reference backend
-(:mod:`trt_inline.reference`), is defined at ``import torch`` by trt-inline's
-``torch.backends`` entry point, so files saved from that backend load with
-``torch.export.load`` alone; importing this package defines it where that entry
-point did not run (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
+``import trt_inline`` imports neither torch nor any of the names below: each is
+imported on its first use (:mod:`trt_inline.importing`), so that torch's entry point
+(:mod:`trt_inline.autoload`, run while torch is being imported) and the
+``trt-inline`` command (:mod:`trt_inline.__main__`, which starts its child's
+interpreter before it imports torch) can be modules of this package.
+
+The operators a saved file may call (:mod:`trt_inline.operators`:
+``torch.ops.trt_inline.execute_engine``, the reference backend's engine, and
+``trt_inline::check_ranks``) are defined at ``import torch`` by that entry point,
+so files saved from that backend load with ``torch.export.load`` alone; where the
+entry point did not run (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), importing this
+package defines them once torch is imported (at once where it is already).
 
 Packages, lowest floor first (imports point down only: ``python3 .ci/imports``):
 
 =======================  ===========================================================
 package or module        concern
 =======================  ===========================================================
+startup modules          ``switches`` (the environment switches, the names of the watched
+                         modules and of the operators), ``importing`` (names imported on
+                         first use, import hooks), ``isolation.interpreter`` (a child interpreter, started before
+                         torch is imported): standard library only
 :mod:`.inlining`         the inlining core: ``passes`` (the inline passes), ``flat_program``,
                          ``scalars``, ``symbolic``, ``attributes``, ``module_state``
 core modules             ``engines`` (what an engine is), ``allowed_ops`` (the operator
@@ -37,48 +48,117 @@ core modules             ``engines`` (what an engine is), ``allowed_ops`` (the o
 :mod:`.plugin`           ``torch_tensorrt.save`` / ``load`` patched, with no change to user code
 :mod:`.commands`         one module per verb (``doctor``, ``verify``, ``ranks``, ``diff``,
                          ``inspect``, ``check``, ``fix``) over shared argument groups
-``cli``, ``__main__``    the ``trt-inline`` command line: the dispatcher
+``operators``            the operators a saved file may call, defined once
+``autoload``             torch's ``torch.backends`` entry point: the operators, the import hooks
+``cli``                  the ``trt-inline`` command line: the dispatcher
+``__main__``             the ``trt-inline`` command (and ``python -m trt_inline``): its child's
+                         interpreter started, then the command line
 =======================  ===========================================================
 """
 
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import sys as _sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-if _sys.argv[:1] == ["-m"] and _sys.orig_argv[len(_sys.orig_argv) - len(_sys.argv)] == "trt_inline":
-    # `python -m trt_inline ...`: this package is imported before its __main__ runs, so the command's child
-    # interpreter is started here, before torch is imported, as the `trt-inline` script starts it.
-    from trt_inline_command import start_for
+from trt_inline.importing import lazy_exports
 
-    start_for(_sys.argv[1:])
-
-from trt_inline import reference
-from trt_inline.archive import load
-from trt_inline.errors import (
-    CompileError,
-    EngineFormatError,
-    IncompatibleTorchError,
-    InlineError,
-    LoadError,
-    PatchError,
-    SaveError,
-    TrtInlineError,
-    UnsafeArchiveError,
-    VerifyInputError,
-)
-from trt_inline.export import save, to_exported_program
-from trt_inline.fixing import FixReport, find_fix
-from trt_inline.inlining import attributes, flat_program, module_state, passes, scalars, symbolic
-from trt_inline.inlining.flat_program import exported_program_from_graph
-from trt_inline.inlining.passes import inline_torch_modules, inline_trt_modules, transform
-from trt_inline.plugin import enabled, install, is_active, uninstall
-from trt_inline.verify import VerifyReport, diff, verify
+if TYPE_CHECKING:
+    from trt_inline import reference
+    from trt_inline.archive import load
+    from trt_inline.errors import (
+        CompileError,
+        EngineFormatError,
+        IncompatibleTorchError,
+        InlineError,
+        LoadError,
+        PatchError,
+        SaveError,
+        TrtInlineError,
+        UnsafeArchiveError,
+        VerifyInputError,
+    )
+    from trt_inline.export import save, to_exported_program
+    from trt_inline.fixing import FixReport, find_fix
+    from trt_inline.inlining import attributes as attributes
+    from trt_inline.inlining import flat_program as flat_program
+    from trt_inline.inlining import module_state as module_state
+    from trt_inline.inlining import passes as passes
+    from trt_inline.inlining import scalars as scalars
+    from trt_inline.inlining import symbolic as symbolic
+    from trt_inline.inlining.flat_program import exported_program_from_graph
+    from trt_inline.inlining.passes import inline_torch_modules, inline_trt_modules, transform
+    from trt_inline.plugin import enabled, install, is_active, uninstall
+    from trt_inline.verify import VerifyReport, verify
+    from trt_inline.verify.diff import diff
 
 __version__ = "0.1.0"
 
-# The inlining core's modules by the names they had before it was a package (``trt_inline.passes`` was documented):
-# the same module objects, so ``from trt_inline.passes import inline_trt_modules`` is the function itself.
-for _module in (attributes, flat_program, module_state, passes, scalars, symbolic):
-    _sys.modules.setdefault(f"trt_inline.{_module.__name__.rpartition('.')[2]}", _module)
-del _module
+_ERRORS = (
+    "CompileError", "EngineFormatError", "IncompatibleTorchError", "InlineError", "LoadError", "PatchError",
+    "SaveError", "TrtInlineError", "UnsafeArchiveError", "VerifyInputError",
+)  # fmt: skip
+# The inlining core's modules, also by the names they had before it was a package (``trt_inline.passes`` was
+# documented): ``import trt_inline.passes`` gives the module ``trt_inline.inlining.passes`` itself.
+_INLINING = ("attributes", "flat_program", "module_state", "passes", "scalars", "symbolic")
+_EXPORTS = {
+    **{name: f"trt_inline.errors:{name}" for name in _ERRORS},
+    **{name: f"trt_inline.inlining.{name}" for name in _INLINING},
+    "reference": "trt_inline.reference",
+    "load": "trt_inline.archive:load",
+    "save": "trt_inline.export:save",
+    "to_exported_program": "trt_inline.export:to_exported_program",
+    "FixReport": "trt_inline.fixing:FixReport",
+    "find_fix": "trt_inline.fixing:find_fix",
+    "exported_program_from_graph": "trt_inline.inlining.flat_program:exported_program_from_graph",
+    "inline_torch_modules": "trt_inline.inlining.passes:inline_torch_modules",
+    "inline_trt_modules": "trt_inline.inlining.passes:inline_trt_modules",
+    "transform": "trt_inline.inlining.passes:transform",
+    "enabled": "trt_inline.plugin:enabled",
+    "install": "trt_inline.plugin:install",
+    "is_active": "trt_inline.plugin:is_active",
+    "uninstall": "trt_inline.plugin:uninstall",
+    "VerifyReport": "trt_inline.verify:VerifyReport",
+    "diff": "trt_inline.verify:diff",
+    "verify": "trt_inline.verify:verify",
+}
+lazy_exports(__name__, _EXPORTS)
+
+
+class _FormerName(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import trt_inline.passes`` (and the inlining core's other modules by their former names): the module
+    ``trt_inline.inlining.passes`` itself, not a second copy of it."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        package, _, name = fullname.rpartition(".")
+        if package != __name__ or name not in _INLINING:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(f"{__name__}.inlining.{spec.name.rpartition('.')[2]}")
+        self._own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system has just set the module's __spec__ to the former name's: it keeps its own.
+        module.__spec__ = self._own_spec
+
+
+if not any(isinstance(finder, _FormerName) for finder in _sys.meta_path):
+    _sys.meta_path.append(_FormerName())
+
+# The operators a saved file may call, where torch's entry point did not define them: once torch is imported.
+from trt_inline.operators import define_once_torch_is_imported  # noqa: E402
+
+define_once_torch_is_imported()
 
 __all__ = [
     "CompileError",

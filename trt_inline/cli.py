@@ -25,8 +25,8 @@ from trt_inline.commands.arguments import OneLineParser, add_flags
 from trt_inline.commands.output import StdoutGone, junit_of_error
 from trt_inline.errors import TrtInlineError, first_line
 from trt_inline.isolation import reusing_interpreter
+from trt_inline.isolation.interpreter import take_prestarted
 from trt_inline.logs import debug_to_stderr
-from trt_inline_interpreter import take_prestarted
 
 __all__ = ["main"]
 
@@ -69,7 +69,7 @@ def _shows_progress(args: argparse.Namespace) -> bool:
 
 def _forking_interpreter() -> contextlib.AbstractContextManager[None]:
     """The command's children forked from the interpreter ``trt-inline`` started before it imported torch
-    (:mod:`trt_inline_command`), where it did; otherwise each child starts as it would."""
+    (:mod:`trt_inline.__main__`), where it did; otherwise each child starts as it would."""
     started = take_prestarted()
     return contextlib.nullcontext() if started is None else reusing_interpreter(started)
 

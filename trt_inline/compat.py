@@ -45,8 +45,6 @@ __all__ = [
     "cuda_built",
     "cuda_started",
     "default_store",
-    "define_op",
-    "define_side_effect_op",
     "deserialize_program",
     "detect_fake_mode",
     "discarding_fresh_unbacked_symbols",
@@ -73,7 +71,6 @@ __all__ = [
     "op_argument_types",
     "op_argument_value",
     "op_by_name",
-    "op_defined",
     "op_is_mutable",
     "op_is_random",
     "op_overload_name",
@@ -775,54 +772,6 @@ def export_nonstrict(
     Torch-TensorRT's own ``retrace=True`` save does.
     """
     return torch.export.export(module, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
-
-
-def op_defined(qualname: str) -> bool:
-    """Whether an operator named ``namespace::name`` is defined in this process."""
-    namespace, _, name = qualname.partition("::")
-    return hasattr(getattr(torch.ops, namespace), name)
-
-
-def define_op(qualname: str, schema: str, implementation: Callable[..., Any], fake: Callable[..., Any]) -> bool:
-    """Define a custom op from an explicit schema, with its fake (meta) kernel, unless it is defined already.
-
-    The schema is given rather than inferred from annotations: torch 2.5's
-    ``infer_schema`` rejects ``list[torch.Tensor]``. torch refuses a second
-    definition, and trt-inline's entry point (:mod:`trt_inline_autoload`) defines
-    its operators at ``import torch`` the same way, with kernels that call these:
-    whichever comes second keeps the first. Whether this call defined it.
-    """
-    if op_defined(qualname):
-        return False
-    op = torch.library.custom_op(qualname, mutates_args=(), schema=schema)(implementation)
-    op.register_fake(fake)
-    return True
-
-
-# The libraries of the operators defined here: an operator lasts as long as its library object.
-_libraries: list[Any] = []
-
-
-def define_side_effect_op(
-    qualname: str, schema: str, implementation: Callable[..., Any], fake: Callable[..., Any]
-) -> bool:
-    """Define an operator that returns nothing and is called for what it does, unless it is defined already.
-
-    A ``torch.library.Library`` definition, as the entry point makes it, marked
-    as a side effect: without that, dead-code elimination (``program.module()``,
-    AOTInductor) drops every call of an op whose result nobody reads. Whether
-    this call defined it.
-    """
-    if op_defined(qualname):
-        return False
-    namespace, _, name = qualname.partition("::")
-    library = torch.library.Library(namespace, "FRAGMENT")  # type: ignore[no-untyped-call]
-    library.define(name + schema)  # type: ignore[no-untyped-call]
-    library.impl(name, implementation, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
-    torch.library.register_fake(qualname, fake, lib=library)
-    torch.fx.node.has_side_effect(getattr(getattr(torch.ops, namespace), name).default)
-    _libraries.append(library)
-    return True
 
 
 # ---------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 from trt_inline import releases
 from trt_inline.errors import VerifyInputError, printable
 from trt_inline.messages import wire
-from trt_inline_switches import env_flag
+from trt_inline.switches import env_flag
 
 __all__ = [
     "CHECK_ENGINES_ENV",

@@ -46,7 +46,7 @@ from torch.export.graph_signature import CustomObjArgument
 
 from trt_inline import compat, releases
 from trt_inline.errors import InlineError
-from trt_inline_switches import REFERENCE_ENGINE_OP
+from trt_inline.switches import REFERENCE_ENGINE_OP
 
 __all__ = [
     "ACC_PREFIX",
@@ -122,7 +122,7 @@ class EngineOp:
     backend_module: str = __name__
 
 
-# (Its name is shared with the entry point, which defines the op at import torch: trt_inline_switches.)
+# (Its name is shared with the entry point, which defines the op at import torch: trt_inline.switches.)
 REFERENCE_OP = EngineOp(
     REFERENCE_ENGINE_OP, "reference", engine_arg=1, native_code=False, backend_module="trt_inline.reference.engine"
 )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 # The switches' names and their one parser live where the entry point, which runs before trt_inline can be
 # imported, reads them too.
-from trt_inline_switches import DISABLE_ENV, env_flag
+from trt_inline.switches import DISABLE_ENV, env_flag
 
 __all__ = [
     "AOTI_FOLDER",

@@ -25,8 +25,8 @@ from types import MappingProxyType
 
 # The two Torch-TensorRT modules the plugin patches: named where the import hook (which runs at
 # `import torch`, before trt_inline can be imported) needs them.
-from trt_inline_switches import COMPILE as COMPILE_MODULE
-from trt_inline_switches import EXPORTER as EXPORTER_MODULE
+from trt_inline.switches import COMPILE as COMPILE_MODULE
+from trt_inline.switches import EXPORTER as EXPORTER_MODULE
 
 __all__ = [
     "COMPILE_MODULE",

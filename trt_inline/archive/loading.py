@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch.export import ExportedProgram
 
-from trt_inline import allowed_ops, compat, deployment, distributed, formats, progress
+from trt_inline import allowed_ops, compat, deployment, distributed, formats, operators, progress
 from trt_inline.archive.canonical import Canonical, canonical_archive
 from trt_inline.archive.engine_info import engine_infos, read_engine_infos
 from trt_inline.archive.program_checks import check_runnable
@@ -232,6 +232,7 @@ def load(
 
 
 def _load(path: str | os.PathLike[str], check_ranks: bool, device: str | torch.device | None) -> ExportedProgram:
+    operators.define_all()  # (where torch's entry point failed to: a file of the reference backend calls them)
     try:
         target = None if device is None else torch.device(device)
     except (RuntimeError, TypeError) as exc:

@@ -76,7 +76,7 @@ def _rehearsal_pipeline() -> str:
 
 def _entry_point() -> str | None:
     for entry in importlib.metadata.entry_points(group="torch.backends"):
-        if entry.value.startswith("trt_inline_autoload"):
+        if entry.value.startswith("trt_inline.autoload"):
             return f"{entry.name} = {entry.value}"
     return None
 
@@ -84,8 +84,7 @@ def _entry_point() -> str | None:
 def doctor() -> list[Finding]:
     import torch
 
-    import trt_inline_switches
-    from trt_inline import plugin
+    from trt_inline import plugin, switches
 
     findings = [Finding("torch", torch.__version__)]
     trt_text, trt_installed, trt_importable = _package_status("torch_tensorrt", "torch_tensorrt")
@@ -115,9 +114,9 @@ def doctor() -> list[Finding]:
         )
     )
     findings.extend(_sandbox_findings())
-    autoload_off = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1"
-    if trt_inline_switches.disabled_by_env():
-        autoload = f"off ({trt_inline_switches.DISABLE_ENV}={os.environ[trt_inline_switches.DISABLE_ENV]})"
+    autoload_off = not switches.entry_points_run()
+    if switches.disabled_by_env():
+        autoload = f"off ({switches.DISABLE_ENV}={os.environ[switches.DISABLE_ENV]})"
     elif autoload_off:
         autoload = "off (TORCH_DEVICE_BACKEND_AUTOLOAD=0): call trt_inline.install()"
     else:

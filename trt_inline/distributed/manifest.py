@@ -31,7 +31,7 @@ import torch.fx
 
 from trt_inline import compat, engines, formats
 from trt_inline.errors import VerifyInputError, printable
-from trt_inline_switches import RANK_CHECK_OP
+from trt_inline.switches import RANK_CHECK_OP
 
 __all__ = [
     "COLLECTIVE_OPS",

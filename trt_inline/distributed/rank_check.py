@@ -6,10 +6,10 @@ manifests, and rank 0's file runs on rank 1 without a word. So a rank file can
 carry its own check: one call of :data:`RANK_CHECK_OP` as the first node of its
 program, the file's rank manifest (its JSON, as in the archive) the only
 argument. The operator is defined by trt-inline's ``torch.backends`` entry point
-at ``import torch`` (:mod:`trt_inline_autoload`), so ``torch.export.load`` finds
-it in a process that never imports trt-inline, and here where the entry point did
-not run (:func:`check_ranks`, its kernel then). Each run of the program starts
-with it: :func:`check_live` compares this process's rank, world size and the
+at ``import torch`` (:mod:`trt_inline.autoload`), so ``torch.export.load`` finds
+it in a process that never uses trt-inline, and by ``import trt_inline`` where the
+entry point did not run (:mod:`trt_inline.operators`, which holds its kernel). Each
+run of the program starts with it: :func:`check_live` compares this process's rank, world size and the
 members of every group the manifest names with the live process group
 (:func:`~trt_inline.distributed.manifest.live_mismatch`, the comparison
 ``trt_inline.load`` makes) and raises :class:`RankSetError` naming both.
@@ -36,7 +36,6 @@ import os
 import zipfile
 
 import torch
-import torch.distributed as dist
 import torch.fx
 from torch.export import ExportedProgram
 
@@ -50,13 +49,12 @@ from trt_inline.distributed.manifest import (
     rank_check_nodes,
 )
 from trt_inline.errors import RankSetError
-from trt_inline_switches import CHECK_RANKS_ENV, RANK_CHECK_SCHEMA, checks_ranks
+from trt_inline.switches import CHECK_RANKS_ENV, checks_ranks
 
 __all__ = [
     "CHECK_RANKS_ENV",
     "RANK_CHECK_OP",
     "check_live",
-    "check_ranks",
     "drop_rank_checks",
     "insert_rank_check",
     "manifest_text_of",
@@ -157,23 +155,6 @@ def check_live(manifest_text: str) -> None:
         raise RankSetError(
             f"{why} (its own check, {RANK_CHECK_OP}, refused to run it; {CHECK_RANKS_ENV}=0 runs it anyway)"
         )
-
-
-def check_ranks(manifest_text: str) -> None:
-    """The operator's kernel where this module defines it. Without a process group it does nothing: verify's
-    sandboxed child has none (and must observe nothing), and a program whose collectives need one fails at its
-    first collective anyway. (The entry point's kernel decides the same way, importing nothing until it checks.)"""
-    if checks_ranks() and dist.is_available() and dist.is_initialized():
-        check_live(manifest_text)
-
-
-def _check_ranks_traced(manifest_text: str) -> None:
-    """Its fake kernel: tracing the program (export, AOTInductor) checks nothing, only running it does."""
-
-
-# Defined at import torch by the entry point (trt_inline_autoload); here where it did not run
-# (TORCH_DEVICE_BACKEND_AUTOLOAD=0), with the same schema.
-compat.define_side_effect_op(RANK_CHECK_OP, RANK_CHECK_SCHEMA, check_ranks, _check_ranks_traced)
 
 
 def manifest_text_of(path: str | os.PathLike[str]) -> str | None:

@@ -36,11 +36,12 @@ module          concern
                 answers with around its job's response (``Answer``), read with the one
                 decoder of messages
 ``process``     a child interpreter's process group, supervision against the time and
-                memory limits, its end (its command line and environment:
-                ``trt_inline_interpreter``, below the package, since the ``trt-inline``
-                command starts the interpreter before it imports torch)
+                memory limits, its end
+``interpreter`` a child interpreter's command line and environment, the loop of one that
+                forks children, and the one the ``trt-inline`` command starts before it
+                imports torch (standard library only: the lowest floor)
 ``zygote``      one clean interpreter that forks the children (``reusing_interpreter``;
-                its loop: ``serve``)
+                what its children become: ``serve``)
 ``pipes``       the request, report, progress and read-ahead pipes (the request written on a
                 thread; the others drained by the supervising loop)
 ``limits``      ``Limits``, sizes, the memory available, this process's own memory
@@ -59,19 +60,37 @@ child imports the one module its envelope names.
 
 from __future__ import annotations
 
-from trt_inline.isolation.child import ChildResult, run_isolated, sandbox_required
-from trt_inline.isolation.inside import SandboxRequest, in_child
-from trt_inline.isolation.jobs import Job, job, job_of
-from trt_inline.isolation.limits import (
-    DEFAULT_TIMEOUT,
-    Limits,
-    MemorySampler,
-    available_memory,
-    default_memory_limit,
-    is_allocation_failure,
-    parse_size,
-)
-from trt_inline.isolation.zygote import reusing_interpreter
+from typing import TYPE_CHECKING
+
+from trt_inline.importing import lazy_exports
+
+if TYPE_CHECKING:
+    from trt_inline.isolation.child import ChildResult, run_isolated, sandbox_required
+    from trt_inline.isolation.inside import SandboxRequest, in_child
+    from trt_inline.isolation.jobs import Job, job, job_of
+    from trt_inline.isolation.limits import (
+        DEFAULT_TIMEOUT,
+        Limits,
+        MemorySampler,
+        available_memory,
+        default_memory_limit,
+        is_allocation_failure,
+        parse_size,
+    )
+    from trt_inline.isolation.zygote import reusing_interpreter
+
+_WHERE = {
+    "trt_inline.isolation.child": ("ChildResult", "run_isolated", "sandbox_required"),
+    "trt_inline.isolation.inside": ("SandboxRequest", "in_child"),
+    "trt_inline.isolation.jobs": ("Job", "job", "job_of"),
+    "trt_inline.isolation.limits": (
+        "DEFAULT_TIMEOUT", "Limits", "MemorySampler", "available_memory", "default_memory_limit",
+        "is_allocation_failure", "parse_size",
+    ),
+    "trt_inline.isolation.zygote": ("reusing_interpreter",),
+}  # fmt: skip
+# Imported on first use: the ``trt-inline`` command imports :mod:`.interpreter` before torch (the rest imports it).
+lazy_exports(__name__, {name: f"{module}:{name}" for module, names in _WHERE.items() for name in names})
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -2,7 +2,7 @@
 
 A child is ``python -I`` with the parent's import path and only the variables
 that configure Python, torch and the devices (its command line and environment:
-:mod:`trt_inline_interpreter`, known before torch is imported); the parent polls it against the
+:mod:`trt_inline.isolation.interpreter`, known before torch is imported); the parent polls it against the
 time limit and, where CUDA makes the address-space limit useless, against the
 resident memory of its process group, and kills the group when it is done.
 """
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trt_inline.isolation.interpreter import child_environment, interpreter_command
 from trt_inline.isolation.limits import Limits, proc_kib_field
 from trt_inline.isolation.pipes import POLL_SECONDS, Pipes
-from trt_inline_interpreter import child_environment, interpreter_command
 
 
 @dataclass(frozen=True)

@@ -16,16 +16,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trt_inline.isolation.interpreter import (
+    StartedInterpreter,
+    child_environment,
+    fork_per_job,
+    start_interpreter,
+    zygote_key,
+)
 from trt_inline.isolation.limits import Limits
 from trt_inline.isolation.pipes import Pipes
 from trt_inline.isolation.process import Ended, kill_group, supervise
-from trt_inline_interpreter import StartedInterpreter, child_environment, fork_per_job, start_interpreter, zygote_key
 
 log = logging.getLogger(__name__)
 
 
 def serve(channel_fd: int) -> None:
-    """The interpreter's loop (:func:`trt_inline_interpreter.fork_per_job` over the UNIX socket ``channel_fd``):
+    """The interpreter's loop (:func:`~trt_inline.isolation.interpreter.fork_per_job` over the socket ``channel_fd``):
     each job (its folder and environment, with its pipe ends) becomes a child that is what a fresh interpreter
     running ``child_main(folder)`` would be; its pid, then its wait status and peak RSS, are reported."""
     import tempfile
@@ -119,7 +125,7 @@ def reusing_interpreter(started: StartedInterpreter | None = None) -> Iterator[N
     Each child is as isolated as a fresh one (own session, sandbox, limits,
     private folder); the block only saves starting an interpreter and importing
     torch per file. The interpreter is stopped when the block ends. ``started``: one already started
-    (:func:`trt_inline_interpreter.prestart`), used while what its children inherit is unchanged.
+    (:func:`trt_inline.isolation.interpreter.prestart`), used while what its children inherit is unchanged.
     """
     slot: list[_Zygote] = [] if started is None else [_Zygote(started)]
     token = _reusable.set(slot)

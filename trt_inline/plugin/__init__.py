@@ -9,7 +9,7 @@ the dynamic-shape ``retrace=True`` path. Before 2.14 the legacy exporter's
 refuses, so ``lift`` is replaced there too (:mod:`trt_inline.plugin.adapters`
 holds the per-release replacements).
 
-Activation: ``trt_inline_autoload.register`` runs at ``import torch`` (entry point
+Activation: ``trt_inline.autoload.register`` runs at ``import torch`` (entry point
 group ``torch.backends``) and registers a post-import hook for the exporter
 module; the hook patches the module as soon as it has been executed.
 ``TRT_INLINE_DISABLE=1`` stops the automatic activation; :func:`install`,
@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from trt_inline import releases
+from trt_inline import releases, switches
 from trt_inline.errors import PatchError
+from trt_inline.importing import when_imported
 from trt_inline.plugin.adapters import preflight, replacements_for, torch_tensorrt_version
 from trt_inline.plugin.load import load_checking_ranks
 from trt_inline.plugin.save import REFERENCE_IO_ENV, save_with_reference_io
@@ -62,6 +63,7 @@ __all__ = [
     "enabled",
     "install",
     "is_active",
+    "on_import",
     "refused_replacements",
     "replaced_functions",
     "replacements_for",
@@ -101,9 +103,7 @@ def _decided_to_patch() -> bool:
     """An explicit install/uninstall wins; otherwise the environment's opt-out decides."""
     if _state.wanted is not None:
         return _state.wanted
-    import trt_inline_switches
-
-    return not trt_inline_switches.disabled_by_env()
+    return not switches.disabled_by_env()
 
 
 def _patch(exporter: ModuleType) -> None:
@@ -214,7 +214,7 @@ def _restore_compile() -> None:
         log.info("restored stock torch_tensorrt.load")
 
 
-def _on_import(module: ModuleType) -> None:
+def on_import(module: ModuleType) -> None:
     """Post-import hook for both target modules: patch if this process decided so. Never raises."""
     if not _decided_to_patch():
         return
@@ -236,10 +236,7 @@ def _on_import(module: ModuleType) -> None:
 
 def _register_hook() -> None:
     if not _state.hook_registered:
-        import wrapt
-
-        for name in (*TARGETS, *BOUND_ELSEWHERE):
-            wrapt.register_post_import_hook(_on_import, name)
+        when_imported((*TARGETS, *BOUND_ELSEWHERE), on_import)
         _state.hook_registered = True
 
 

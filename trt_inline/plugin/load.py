@@ -25,7 +25,7 @@ from trt_inline import deployment
 from trt_inline.archive.engine_info import read_engine_infos
 from trt_inline.distributed import rank_check
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError
-from trt_inline_switches import CHECK_RANKS_ENV
+from trt_inline.switches import CHECK_RANKS_ENV
 
 __all__ = ["load_checking_ranks", "refuse_unrunnable_file"]
 

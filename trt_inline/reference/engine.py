@@ -21,13 +21,12 @@ Scalars cross the boundary as TensorRT's do: a scalar input (a SymInt,
 SymFloat or SymBool of the block) arrives as a 0-d tensor; a scalar output
 leaves as a 0-d tensor (int64, float64 or bool).
 
-The op is defined once per process, by whoever comes first: trt-inline's
-``torch.backends`` entry point at ``import torch`` (:mod:`trt_inline_autoload`,
-so that ``torch.export.load`` of a saved file works without ``import
-trt_inline``; its kernels call :func:`run_engine` and :func:`run_engine_traced`
-here, importing this module on their first call), or this module where the entry
-point did not run (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``). Its name and schema live
-in :mod:`trt_inline_switches`.
+The op is defined once per process (:mod:`trt_inline.operators`): by trt-inline's
+``torch.backends`` entry point at ``import torch`` (so that ``torch.export.load`` of
+a saved file works without ``import trt_inline``), or by ``import trt_inline``
+where the entry point did not run (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``). Its
+kernels call :func:`run_engine` and :func:`run_engine_traced` here, importing this
+module on their first call. Its name and schema live in :mod:`trt_inline.switches`.
 """
 
 from __future__ import annotations
@@ -55,7 +54,6 @@ from trt_inline.reference.program import (
     encode_spec,
     load_program,
 )
-from trt_inline_switches import REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA
 
 __all__ = ["ReferenceBackend", "ReferenceEngine", "block_outputs", "build_engine", "run_engine", "run_engine_traced"]
 
@@ -157,10 +155,6 @@ def _free_symbols(tensors: Sequence[torch.Tensor]) -> set[Any]:
             if isinstance(dim, torch.SymInt):
                 symbols |= dim.node.expr.free_symbols
     return symbols
-
-
-# Defined here unless the entry point defined it at import torch (its kernels then call the two above).
-compat.define_op(REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA, run_engine, run_engine_traced)
 
 
 # ---------------------------------------------------------------------------

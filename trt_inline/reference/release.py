@@ -11,7 +11,7 @@ converter registry, the partitioner, with the release's defaults) and returns th
 (and TF32, where asked) emulated (:func:`~trt_inline.reference.precision.emulate_accumulation`); the
 fallbacks, node names and metadata are the release's.
 
-It runs in a child forked from the caller's process (:func:`trt_inline_interpreter.call_forked`), so that
+It runs in a child forked from the caller's process (:func:`trt_inline.isolation.interpreter.call_forked`), so that
 whatever the release's import does to the process — the operators and dynamo backends it registers, the
 loggers it configures, the modules it imports — and whatever trt-inline stands in for it ends with the
 child: the caller's ``sys.modules``, ``torch.cuda`` and every other global are as they were. What the child
@@ -57,10 +57,10 @@ from typing import Any
 import torch
 import torch.fx
 
-import trt_inline_interpreter
 from trt_inline import compat, releases
 from trt_inline.engines import ACC_PREFIX
 from trt_inline.errors import CompileError
+from trt_inline.isolation import interpreter
 from trt_inline.reference import handover
 from trt_inline.reference.engine import block_outputs, build_engine
 from trt_inline.reference.lowered import LOWERED_ATTRIBUTE, lowered_nodes
@@ -178,8 +178,9 @@ def compile_on_release(
 
 class Rehearsal:
     """One exported program on ``release``'s pipeline, under as many settings as asked: the release is imported
-    once, in a child forked once (:class:`trt_inline_interpreter.ForkedServer`), and each :meth:`compile` runs in a
-    child of that one, from the exported program as the release first saw it. What a search of compile settings
+    once, in a child forked once (:class:`~trt_inline.isolation.interpreter.ForkedServer`), and each
+    :meth:`compile` runs in a child of that one, from the exported program as the release first saw it. What a
+    search of compile settings
     (:func:`trt_inline.find_fix`) compiles with, so that it pays for the import once."""
 
     def __init__(
@@ -200,7 +201,7 @@ class Rehearsal:
             torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else _DEFAULT_CAPABILITY
         )
         self._output = tempfile.NamedTemporaryFile(prefix="trt-inline-rehearsal-", suffix=".log")
-        self._server: trt_inline_interpreter.ForkedServer | None = None
+        self._server: interpreter.ForkedServer | None = None
 
     def dry_run(self, settings: Mapping[str, Any]) -> torch.fx.GraphModule:
         """The module the release's dry run returns with ``settings``, as it returns it: each ``_run_on_acc_N`` the
@@ -222,12 +223,12 @@ class Rehearsal:
             request = None
         try:
             if request is None:
-                data = trt_inline_interpreter.call_forked(
+                data = interpreter.call_forked(
                     lambda: self._answer(dict(settings), tf32, engines, imported=False), output=self._output.name
                 )
             else:
                 data = self._started().call(request)
-        except trt_inline_interpreter.ForkedCallError as exc:
+        except interpreter.ForkedCallError as exc:
             said = (
                 exc.message if exc.kind == CompileError.__name__
                 else f"reference.compile: {self.release.name}'s dynamo.compile (dry run) failed: {exc.summary}"
@@ -241,7 +242,7 @@ class Rehearsal:
                 log.debug("%s's dry runs said:\n%s", self.release.name, said)
         return self._rebuilt(data)
 
-    def _started(self) -> trt_inline_interpreter.ForkedServer:
+    def _started(self) -> interpreter.ForkedServer:
         if self._server is None or not self._server.pid:  # (none yet, or closed by an interrupted call)
             release, capability = self.release, self._capability
 
@@ -253,7 +254,7 @@ class Rehearsal:
                 settings, tf32, engines = pickle.loads(request)  # (this process's own request, to its own child)
                 return self._answer(settings, tf32, engines, imported=True)
 
-            self._server = trt_inline_interpreter.ForkedServer(setup, handle, output=self._output.name)
+            self._server = interpreter.ForkedServer(setup, handle, output=self._output.name)
         return self._server
 
     def _answer(self, settings: dict[str, Any], tf32: bool, engines: bool, *, imported: bool) -> bytes:
