@@ -41,7 +41,7 @@ import trt_inline
 
 PYTHON = sys.executable
 # What the `trt-inline` script runs (its entry point, which starts the child's interpreter before importing torch).
-TRT_INLINE = [PYTHON, "-m", "trt_inline_command"]
+TRT_INLINE = [PYTHON, "-m", "trt_inline"]
 _LOAD_RUN = """
 import sys, torch, trt_inline
 program = trt_inline.load(sys.argv[1])

@@ -177,7 +177,7 @@ os.environ["TRT_INLINE_PIPELINE"] = "own"
 #   users run them, and for jobs (torchrun) that are processes of their own by nature;
 # - run_forked (and run_forked_each, load_runs_in_fresh_process): code that needs only a process of its own,
 #   forked from a clean interpreter of this test worker that has imported torch and nothing else it would not. That
-#   interpreter is the package's kind (``trt_inline_interpreter.start_interpreter``, the loop ``fork_per_job``: a job
+#   interpreter is the package's kind (``isolation.interpreter.start_interpreter``, the loop ``fork_per_job``: a job
 #   over a socket, a child forked, its pid and its end reported) serving ``tests/support/forking.py``, which says what a
 #   child does: the request's output files, folder, ``path`` and arguments, its code run as ``__main__``;
 # - the package's own ``reusing_interpreter`` (the fixture below) forks the verify/inspect/diff children only: its

@@ -26,16 +26,18 @@ package or module        concern
 =======================  ===========================================================
 startup modules          ``switches`` (the environment switches, the names of the watched
                          modules and of the operators), ``importing`` (names imported on
-                         first use, import hooks), ``isolation.interpreter`` (a child interpreter, started before
-                         torch is imported): standard library only
+                         first use, import hooks), ``isolation.interpreter`` (a child
+                         interpreter, started before torch is imported): standard library only
 :mod:`.inlining`         the inlining core: ``passes`` (the inline passes), ``flat_program``,
                          ``scalars``, ``symbolic``, ``attributes``, ``module_state``
 core modules             ``engines`` (what an engine is), ``allowed_ops`` (the operator
                          allow-list), ``package`` (AOTInductor), ``compat`` (torch's private
                          APIs), ``releases``, ``formats``, ``errors``, ``logs``, ``progress``,
-                         ``output_tree``, ``deployment`` (what an engine needs of a machine),
-                         ``messages`` (typed messages to and from a child: encoded, decoded strictly),
-                         ``module_paths`` (a node's module path and source line)
+                         ``output_tree``, ``engine_fields`` (what an engine's info says),
+                         ``deployment`` (whether a machine runs it), ``messages`` (typed
+                         messages to and from a child: encoded, decoded strictly),
+                         ``module_paths`` (a node's module path and source line),
+                         ``operators`` (the operators a saved file may call, defined once)
 :mod:`.reference`        the CPU reference backend
 :mod:`.distributed`      rank sets: manifests, the rank check, the relay
 :mod:`.isolation`        the sandboxed child process, its limits, the read-ahead; the
@@ -48,7 +50,6 @@ core modules             ``engines`` (what an engine is), ``allowed_ops`` (the o
 :mod:`.plugin`           ``torch_tensorrt.save`` / ``load`` patched, with no change to user code
 :mod:`.commands`         one module per verb (``doctor``, ``verify``, ``ranks``, ``diff``,
                          ``inspect``, ``check``, ``fix``) over shared argument groups
-``operators``            the operators a saved file may call, defined once
 ``autoload``             torch's ``torch.backends`` entry point: the operators, the import hooks
 ``cli``                  the ``trt-inline`` command line: the dispatcher
 ``__main__``             the ``trt-inline`` command (and ``python -m trt_inline``): its child's

@@ -1,6 +1,6 @@
 """torch's own loader on reference-backend files, in processes that never import trt_inline.
 
-trt-inline's ``torch.backends`` entry point (``trt_inline_autoload``) defines
+trt-inline's ``torch.backends`` entry point (``trt_inline.autoload``) defines
 ``trt_inline::execute_engine`` at ``import torch``, its kernels importing
 ``trt_inline.reference.engine`` on their first call: ``torch.export.load`` of a
 file with reference engines then loads it, and its program runs, with ``import
@@ -24,7 +24,7 @@ from support.processes import new_interpreter, python_path
 
 import trt_inline
 from trt_inline import reference
-from trt_inline_switches import RANK_CHECK_OP, RANK_CHECK_SCHEMA, REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA
+from trt_inline.switches import RANK_CHECK_OP, RANK_CHECK_SCHEMA, REFERENCE_ENGINE_OP, REFERENCE_ENGINE_SCHEMA
 
 ENGINE_OP = torch.ops.trt_inline.execute_engine.default
 
@@ -88,8 +88,11 @@ def test_torch_export_load_runs_a_reference_file_without_trt_inline(
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr == "", "the loader printed warnings:\n" + done.stderr[-3000:]
     modules = json.loads(done.stdout)
-    # Loading needs only the op's schema: nothing of trt-inline but the entry point and its switches is imported.
-    assert modules["after_load"] == ["trt_inline_autoload", "trt_inline_switches"]
+    # Loading needs only the op's schema: nothing of trt-inline but the entry point and the light modules it is made
+    # of (the package's __init__, the operators' definitions, the switches) is imported.
+    assert modules["after_load"] == [
+        "trt_inline", "trt_inline.autoload", "trt_inline.importing", "trt_inline.operators", "trt_inline.switches",
+    ]  # fmt: skip
     # Running imports the reference engine, on the first call of the op's kernel.
     assert "trt_inline.reference.engine" in modules["after_run"]
     out = torch.load(tmp_path / "out.pt", weights_only=True)
@@ -103,7 +106,7 @@ _LOAD_AND_EXPORT = """
 
     ep = torch.export.load(sys.argv[1])
     inputs = torch.load(sys.argv[2], weights_only=True)
-    before = "trt_inline" in sys.modules
+    before = "trt_inline.reference.engine" in sys.modules
     again = torch.export.export(ep.module(), tuple(inputs))  # the fake kernel's first call imports the engine
     calls = sum(1 for n in again.graph.nodes if n.target is torch.ops.trt_inline.execute_engine.default)
     torch.save(list(again.module()(*inputs)), sys.argv[3])
@@ -152,9 +155,9 @@ _DEFINITIONS = """
 def test_the_entry_point_and_the_package_define_the_same_operators(
     saved: tuple[Path, Path, list[torch.Tensor]], tmp_path: Path, autoload: str
 ) -> None:
-    """With the entry point, ``import torch`` defines them (kernels that stand in, from ``trt_inline_autoload``) and
-    ``import trt_inline`` keeps them; without it (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), ``import trt_inline`` defines
-    them with its own kernels. The same schemas either way, and the same numbers."""
+    """With the entry point, ``import torch`` defines them and ``import trt_inline`` keeps them; without it
+    (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), ``import trt_inline`` defines them. The same definitions either way
+    (:mod:`trt_inline.operators`: its kernels import the package's on their first call), and the same numbers."""
     path, inputs, expected = saved
     done = _fresh(_DEFINITIONS, path, inputs, tmp_path / "out.pt", TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -164,43 +167,79 @@ def test_the_entry_point_and_the_package_define_the_same_operators(
         "check_schema": RANK_CHECK_OP + RANK_CHECK_SCHEMA,
         "check_kept": True,
     }
+    assert found["import trt_inline"] == {**schemas, "engine_kernel": "trt_inline.operators"}
     if autoload == "1":
-        assert found["import torch"] == {**schemas, "engine_kernel": "trt_inline_autoload"}
-        assert found["import trt_inline"] == found["import torch"]
+        assert found["import torch"] == found["import trt_inline"]
     else:
         assert found["import torch"] is None
-        assert found["import trt_inline"] == {**schemas, "engine_kernel": "trt_inline.reference.engine"}
     for got, want in zip(torch.load(tmp_path / "out.pt", weights_only=True), expected, strict=True):
         assert torch.equal(got, want)
 
 
 _BROKEN_DEFINITION = """
-    import warnings, torch
-    import trt_inline_autoload
+    import sys, warnings, torch
 
     def broken(*args, **kwargs):
         raise RuntimeError("custom ops broken")
 
+    # As torch runs its entry points: at the end of its own import, which is not complete yet.
     real, torch.library.custom_op = torch.library.custom_op, broken
+    torch.__spec__._initializing = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trt_inline_autoload.register()
+        from trt_inline import autoload
+
+        autoload.register()
+    torch.__spec__._initializing = False
     torch.library.custom_op = real
     for warning in caught:
         print(warning.category.__name__, warning.message)
     print(hasattr(torch.ops.trt_inline, "execute_engine"), hasattr(torch.ops.trt_inline, "check_ranks"))
     import trt_inline
+
+    program = trt_inline.load(sys.argv[1])
     print(hasattr(torch.ops.trt_inline, "execute_engine"))
+    inputs = torch.load(sys.argv[2], weights_only=True)
+    torch.save(list(program.module()(*inputs)), sys.argv[3])
 """
 
 
-def test_a_failed_definition_is_one_warning_and_import_trt_inline_defines_it() -> None:
-    """``register`` never raises (an exception there would make ``import torch`` fail)."""
-    done = _fresh(_BROKEN_DEFINITION, TORCH_DEVICE_BACKEND_AUTOLOAD="0", TRT_INLINE_DISABLE="1")
+def test_a_failed_definition_is_one_warning_and_trt_inline_load_defines_it(
+    saved: tuple[Path, Path, list[torch.Tensor]], tmp_path: Path
+) -> None:
+    """``register`` never raises (an exception there would make ``import torch`` fail); the package's loader
+    defines what it could not, and the file runs."""
+    path, inputs, expected = saved
+    done = _fresh(
+        _BROKEN_DEFINITION, path, inputs, tmp_path / "out.pt", TORCH_DEVICE_BACKEND_AUTOLOAD="0", TRT_INLINE_DISABLE="1"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [
         "RuntimeWarning trt-inline: could not define trt_inline::execute_engine (RuntimeError: custom ops broken); "
-        "files that call it load after `import trt_inline`",
+        "files that call it load once trt_inline.operators.define_all() has run (trt_inline.load runs it)",
         "False True",
         "True",
     ]
+    for got, want in zip(torch.load(tmp_path / "out.pt", weights_only=True), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+_IMPORTED_FIRST = """
+    import json, sys
+    import trt_inline
+
+    first = sorted(m for m in sys.modules if m.startswith(("torch", "trt_inline")) and "." not in m)
+    import torch
+
+    print(json.dumps({"first": first, "defined": [hasattr(torch.ops.trt_inline, name) for name in
+                                                  ("execute_engine", "check_ranks")]}))
+"""
+
+
+@pytest.mark.parametrize("autoload", ["1", "0"])
+def test_import_trt_inline_imports_no_torch_and_torch_then_has_the_operators(autoload: str) -> None:
+    """``import trt_inline`` first: no torch (PEP 562), and the operators defined when torch is imported after it,
+    by the entry point or, without it, by the package's wait for torch."""
+    done = _fresh(_IMPORTED_FIRST, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == {"first": ["trt_inline"], "defined": [True, True]}

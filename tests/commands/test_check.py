@@ -34,7 +34,8 @@ import trt_inline
 from trt_inline import deployment
 from trt_inline.archive import canonical
 from trt_inline.archive.engine_info import read_engine_infos
-from trt_inline.deployment import FIELDS_BY_ABI, Gpu, Machine, described_machine, engine_problems
+from trt_inline.deployment import Gpu, Machine, described_machine, engine_problems
+from trt_inline.engine_fields import FIELDS_BY_ABI
 from trt_inline.errors import VerifyInputError
 
 _UPSTREAM = {

@@ -20,7 +20,8 @@ from support.processes import new_interpreter
 
 import trt_inline
 from trt_inline.archive.engine_info import _info, metadata_summary, read_engine_infos
-from trt_inline.deployment import FIELDS_BY_ABI, Gpu, Machine, engine_problems
+from trt_inline.deployment import Gpu, Machine, engine_problems
+from trt_inline.engine_fields import FIELDS_BY_ABI
 from trt_inline.errors import VerifyInputError
 
 _LAYOUT = FIELDS_BY_ABI["9"]

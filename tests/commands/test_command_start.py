@@ -83,12 +83,8 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback(saved_seed: SavedSee
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-# The `trt-inline` script's entry point: the interpreter its child is forked from is started before torch is imported.
-COMMAND = ("-m", "trt_inline_command")
-
-
 def test_the_commands_that_fork_a_child_start_its_interpreter_first() -> None:
-    from trt_inline_command import forks_a_child
+    from trt_inline.__main__ import forks_a_child
 
     for argv in (["verify", "f.pt2"], ["--debug", "inspect", "f.pt2"], ["diff", "a", "b"], ["doctor"]):
         assert forks_a_child(argv), argv
@@ -98,88 +94,40 @@ def test_the_commands_that_fork_a_child_start_its_interpreter_first() -> None:
 
 
 @pytest.mark.heavy
-def test_python_dash_m_starts_the_childs_interpreter_before_torch_as_the_script_does() -> None:
-    """``python -m trt_inline inspect FILE`` imports the package before its ``__main__``: the package starts the
-    child's interpreter first (torch not imported yet), as the ``trt-inline`` script does; any other importer of
-    the package starts nothing."""
+def test_the_command_starts_the_childs_interpreter_before_torch() -> None:
+    """``main`` (the ``trt-inline`` script's, and ``python -m trt_inline``'s: the same function) starts the child's
+    interpreter before it imports torch; importing the package starts nothing and imports no torch."""
     probe = (
         "import sys\n"
-        "sys.argv, sys.orig_argv = {argv!r}, [sys.executable, *{orig!r}]\n"
-        "import trt_inline_command\n"
+        "import trt_inline.__main__ as command\n"
         "seen = []\n"
-        "trt_inline_command.start_for = lambda argv: seen.append(('torch' in sys.modules, list(argv)))\n"
-        "import trt_inline\n"
-        "print(seen)\n"
+        "command.start_for = lambda argv: seen.append(('torch' in sys.modules, list(argv)))\n"
+        "command.exit_with = lambda code: print(seen, code) or sys.exit(0)\n"
+        "assert 'torch' not in sys.modules and seen == []\n"
+        "sys.argv = ['trt-inline', 'inspect', 'missing.pt2']\n"
+        "command.main()\n"
     )
-    as_command = probe.format(argv=["-m", "inspect", "f.pt2"], orig=["-m", "trt_inline", "inspect", "f.pt2"])
-    proc = new_interpreter("-c", as_command, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "[(False, ['inspect', 'f.pt2'])]", proc.stdout + proc.stderr
-    other = probe.format(argv=["-m", "inspect"], orig=["-m", "pytest", "inspect"])
-    proc = new_interpreter("-c", other, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+    proc = new_interpreter("-c", probe, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "[(False, ['inspect', 'missing.pt2'])] 2", proc.stdout + proc.stderr
 
 
-def _processes_marked(mark: str) -> list[int]:
-    """The processes whose environment holds ``TRT_INLINE_TEST_MARK=mark`` (a child interpreter keeps it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and f"TRT_INLINE_TEST_MARK={mark}".encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def test_the_command_forks_its_child_from_the_interpreter_it_started_first(saved_seed: SavedSeed) -> None:
-    """The verdict is the same, the child is forked from the interpreter started before this process imported
-    torch (its environment is the one a child gets: no second one started), and nothing outlives the command."""
-    mark = f"fork-{id(saved_seed)}"
-    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin", "TRT_INLINE_TEST_MARK": mark}
-    proc = new_interpreter(*COMMAND, "--debug", "verify", saved_seed.good, cwd=REPO, env=env, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), proc.stdout + proc.stderr
-    assert "forking the child from the interpreter started before this process imported torch" in proc.stderr
-    assert "starting another" not in proc.stderr, proc.stderr
-    assert _processes_marked(mark) == []
-
-
-def test_a_refusal_stops_the_interpreter_started_for_nothing(tmp_path: Path) -> None:
-    mark = f"refusal-{tmp_path.name}"
-    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin", "TRT_INLINE_TEST_MARK": mark}
-    proc = new_interpreter(*COMMAND, "verify", tmp_path / "missing.pt2", cwd=REPO, env=env, timeout=300)
-    assert proc.returncode == 2 and proc.stderr.strip().endswith("missing.pt2: no such file"), proc.stderr
-    assert _processes_marked(mark) == []
-
-
-def test_the_command_ends_on_a_closed_pipe_with_its_status(saved_seed: SavedSeed) -> None:
-    """Its end skips the interpreter's teardown: the status and stderr are still those of a closed pipe."""
-    process = subprocess.Popen(
-        [sys.executable, *COMMAND, "verify", str(saved_seed.good)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-        env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    assert process.stdout is not None and process.stderr is not None
-    process.stdout.close()
-    err = process.stderr.read().decode()
-    assert process.wait(timeout=300) == 141, err
-    assert "Traceback" not in err and "BrokenPipe" not in err, err
-
-
-# (stdin and stdout: the pair a socket of the interpreter would be given first, the case that breaks it)
-@pytest.mark.heavy
 @pytest.mark.parametrize("closed", ["stdin and stdout"])
 def test_the_command_with_a_standard_descriptor_closed_ends_as_the_module_does(
     saved_seed: SavedSeed, closed: str, tmp_path: Path
 ) -> None:
     """Started with stdin, stdout or stderr closed, the command forks its child all the same (the interpreter's end
-    of the socket is never one of them) and ends as ``python -m trt_inline`` does: the same status and line."""
+    of the socket is never one of them), and the script ends as ``python -m trt_inline`` does: the same status and
+    line."""
     redirect = {"stdout": ">&-", "stdin and stdout": "<&- >&-", "stdin and stderr": "<&- 2>&-"}[closed]
     env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"}
+    script_path = Path(sys.executable).parent / "trt-inline"  # (the script pip installs beside the interpreter)
+    assert script_path.is_file(), f"{script_path}: the trt-inline script is not installed"
     ends = []
-    for module in ("trt_inline_command", "trt_inline"):
-        err = tmp_path / f"{module}.txt"
+    for name, command in (("script", f'"{script_path}"'), ("module", f'"{sys.executable}" -m trt_inline')):
+        err = tmp_path / f"{name}.txt"
         errors = "" if "stderr" in closed else f' 2>"{err}"'
-        script = f'"{sys.executable}" -m {module} verify "{saved_seed.good}" {redirect}{errors}; echo "status $?"'
+        script = f'{command} verify "{saved_seed.good}" {redirect}{errors}; echo "status $?"'
         done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
         line = err.read_text().strip().splitlines()[-1] if err.exists() else ""
         assert "BrokenPipe" not in line and "Traceback" not in line, line

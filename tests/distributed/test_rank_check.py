@@ -23,8 +23,7 @@ import torch.distributed as dist
 from support.processes import new_interpreter, python_path
 
 import trt_inline
-import trt_inline_autoload
-from trt_inline import compat, embedding, package, reference
+from trt_inline import compat, embedding, operators, package, reference
 from trt_inline.distributed import rank_check
 from trt_inline.distributed.manifest import (
     MANIFEST_FILE,
@@ -171,23 +170,23 @@ def test_the_override_lets_the_check_through(monkeypatch: pytest.MonkeyPatch) ->
     assert checked == [MANIFEST.encode()]
 
 
-def test_the_packages_own_kernel_decides_as_the_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``rank_check.check_ranks``, the kernel where the entry point did not run (TORCH_DEVICE_BACKEND_AUTOLOAD=0)."""
-    rank_check.check_ranks(MANIFEST.encode())  # no process group: nothing to check
+def test_the_kernel_checks_only_with_a_process_group_and_the_switch_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``operators.rank_check_kernel``, the operator's kernel, called directly."""
+    operators.rank_check_kernel(MANIFEST.encode())  # no process group: nothing to check
     with live_group(monkeypatch) as checked:
         monkeypatch.setenv("TRT_INLINE_CHECK_RANKS", "0")
-        rank_check.check_ranks(MANIFEST.encode())
+        operators.rank_check_kernel(MANIFEST.encode())
         assert checked == []
         monkeypatch.setenv("TRT_INLINE_CHECK_RANKS", "1")
-        rank_check.check_ranks(MANIFEST.encode())
+        operators.rank_check_kernel(MANIFEST.encode())
     assert checked == [MANIFEST.encode()]
 
 
 def test_the_operator_is_defined_once_per_process() -> None:
-    library = trt_inline_autoload._rank_check_library
-    assert library is not None  # by the entry point at import torch
-    trt_inline_autoload.register_rank_check()  # (a second call defines nothing, as import trt_inline did)
-    assert trt_inline_autoload._rank_check_library is library
+    assert RANK_CHECK_OP in operators._definitions  # by the entry point at import torch
+    library = operators._definitions[RANK_CHECK_OP]
+    assert operators.define(RANK_CHECK_OP) is False  # (a second call defines nothing, as import trt_inline did)
+    assert operators._definitions[RANK_CHECK_OP] is library
     assert RANK_CHECK_OP == "trt_inline::check_ranks"
     assert rank_check.rank_check_op() in torch.fx.node._side_effectful_functions  # kept by dead-code elimination
 
@@ -197,11 +196,12 @@ _FRESH = """
     import torch.distributed as dist
 
     program = torch.export.load(sys.argv[1])      # the operator is defined by the entry point at import torch
-    assert "trt_inline" not in sys.modules
+    check = "trt_inline.distributed.rank_check"   # (the light modules of the entry point are imported)
+    assert check not in sys.modules
     module = program.module()
     x = torch.randn(2, 4)
     module(x)                                     # no process group: nothing to check
-    print("ran without a process group", "trt_inline" in sys.modules)
+    print("ran without a process group", check in sys.modules)
     dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
     try:
         module(x)

@@ -17,7 +17,7 @@ import torch
 from trt_inline.commands import check, inspect
 from trt_inline.commands.check import NeedsRequest, NeedsResponse
 from trt_inline.commands.inspect import InspectRequest, InspectResponse
-from trt_inline.deployment import EngineInfo
+from trt_inline.engine_fields import EngineInfo
 from trt_inline.errors import IsolationError, VerifyInputError
 from trt_inline.isolation import SandboxRequest, child, inside, job, job_of
 from trt_inline.isolation.jobs import job_at

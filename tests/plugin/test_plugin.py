@@ -42,8 +42,7 @@ from support.processes import (
 from support.values import as_list, max_abs_diff
 
 import trt_inline
-import trt_inline_autoload
-from trt_inline import plugin
+from trt_inline import autoload, plugin
 from trt_inline.inlining import passes
 from trt_inline.plugin import adapters
 from trt_inline.releases import EXPORTER_NAMES_BOUND_ELSEWHERE
@@ -521,9 +520,11 @@ def test_import_torch_loads_only_the_hook(tmp_path: Path) -> None:
     proc = run_python("import json\n" + textwrap.dedent(code), tmp_path, fresh=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout)
-    assert "trt_inline_autoload" in loaded, "the torch.backends entry point did not run"
-    assert not [m for m in loaded if m.startswith("torch_tensorrt") or m.startswith("trt_inline.")]
-    assert "trt_inline" not in loaded
+    assert "trt_inline.autoload" in loaded, "the torch.backends entry point did not run"
+    assert not [m for m in loaded if m.startswith("torch_tensorrt")]
+    # The entry point and the light modules it is made of: nothing of the plugin, the passes or the backend.
+    light = {"trt_inline", "trt_inline.autoload", "trt_inline.importing", "trt_inline.operators", "trt_inline.switches"}
+    assert {m for m in loaded if m.startswith("trt_inline")} == light
 
 
 def test_register_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -535,7 +536,7 @@ def test_register_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wrapt, "register_post_import_hook", broken)
     monkeypatch.delenv("TRT_INLINE_DISABLE", raising=False)
     with pytest.warns(RuntimeWarning, match="could not register its import hook"):
-        trt_inline_autoload.register()
+        autoload.register()
 
 
 def _fake_exporter(params: str, **extra: object) -> ModuleType:
@@ -589,7 +590,7 @@ def test_doctor_reports_and_exits_zero_without_torch_tensorrt() -> None:
     proc = new_interpreter("-m", "trt_inline.cli", "doctor", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "torch_tensorrt  not installed" in proc.stdout
-    assert "entry point     registered (torch.backends: trt_inline = trt_inline_autoload:register)" in proc.stdout
+    assert "entry point     registered (torch.backends: trt_inline = trt_inline.autoload:register)" in proc.stdout
     assert "Traceback" not in proc.stderr
 
 

@@ -28,10 +28,9 @@ from support.scalars import scalar_crossings
 from support.values import as_list, max_abs_diff
 
 import trt_inline
-import trt_inline_interpreter
 from trt_inline import allowed_ops, reference
 from trt_inline.errors import RefusedOperatorError
-from trt_inline.isolation import Limits, run_isolated, sandbox
+from trt_inline.isolation import Limits, interpreter, run_isolated, sandbox
 from trt_inline.reference import program as reference_program
 
 _WALLS = sandbox.status().missing
@@ -120,11 +119,11 @@ def test_the_child_has_the_callers_user_name(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.delenv(variable, raising=False)  # as under a service manager: the name only in the passwd file
     from support import cuda_probe
 
-    trt_inline_interpreter.user_name.cache_clear()
+    interpreter.user_name.cache_clear()
     try:
         seen = run_isolated(cuda_probe.UserNameRequest(), None, Limits(120, 2 << 30), where="probe").value
     finally:
-        trt_inline_interpreter.user_name.cache_clear()
+        interpreter.user_name.cache_clear()
     assert seen == {"user": getpass.getuser()}, seen
 
 

@@ -1,6 +1,6 @@
 """Work done in a child forked from the caller's process, and what comes back of it.
 
-``trt_inline_interpreter.call_forked`` and ``ForkedServer`` (what the rehearsal on a release's pipeline runs in):
+``isolation.interpreter.call_forked`` and ``ForkedServer`` (what the rehearsal on a release's pipeline runs in):
 the bytes come back, the child's exception comes back as one line with its traceback beside it, a child that dies
 or runs past its time is said so and reaped, and nothing the child changes reaches the caller; a server prepares
 once and answers every call from that state. ``trt_inline.reference.handover``: a partitioned module described
@@ -20,9 +20,9 @@ from support.models import scalar_cases
 
 import trt_inline
 from trt_inline import compat
+from trt_inline.isolation.interpreter import ForkedCallError, ForkedServer, call_forked
 from trt_inline.reference import handover
 from trt_inline.releases import minor as releases_minor
-from trt_inline_interpreter import ForkedCallError, ForkedServer, call_forked
 
 _STATE = {"value": "the caller's"}
 
@@ -131,7 +131,7 @@ def test_a_child_never_returns_into_the_callers_code() -> None:
 
 def test_an_answer_counts_only_from_a_child_that_exited_normally() -> None:
     """A child killed while it writes leaves a prefix of its answer: that is how it ended, not a short answer."""
-    from trt_inline_interpreter import _checked_answer, _decoded_answer
+    from trt_inline.isolation.interpreter import _checked_answer, _decoded_answer
 
     pid = os.fork()
     if pid == 0:

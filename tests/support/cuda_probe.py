@@ -60,17 +60,14 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     # What the interpreter that forks children imports (isolation.zygote.serve), then one child's start.
     import trt_inline.reference
     import trt_inline.verify  # noqa: F401
-    import trt_inline_interpreter
     from trt_inline import compat, isolation
-    from trt_inline.isolation import inside, process, sandbox  # noqa: F401
+    from trt_inline.isolation import inside, interpreter, process, sandbox  # noqa: F401
 
     compat.import_loaders()
     sandbox.enter = recorded("enter", sandbox.enter)
     work = Path(tempfile.mkdtemp(prefix="trt-inline-probe-"))
     (work / "tmp").mkdir()
-    os.environ.update(
-        trt_inline_interpreter.child_environment(work)
-    )  # as a child gets them: TMPDIR its own folder, ...
+    os.environ.update(interpreter.child_environment(work))  # as a child gets them: TMPDIR its own folder, ...
     tempfile.tempdir = None
     from trt_inline.commands.inspect import InspectRequest, inspect_job
     from trt_inline.isolation.envelope import Envelope

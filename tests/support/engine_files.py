@@ -16,7 +16,7 @@ import torch
 from support.commands import cli
 from support.hostile import read_entries, write_entries
 from support.processes import new_interpreter, run_forked
-from trt_inline.deployment import FIELDS_BY_ABI
+from trt_inline.engine_fields import FIELDS_BY_ABI
 
 _PLAN = b"plan bytes " * 40
 

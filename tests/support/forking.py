@@ -1,9 +1,9 @@
 """The loop of the tests' forking interpreter (``conftest.run_forked``) and what each of its children does.
 
 That interpreter is started as the package starts the one its sandboxed children are forked from
-(``trt_inline_interpreter.start_interpreter``: ``python -I``, a session of its own, one end of a UNIX socket),
+(``isolation.interpreter.start_interpreter``: ``python -I``, a session of its own, one end of a UNIX socket),
 serving this module rather than ``trt_inline.isolation.zygote``; its loop is the package's
-(``trt_inline_interpreter.fork_per_job``: a job, a child forked, ``pid N``, then ``exit STATUS MAXRSS``). It has
+(``isolation.interpreter.fork_per_job``: a job, a child forked, ``pid N``, then ``exit STATUS MAXRSS``). It has
 imported this module, the standard library modules of that loop, torch and the modules it was given, and nothing of
 trt-inline: a child runs a request's code as a new ``python -c CODE ARGS`` would after those imports.
 """
@@ -17,7 +17,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from trt_inline_interpreter import fork_per_job
+from trt_inline.isolation.interpreter import fork_per_job
 
 
 def serve(channel_fd: int, *preload: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trt_inline_interpreter import start_interpreter
+from trt_inline.isolation.interpreter import start_interpreter
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # The tests' root: on the import path of every process a test starts, so that ``support`` imports there too.
@@ -91,7 +91,7 @@ _LOADER = textwrap.dedent(
 
 
 class _ForkingInterpreter:
-    """The package's kind of interpreter that forks children (``trt_inline_interpreter.start_interpreter``, its loop
+    """The package's kind of interpreter that forks children (``isolation.interpreter.start_interpreter``, its loop
     ``fork_per_job``) serving the tests' module ``forking``: torch and ``preload`` imported, ``env`` its environment.
     A request is the name of a file holding it (what ``forking.run`` reads), so that the message stays short."""
 

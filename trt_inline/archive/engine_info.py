@@ -1,6 +1,6 @@
 """What each TensorRT engine of a file needs, read from the file as data: never deserialized, never unpickled.
 
-An engine's info (:mod:`trt_inline.deployment` says what its fields mean and
+An engine's info (:mod:`trt_inline.engine_fields` says what its fields mean and
 checks them) is held in one of three forms, all read here by the strict
 reader (:func:`trt_inline.archive.pickles.read_pickle` with ``objects=True``:
 what a pickle would build is kept as text, nothing is imported or called):
@@ -33,7 +33,7 @@ from trt_inline.archive.pickles import PickledObject, native_engine, read_pickle
 from trt_inline.archive.reader import Contents, passthrough_payload, read_file
 from trt_inline.archive.views import BytesView
 from trt_inline.archive.zip_layout import check_layout
-from trt_inline.deployment import FIELDS_BY_ABI, NUMERIC_FIELDS, DeviceInfo, EngineInfo, field_problems, stoi
+from trt_inline.engine_fields import FIELDS_BY_ABI, NUMERIC_FIELDS, DeviceInfo, EngineInfo, field_problems, stoi
 from trt_inline.errors import UnsafeArchiveError, printable
 
 __all__ = ["engine_infos", "metadata_summary", "read_engine_infos"]

@@ -39,6 +39,7 @@ from trt_inline.archive.reader import Contents, read_file
 from trt_inline.archive.reference_io import REFERENCE_IO_FILE, ReferenceIO, decode_reference_io
 from trt_inline.archive.views import FileView
 from trt_inline.distributed.manifest import MANIFEST_FILE, decode_manifest
+from trt_inline.engine_fields import EngineInfo
 from trt_inline.errors import LoadError, RefusedOperatorError, UnsafeArchiveError, VerifyInputError, printable
 from trt_inline.module_paths import ORIGIN_META, NodeOrigin
 from trt_inline.package import output_kinds_of
@@ -269,7 +270,7 @@ def _engines_first(path: str | os.PathLike[str], allow_pickle: bool, native_code
         yield
     except RefusedOperatorError:
         if native_code and deployment.checks_engines():
-            infos: list[deployment.EngineInfo] = []
+            infos: list[EngineInfo] = []
             with contextlib.suppress(VerifyInputError, ValueError, RecursionError):
                 _, infos = read_engine_infos(path, allow_pickle=allow_pickle)
             if infos:

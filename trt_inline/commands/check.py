@@ -5,7 +5,7 @@ The engine infos are read in the sandboxed child, as every file is
 (:func:`needs_job`: :mod:`trt_inline.archive.engine_info`, nothing
 deserialized), handed back as data and read strictly here
 (:class:`NeedsResponse`, within the bounds
-:class:`~trt_inline.deployment.EngineInfo` declares); the checks
+:class:`~trt_inline.engine_fields.EngineInfo` declares); the checks
 (:mod:`trt_inline.deployment`) run in this process, against this machine or a
 described one.
 """
@@ -20,7 +20,8 @@ from typing import Any
 
 from trt_inline.commands.arguments import add_flags
 from trt_inline.commands.output import print_text
-from trt_inline.deployment import EngineInfo, Machine, engine_problems, releases_of_abi
+from trt_inline.deployment import Machine, engine_problems
+from trt_inline.engine_fields import EngineInfo, releases_of_abi
 from trt_inline.formats import format_size
 from trt_inline.isolation import job
 from trt_inline.messages import wire

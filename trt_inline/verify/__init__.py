@@ -45,23 +45,8 @@ use it (``inspect``, ``check``, the JUnit file, the chart, rank sets) are :mod:`
 
 from __future__ import annotations
 
-# Public here before the archive package held them (``from trt_inline.verify import load`` keeps working).
-from trt_inline.archive import (
-    AOTI_PACKAGE,
-    EXPORTED_PROGRAM,
-    REFERENCE_IO_FILE,
-    EngineBoundary,
-    LoadedFile,
-    ReferenceIO,
-    capture_reference_io,
-    classify_file,
-    decode_reference_io,
-    encode_reference_io,
-    load,
-    load_exported_program,
-    open_file,
-)
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError
+from trt_inline.importing import lazy_exports
 from trt_inline.verify.compare import default_tolerance
 from trt_inline.verify.diff import diff
 from trt_inline.verify.options import Inputs, Isolation, Outputs, Reference, Tolerances, Trust
@@ -69,20 +54,16 @@ from trt_inline.verify.report import OutputComparison, VerifyReport, describe_va
 from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import verify
 
+# The archive's names, importable from here as before the archive package held them (``from trt_inline.verify import
+# load``): defined in trt_inline.archive only, each imported from there on its first use here.
+_FORMER_HOMES = (
+    "AOTI_PACKAGE", "EXPORTED_PROGRAM", "REFERENCE_IO_FILE", "EngineBoundary", "LoadedFile", "ReferenceIO",
+    "capture_reference_io", "classify_file", "decode_reference_io", "encode_reference_io", "load",
+    "load_exported_program", "open_file",
+)  # fmt: skip
+lazy_exports(__name__, {name: f"trt_inline.archive:{name}" for name in _FORMER_HOMES})
+
 __all__ = [
-    "AOTI_PACKAGE",
-    "EXPORTED_PROGRAM",
-    "REFERENCE_IO_FILE",
-    "EngineBoundary",
-    "LoadedFile",
-    "ReferenceIO",
-    "capture_reference_io",
-    "classify_file",
-    "decode_reference_io",
-    "encode_reference_io",
-    "load",
-    "load_exported_program",
-    "open_file",
     "Inputs",
     "Isolation",
     "OutputComparison",
