@@ -46,6 +46,8 @@ __all__ = [
     "DIFF",
     "ENTRY_POINT_FIELDS",
     "ENTRY_POINTS",
+    "FUNCTIONS",
+    "KEYWORD_ENTRY_POINTS",
     "GROUPS",
     "INSPECT",
     "CHECK",
@@ -89,10 +91,12 @@ __all__ = [
 VERIFY, DIFF, CASES, RANKS, INSPECT, CHECK = "verify", "diff", "cases", "ranks", "inspect", "check"
 ENTRY_POINTS = (VERIFY, DIFF, CASES, RANKS, INSPECT, CHECK)
 # How an entry point is named where it refuses something.
-_FUNCTIONS = {
+FUNCTIONS: dict[str, str] = {
     VERIFY: "verify", DIFF: "diff", CASES: "verify_cases", RANKS: "verify_rank_set", INSPECT: "inspect",
     CHECK: "check_engines",
 }  # fmt: skip
+# The entry points that take the fields as keywords, and the name of their TypedDict.
+KEYWORD_ENTRY_POINTS = {VERIFY: "VerifyFields", DIFF: "DiffFields", CASES: "CasesFields", RANKS: "RankSetFields"}
 
 
 @dataclass(frozen=True)
@@ -444,8 +448,12 @@ class Outputs(OptionGroup):
 GROUPS: tuple[type[OptionGroup], ...] = (Inputs, Reference, Tolerances, Trust, Isolation, Outputs)
 
 
-# The fields as keyword arguments of their own (``verify(path, atol=1e-3)``): their types as the groups declare
-# them (tests/verify/test_options.py holds the two to the same names and types).
+# The fields as keyword arguments of their own (``verify(path, atol=1e-3)``): a TypedDict per group, and one per
+# entry point that takes keywords (KEYWORD_ENTRY_POINTS) with exactly the fields whose declaration's ``used_by`` names
+# it, so that a type checker refuses the others (diff(a, b, strict=True)) as it refuses any keyword a function does
+# not take; at run time they are refused too (:func:`gather`). Written from the fields above by .ci/typed_keywords
+# (.ci/run checks that they are), since a type checker reads them as source.
+# BEGIN typed keywords (written by .ci/typed_keywords from the groups' fields: do not edit)
 
 
 class InputsFields(TypedDict, total=False):
@@ -495,17 +503,14 @@ class OutputsFields(TypedDict, total=False):
     extract: str | os.PathLike[str] | None
 
 
-# What each entry point takes as keywords: exactly the fields whose declaration's ``used_by`` names it, so that
-# a type checker refuses the others (diff(a, b, strict=True)) as it refuses any keyword a function does not take;
-# at run time they are refused too (:func:`gather`). ENTRY_POINT_FIELDS: each entry point's
-# (tests/verify/test_options.py holds each to its used_by, names and types).
-class VerifyFields(InputsFields, ReferenceFields, TolerancesFields, TrustFields, IsolationFields, OutputsFields):
-    """``verify``'s keywords: every field."""
+class VerifyFields(
+    InputsFields, ReferenceFields, TolerancesFields, TrustFields, IsolationFields, OutputsFields, total=False
+):
+    """``verify``'s keywords: the fields whose ``used_by`` names verify."""
 
 
 class DiffFields(InputsFields, TrustFields, IsolationFields, total=False):
-    """``diff``'s keywords: no reference (its second file is), no ``strict``, and of the outputs only
-    ``save_outputs``."""
+    """``diff``'s keywords: the fields whose ``used_by`` names diff."""
 
     atol: float | Mapping[Any, float] | None
     rtol: float | Mapping[Any, float] | None
@@ -516,8 +521,7 @@ class DiffFields(InputsFields, TrustFields, IsolationFields, total=False):
 
 
 class CasesFields(TolerancesFields, TrustFields, IsolationFields, total=False):
-    """``verify --cases``'s keywords (:func:`~trt_inline.verify.cases.verify_cases`): not what each case gives
-    (inputs, expected outputs) nor what writes one file."""
+    """``verify_cases``'s keywords: the fields whose ``used_by`` names cases."""
 
     random_inputs: int
     seed: int
@@ -527,8 +531,7 @@ class CasesFields(TolerancesFields, TrustFields, IsolationFields, total=False):
 
 
 class RankSetFields(TolerancesFields, TrustFields, total=False):
-    """``verify_rank_set``'s keywords: a rank set runs on its embedded reference I/O, each rank in a sandboxed
-    child, and writes no file."""
+    """``verify_rank_set``'s keywords: the fields whose ``used_by`` names ranks."""
 
     per_engine: bool
     sandbox: bool
@@ -545,6 +548,7 @@ ENTRY_POINT_FIELDS: dict[str, type[Mapping[str, Any]]] = {
     CASES: CasesFields,
     RANKS: RankSetFields,
 }
+# END typed keywords
 
 
 @dataclass(frozen=True)
@@ -573,7 +577,7 @@ def gather(entry: str, keywords: Mapping[str, Any], **groups: OptionGroup | None
     for a field ``entry`` does not take; :class:`VerifyInputError` for a tolerance, error statistic, top-k or
     ``range_ends`` that cannot be used.
     """
-    name = _FUNCTIONS[entry]
+    name = FUNCTIONS[entry]
     owner = {item.name: group for group in groups for item in fields(_GROUP_NAMES[group])}
     for keyword in keywords:
         if keyword not in owner:
