@@ -26,15 +26,16 @@ package or module        concern
 =======================  ===========================================================
 startup modules          ``switches`` (the environment switches, the names of the watched
                          modules and of the operators), ``importing`` (names imported on
-                         first use, import hooks), ``isolation.interpreter`` (a child
-                         interpreter, started before torch is imported): standard library only
+                         first use, import hooks), ``errors`` (every exception class),
+                         ``isolation.interpreter`` (a child interpreter, started before torch
+                         is imported): standard library only
 :mod:`.inlining`         the inlining core: ``passes`` (the inline passes), ``flat_program``,
                          ``scalars``, ``symbolic``, ``attributes``, ``module_state``
 core modules             ``engines`` (what an engine is), ``allowed_ops`` (the operator
                          allow-list), ``package`` (AOTInductor), ``compat`` (torch's private
-                         APIs), ``releases``, ``formats``, ``errors``, ``logs``, ``progress``,
+                         APIs), ``releases``, ``formats``, ``logs``, ``progress``,
                          ``output_tree``, ``engine_fields`` (what an engine's info says),
-                         ``deployment`` (whether a machine runs it), ``messages`` (typed
+                         ``deployment`` (whether a machine runs it), ``codec`` (typed
                          messages to and from a child: encoded, decoded strictly),
                          ``module_paths`` (a node's module path and source line),
                          ``operators`` (the operators a saved file may call, defined once)

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from trt_inline import progress
 from trt_inline.commands import check, diff, doctor, fix, inspect, verify
 from trt_inline.commands.arguments import OneLineParser, add_flags
-from trt_inline.commands.output import StdoutGone, junit_of_error
-from trt_inline.errors import TrtInlineError, first_line
+from trt_inline.commands.output import junit_of_error
+from trt_inline.errors import StdoutGone, TrtInlineError, first_line
 from trt_inline.isolation import reusing_interpreter
 from trt_inline.isolation.interpreter import take_prestarted
 from trt_inline.logs import debug_to_stderr

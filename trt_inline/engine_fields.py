@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trt_inline import releases
+from trt_inline.codec import wire
 from trt_inline.errors import printable
-from trt_inline.messages import wire
 
 __all__ = [
     "DLA_DEVICE",
@@ -119,7 +119,7 @@ class EngineInfo:
     its decoded size). ``metadata``: the plain data of its serialized metadata where it decodes as such
     (:func:`trt_inline.archive.engine_info.metadata_summary`), ``metadata_note`` what it is otherwise.
 
-    A child reading a file hands it back as plain data (:mod:`trt_inline.messages`), read strictly in the parent
+    A child reading a file hands it back as plain data (:mod:`trt_inline.codec`), read strictly in the parent
     within the bounds declared here: strings escaped and cut, at most 32 fields and 32 problems, the metadata
     plain data at most 6 deep, 64 items a list or object.
     """

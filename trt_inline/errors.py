@@ -4,9 +4,10 @@ Each error a user can cause names the node, submodule, file or archive entry it
 is about, so that a failing save or check of a large model points at the place
 to look. The classes are re-exported where they were first defined
 (``trt_inline.plugin.PatchError``, ``trt_inline.verify.VerifyInputError``,
-``trt_inline.fixing.FixError``, ``trt_inline.messages.MessageError``,
+``trt_inline.fixing.FixError``, ``trt_inline.codec.MessageError``,
 ``trt_inline.isolation.sandbox.SandboxUnavailable``). (Exceptions a module raises and
-catches itself, to stop a walk, stay private to it.)
+catches itself, to stop a walk, stay private to it.) Standard library only: the lowest floor
+(``python3 .ci/imports``), so that a child interpreter started before torch raises them too.
 """
 
 from __future__ import annotations
@@ -95,13 +96,34 @@ class FixError(TrtInlineError, ValueError):
 
 class MessageError(ValueError):
     """A message between a parent and its child that is not what its dataclass declares: its path
-    (``tolerances.atol``) and what is wrong (:mod:`trt_inline.messages`; the parent says it as an
+    (``tolerances.atol``) and what is wrong (:mod:`trt_inline.codec`; the parent says it as an
     :class:`IsolationError` or a :class:`VerifyInputError` naming the file)."""
 
 
 class SandboxUnavailable(RuntimeError):
     """A wall the sandbox needs (Landlock, seccomp) cannot be set up on this system
     (:mod:`trt_inline.isolation.sandbox`; said as an :class:`IsolationError` before any child starts)."""
+
+
+class ForkedCallError(Exception):
+    """What a child forked for one call raised (:func:`trt_inline.isolation.interpreter.call_forked`; ``kind``: its
+    type's name, ``message``: its first line, ``summary``: both, ``details``: its traceback), or how it ended without
+    an answer (``kind`` empty)."""
+
+    def __init__(self, kind: str, message: str, details: str = "") -> None:
+        self.kind, self.message, self.details = kind, message, details
+        self.summary = f"{kind}: {message}" if kind and message else kind or message
+        super().__init__(self.summary)
+
+
+class Unencodable(Exception):
+    """An argument of a block's node that an engine program cannot hold (:mod:`trt_inline.reference.program`): the
+    block is not made an engine."""
+
+
+class StdoutGone(Exception):
+    """The reader of stdout left (``| head -1``) while a command's report was written
+    (:mod:`trt_inline.commands.output`; the command ends as a closed pipe ends it)."""
 
 
 class IncompatibleTorchError(TrtInlineError, RuntimeError):

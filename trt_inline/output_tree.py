@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from torch.utils import _pytree as pytree
 
 from trt_inline import compat
-from trt_inline.messages import wire
+from trt_inline.codec import wire
 
 __all__ = [
     "OutputTree",
@@ -47,7 +47,7 @@ MAX_STRUCTURE = 1 << 20
 class OutputTree:
     """The outputs' structure (``dict['scores', 'boxes'](*, tuple(*, None))``) and the path of each value."""
 
-    # (bounded as :meth:`from_plain` bounds them where the parent sends one to a child: :mod:`trt_inline.messages`)
+    # (bounded as :meth:`from_plain` bounds them where the parent sends one to a child: :mod:`trt_inline.codec`)
     structure: str = field(metadata=wire(max_len=MAX_STRUCTURE))
     # ``out['scores']``, ``out[1][0]``: one per value of :func:`values`, in its order.
     paths: tuple[str, ...] = field(metadata=wire(max_len=MAX_STRUCTURE))

@@ -1,4 +1,4 @@
-"""Typed messages between a parent and its child (trt_inline.messages): every annotation the decoder knows, accepted
+"""Typed messages between a parent and its child (trt_inline.codec): every annotation the decoder knows, accepted
 and refused; unknown and missing keys; the bounds declared beside a field; fields that stay or travel as another
 type; and a round trip through JSON of every request and response a child job is sent or hands back."""
 
@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, TypedDict
 import pytest
 import torch
 
+from trt_inline.codec import Bounds, MessageError, Wire, decode, encode, wire
 from trt_inline.commands import check, inspect
 from trt_inline.commands.check import NeedsRequest, NeedsResponse
 from trt_inline.commands.inspect import InspectRequest, InspectResponse
@@ -21,7 +22,6 @@ from trt_inline.engine_fields import EngineInfo
 from trt_inline.errors import IsolationError, VerifyInputError
 from trt_inline.isolation import SandboxRequest, child, inside, job, job_of
 from trt_inline.isolation.jobs import job_at
-from trt_inline.messages import Bounds, MessageError, Wire, decode, encode, wire
 from trt_inline.output_tree import OutputTree
 from trt_inline.verify import verifier
 from trt_inline.verify.diff import DiffRequest, diff_job

@@ -20,7 +20,8 @@ from support.models import scalar_cases
 
 import trt_inline
 from trt_inline import compat
-from trt_inline.isolation.interpreter import ForkedCallError, ForkedServer, call_forked
+from trt_inline.errors import ForkedCallError
+from trt_inline.isolation.interpreter import ForkedServer, call_forked
 from trt_inline.reference import handover
 from trt_inline.releases import minor as releases_minor
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trt_inline.codec import wire
 from trt_inline.isolation import job
-from trt_inline.messages import wire
 
 
 def _attempt(results: dict[str, str], name: str, action: Callable[[], object]) -> None:

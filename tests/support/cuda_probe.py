@@ -69,9 +69,9 @@ def record_child_start(file: str, allow_native_code: bool) -> None:
     (work / "tmp").mkdir()
     os.environ.update(interpreter.child_environment(work))  # as a child gets them: TMPDIR its own folder, ...
     tempfile.tempdir = None
+    from trt_inline.codec import encode
     from trt_inline.commands.inspect import InspectRequest, inspect_job
     from trt_inline.isolation.envelope import Envelope
-    from trt_inline.messages import encode
     from trt_inline.verify.options import Trust
 
     request = Envelope(

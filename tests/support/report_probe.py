@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from trt_inline.codec import wire
 from trt_inline.isolation import job
-from trt_inline.messages import wire
 from trt_inline.verify.options import Trust
 from trt_inline.verify.pipeline import Keep
 from trt_inline.verify.report import VerifyReport

@@ -19,10 +19,10 @@ import torch
 from support.programs import SavedSeed
 
 from trt_inline import cli, verify
+from trt_inline.codec import encode
 from trt_inline.commands import arguments
 from trt_inline.commands import ranks as rank_set
 from trt_inline.errors import VerifyInputError
-from trt_inline.messages import encode
 from trt_inline.verify import Inputs, Isolation, Outputs, Reference, Tolerances, Trust, diff, verifier
 from trt_inline.verify import options as opts
 from trt_inline.verify.cases import verify_cases

@@ -18,13 +18,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from trt_inline.codec import wire
 from trt_inline.commands.arguments import add_flags
 from trt_inline.commands.output import print_text
 from trt_inline.deployment import Machine, engine_problems
 from trt_inline.engine_fields import EngineInfo, releases_of_abi
 from trt_inline.formats import format_size
 from trt_inline.isolation import job
-from trt_inline.messages import wire
 from trt_inline.verify.options import Isolation, Trust, from_flags
 
 __all__ = ["MAX_ENGINES", "CheckReport", "NeedsRequest", "NeedsResponse", "add_parser", "check_engines", "engine_lines",

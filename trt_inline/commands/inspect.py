@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trt_inline import allowed_ops
+from trt_inline.codec import wire
 from trt_inline.commands.arguments import add_flags
 from trt_inline.commands.check import MAX_ENGINES, engine_lines
 from trt_inline.commands.output import print_lines, print_text
 from trt_inline.engine_fields import EngineInfo
 from trt_inline.errors import VerifyInputError, first_line, printable
 from trt_inline.isolation import job
-from trt_inline.messages import wire
 from trt_inline.verify.options import Isolation, Trust, for_child, from_flags
 
 __all__ = ["InspectRequest", "InspectResponse", "add_parser", "inspect_job", "run"]

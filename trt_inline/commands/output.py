@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from trt_inline.errors import TrtInlineError, first_line, printable
+from trt_inline.errors import StdoutGone, TrtInlineError, first_line, printable
 from trt_inline.verify.cases import CaseResult, load_tensor_file, split_inputs
 from trt_inline.verify.report import EXIT_STATUS
 
@@ -88,10 +88,6 @@ def print_text(text: str) -> None:
     this escapes again whatever reaches the terminal.
     """
     print_lines(text.split("\n"))
-
-
-class StdoutGone(Exception):
-    """The reader of stdout left (``| head -1``) while the report was written."""
 
 
 def print_lines(lines: list[str]) -> None:

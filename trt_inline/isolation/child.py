@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trt_inline import progress
+from trt_inline.codec import MessageError, decode, encode
 from trt_inline.errors import (
     IsolationError,
     RankSetError,
@@ -40,7 +41,6 @@ from trt_inline.isolation.pipes import MAX_REPORT_BYTES, MAX_RESULT_BYTES, Pipes
 from trt_inline.isolation.process import Ended, run_fresh, tail
 from trt_inline.isolation.read_ahead import READ_AHEAD_FROM, FeedReader, unmappable, window_for
 from trt_inline.isolation.zygote import zygote_for_now
-from trt_inline.messages import MessageError, decode, encode
 
 if TYPE_CHECKING:
     from trt_inline.distributed.relay import RelayServer
@@ -103,7 +103,7 @@ def run_isolated(
     """Run the job of ``request`` in a sandboxed child process under ``limits``; its answer, read as the job's
     declared response (:mod:`trt_inline.isolation.jobs`), or its error re-raised here.
 
-    ``request``: a dataclass a job was registered for (sent as :func:`trt_inline.messages.encode`
+    ``request``: a dataclass a job was registered for (sent as :func:`trt_inline.codec.encode`
     makes it, and decoded here first as the child decodes it: a request that is not what it
     declares is refused before any child starts).
     ``files``: what the job opens (readable in the sandbox, and mapped within its

@@ -2,7 +2,7 @@
 
 :class:`Envelope` is the first line of a child's request pipe (the tensors follow it, as ``torch.save``
 bytes); :class:`Answer` is the first line of its result pipe (the tensors it hands back follow it). Both
-are read with the one decoder of messages (:func:`trt_inline.messages.decode`): the envelope in the
+are read with the one decoder of messages (:func:`trt_inline.codec.decode`): the envelope in the
 child, the answer in the parent, which trusts nothing in it. The job's own request and response inside
 them are read by the types the job declares (:mod:`trt_inline.isolation.jobs`), not here.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trt_inline.codec import Bounds, wire
 from trt_inline.errors import MAX_TEXT
-from trt_inline.messages import Bounds, wire
 
 __all__ = ["ANSWER_BOUNDS", "Answer", "Envelope", "ReadAhead"]
 

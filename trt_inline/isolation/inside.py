@@ -2,7 +2,7 @@
 
 The envelope names the job by its module and function; only a function that
 module registered as a job runs (:mod:`trt_inline.isolation.jobs`). Its request is
-decoded strictly into the dataclass the job declares (:mod:`trt_inline.messages`),
+decoded strictly into the dataclass the job declares (:mod:`trt_inline.codec`),
 and a response it returns as a dataclass is encoded for the parent to decode the
 same way.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trt_inline import progress
+from trt_inline.codec import decode, encode
 from trt_inline.errors import (
     TrtInlineError,
     bounded_strings,
@@ -41,7 +42,6 @@ from trt_inline.isolation.limits import (
 )
 from trt_inline.isolation.pipes import PROGRESS_FD, RESULT_FD
 from trt_inline.isolation.process import ADDRESS_SPACE_LIMITED
-from trt_inline.messages import decode, encode
 
 
 def _read_request() -> tuple[Envelope, bytes]:
@@ -158,7 +158,7 @@ def _child_job(work: Path, envelope: Envelope, payload: bytes) -> tuple[Answer, 
         torch.save(extra, buffer)
         returned = buffer.getvalue()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = encode(value)  # (a response: the parent decodes it strictly, :mod:`trt_inline.messages`)
+        value = encode(value)  # (a response: the parent decodes it strictly, :mod:`trt_inline.codec`)
     # Strings from the file leave the child escaped and cut (the parent does it again: it trusts nothing here).
     answer = Answer(bounded_strings(value), sandbox=applied, base_rss=base_rss, peak_anonymous=peak_anonymous,
                     peak_file=peak_file)  # fmt: skip

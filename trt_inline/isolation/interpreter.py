@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from trt_inline.errors import ForkedCallError
+
 __all__ = [
     "ForkedCallError", "ForkedServer", "StartedInterpreter", "call_forked", "child_environment", "fork_per_job",
     "interpreter_command", "prestart", "start_interpreter", "take_prestarted", "user_name", "zygote_key",
@@ -236,16 +238,6 @@ def take_prestarted() -> StartedInterpreter | None:
 def _stop_untaken() -> None:
     while _prestarted:
         _prestarted.pop().stop()
-
-
-class ForkedCallError(Exception):
-    """What :func:`call_forked`'s child raised (``kind``: its type's name, ``message``: its first line,
-    ``summary``: both, ``details``: its traceback), or how it ended without an answer (``kind`` empty)."""
-
-    def __init__(self, kind: str, message: str, details: str = "") -> None:
-        self.kind, self.message, self.details = kind, message, details
-        self.summary = f"{kind}: {message}" if kind and message else kind or message
-        super().__init__(self.summary)
 
 
 def call_forked(job: Callable[[], bytes], *, timeout: float | None = None, output: str = os.devnull) -> bytes:

@@ -17,7 +17,7 @@ named by a string a reader would have to look up; a function that is not registe
 child before it is called.
 
 A response is read strictly by its type: a ``from_dict`` classmethod where it has one
-(:meth:`~trt_inline.verify.report.VerifyReport.from_dict`), :func:`trt_inline.messages.decode`
+(:meth:`~trt_inline.verify.report.VerifyReport.from_dict`), :func:`trt_inline.codec.decode`
 otherwise; ``response=None`` hands back plain data (a probe's).
 """
 
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from trt_inline.codec import MessageError, decode
 from trt_inline.errors import IsolationError, first_line
-from trt_inline.messages import MessageError, decode
 
 __all__ = ["Job", "job", "job_at", "job_of"]
 

@@ -34,7 +34,7 @@ import torch.fx
 
 from trt_inline import allowed_ops, compat
 from trt_inline.engines import ValueSpec
-from trt_inline.errors import EngineFormatError, RefusedOperatorError, printable
+from trt_inline.errors import EngineFormatError, RefusedOperatorError, Unencodable, printable
 from trt_inline.inlining import scalars, symbolic
 from trt_inline.module_paths import NodeOrigin, file_origin
 
@@ -96,10 +96,6 @@ def encodable_target(target: Any) -> str | None:
 # ---------------------------------------------------------------------------
 # Encoding of node arguments
 # ---------------------------------------------------------------------------
-
-
-class Unencodable(Exception):
-    pass
 
 
 def encode_arg(arg: Any, refs: dict[torch.fx.Node, int]) -> Any:

@@ -22,7 +22,7 @@ refuses a group given together with one of its own fields as a keyword, and a fi
 point does not take. A child's job is sent the groups themselves (in its request:
 :class:`~trt_inline.verify.verifier.VerifyRequest`), as :func:`for_child` makes them: how each
 field travels, or that it stays in the calling process (tensors, a module), is declared beside it
-too (:func:`trt_inline.messages.wire`).
+too (:func:`trt_inline.codec.wire`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any, TypedDict, TypeVar
 
 import torch
 
+from trt_inline.codec import wire, wire_of
 from trt_inline.errors import VerifyInputError
-from trt_inline.messages import wire, wire_of
 from trt_inline.verify.compare import ERROR_STATS, Criteria, tolerance_key
 from trt_inline.verify.range_ends import GROWTH, MODES, SMALL_BYTES, modes_checked
 
@@ -141,7 +141,7 @@ def declared(
     **how: Any,
 ) -> dict[str, Any]:
     """A field's ``metadata``: its :class:`Declaration` (``help_for``: by entry point, the help its command shows
-    instead of ``help``); ``travels``: how it is sent to a child (:func:`trt_inline.messages.wire`; default: as its
+    instead of ``help``); ``travels``: how it is sent to a child (:func:`trt_inline.codec.wire`; default: as its
     annotation says)."""
     own = tuple(sorted((help_for or {}).items()))
     for entry, _ in own:
@@ -260,7 +260,7 @@ _RUNS = (VERIFY, DIFF, CASES)  # what each case of a folder runs with too, and a
 _COMPARED = (VERIFY, DIFF, CASES, RANKS)
 _CHECKED = (VERIFY, CASES, RANKS)  # verify's own checks, which diff does not make
 _LOADED = (VERIFY, DIFF, CASES, RANKS, INSPECT)  # what loads a file's program (check reads its engines' infos only)
-# How fields travel to a child where their annotation cannot say it (:mod:`trt_inline.messages`): tensors travel
+# How fields travel to a child where their annotation cannot say it (:mod:`trt_inline.codec`): tensors travel
 # apart (``torch.save``), a path as text, a tolerance in the one form :func:`normalize_tolerance` gives.
 _TENSORS = wire(stays=True)
 _PATH = wire(as_type=str | None)

@@ -1,7 +1,7 @@
 """What verification found: per-output comparisons and the report, as text or JSON.
 
 A report crosses from a sandboxed child to its parent as JSON: :meth:`VerifyReport.from_dict` reads it
-strictly with the one decoder of messages (:func:`trt_inline.messages.decode`: every field of its type and within
+strictly with the one decoder of messages (:func:`trt_inline.codec.decode`: every field of its type and within
 the bounds declared beside it, every string escaped and cut, at most :data:`MAX_COMPARISONS` comparisons and
 :data:`REPORT_BOUNDS` items in all), so that what the parent then formats, plots or writes is bounded whatever the
 child sent.
@@ -16,8 +16,8 @@ from typing import Annotated, Any, ClassVar, Literal, TypedDict, get_args
 
 import torch
 
+from trt_inline.codec import Bounds, Wire, decode, encode, wire
 from trt_inline.errors import MAX_TEXT
-from trt_inline.messages import Bounds, Wire, decode, encode, wire
 from trt_inline.module_paths import NOT_RECORDED, brief
 
 __all__ = [
@@ -337,7 +337,7 @@ class VerifyReport:
         return "PASS" if self.ok else ("FAIL" if self.problems else "UNVERIFIED")
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as plain data (:func:`trt_inline.messages.encode`), with ``ok`` and ``compared`` (and each
+        """The report as plain data (:func:`trt_inline.codec.encode`), with ``ok`` and ``compared`` (and each
         boundary row's ``ok`` and ``own_ok``) for readers of the JSON."""
         encoded: dict[str, Any] = encode(self)
         return encoded
@@ -345,7 +345,7 @@ class VerifyReport:
     @classmethod
     def from_dict(cls, data: Any) -> VerifyReport:
         """The report :meth:`to_dict` gave (how a child process hands its report back), read strictly within
-        :data:`REPORT_BOUNDS` (:func:`trt_inline.messages.decode`): raises :class:`~trt_inline.messages.MessageError`
+        :data:`REPORT_BOUNDS` (:func:`trt_inline.codec.decode`): raises :class:`~trt_inline.codec.MessageError`
         (a ``ValueError``) naming the field for anything else (a field of another type, an unknown key, more than
         :data:`MAX_COMPARISONS` comparisons); every string is escaped and cut."""
         return decode(cls, data, REPORT_BOUNDS)

@@ -1,4 +1,4 @@
-"""Typed messages between a parent and its child process: dataclasses sent as plain data and read back strictly.
+"""The wire codec of messages between a parent and its child: dataclasses sent as plain data, read back strictly.
 
 A request (what a child job is sent) and a response (what it hands back) are
 dataclasses. :func:`encode` turns one into plain data JSON can hold;
