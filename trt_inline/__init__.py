@@ -126,7 +126,7 @@ _EXPORTS = {
     "is_active": "trt_inline.plugin:is_active",
     "uninstall": "trt_inline.plugin:uninstall",
     "VerifyReport": "trt_inline.verify:VerifyReport",
-    "diff": "trt_inline.verify:diff",
+    "diff": "trt_inline.verify.diff:diff",
     "verify": "trt_inline.verify:verify",
 }
 lazy_exports(__name__, _EXPORTS)
@@ -145,16 +145,16 @@ class _FormerName(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        module = importlib.import_module(f"{__name__}.inlining.{spec.name.rpartition('.')[2]}")
-        self._own_spec = module.__spec__
-        return module
+        return importlib.import_module(f"{__name__}.inlining.{spec.name.rpartition('.')[2]}")
 
     def exec_module(self, module: ModuleType) -> None:
-        # The import system has just set the module's __spec__ to the former name's: it keeps its own.
-        module.__spec__ = self._own_spec
+        # The import system has just set the module's __spec__ to the former name's: it keeps its own (found by its
+        # own name, in its package's folder).
+        module.__spec__ = importlib.util.spec_from_file_location(module.__name__, module.__file__)
 
 
-if not any(isinstance(finder, _FormerName) for finder in _sys.meta_path):
+# (once per process: by the class's name, since a package imported again defines the class again)
+if not any(type(finder).__qualname__ == _FormerName.__qualname__ for finder in _sys.meta_path):
     _sys.meta_path.append(_FormerName())
 
 # The operators a saved file may call, where torch's entry point did not define them: once torch is imported.

@@ -2,7 +2,7 @@
 
 Each error a user can cause names the node, submodule, file or archive entry it
 is about, so that a failing save or check of a large model points at the place
-to look. The classes are re-exported where they were first defined
+to look. The classes are re-exported where they were defined before
 (``trt_inline.plugin.PatchError``, ``trt_inline.verify.VerifyInputError``,
 ``trt_inline.fixing.FixError``, ``trt_inline.codec.MessageError``,
 ``trt_inline.isolation.sandbox.SandboxUnavailable``). (Exceptions a module raises and

@@ -13,8 +13,8 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-# The switches' names and their one parser live where the entry point, which runs before trt_inline can be
-# imported, reads them too.
+# The switches' names and their one parser live where the entry point, which runs while torch is being imported,
+# reads them too.
 from trt_inline.switches import DISABLE_ENV, env_flag
 
 __all__ = [

@@ -16,6 +16,7 @@ floor of ``python3 .ci/imports``): ``wrapt`` is imported by the first registrati
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
@@ -39,12 +40,15 @@ class _ExportsFirst(ModuleType):
 def lazy_exports(package: str, exports: Mapping[str, str]) -> None:
     """Give ``package`` (being imported) the names ``exports`` lists, each imported on its first use (PEP 562's
     ``__getattr__`` and ``__dir__``) and then bound in the package: ``exports[N]`` is ``"module"`` (the module
-    itself) or ``"module:attribute"``."""
+    itself) or ``"module:attribute"``. Its submodules are its attributes too, each imported on its first use."""
     module = sys.modules[package]
 
     def __getattr__(name: str) -> Any:
         where = exports.get(name)
         if where is None:
+            # A submodule, as the package was read before its names were imported on first use (trt_inline.package).
+            if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+                return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module_name, _, attribute = where.partition(":")
         value = importlib.import_module(module_name)

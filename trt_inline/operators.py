@@ -12,8 +12,8 @@ them once torch is imported (:func:`define_once_torch_is_imported`). Either way 
 :mod:`trt_inline.switches` and the kernels below, which import the package's own on their first call
 (the rank check not even then, where no process group is initialized): defining them takes a fraction
 of a millisecond and imports nothing of the package. torch refuses a second definition: a second call
-defines nothing. This module imports nothing but the standard library and :mod:`trt_inline.switches` at
-import; torch only when it defines the operators.
+defines nothing. This module imports nothing but the standard library, :mod:`trt_inline.switches` and
+:mod:`trt_inline.importing` at import; torch only when it defines the operators.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from trt_inline.switches import (
     REFERENCE_ENGINE_OP,
     REFERENCE_ENGINE_SCHEMA,
     checks_ranks,
-    entry_points_run,
+    our_entry_point_runs,
 )
 
 __all__ = [
@@ -151,14 +151,19 @@ def define_all() -> None:
 
 
 def define_once_torch_is_imported() -> None:
-    """Define both operators once torch is imported: now, where it is; where torch is being imported, its entry
-    point does (this is its import of the package); where it is not imported yet, when its import completes, unless
-    torch's entry points will run then (``TORCH_DEVICE_BACKEND_AUTOLOAD``, as torch reads it), ours among them.
-    (Waiting costs ``wrapt``'s import, 0.1 s, which the ``trt-inline`` command would pay before it starts its
-    child's interpreter.)"""
+    """Define both operators once torch is imported: now, where it is; otherwise by our entry point, where torch will
+    run it (``TORCH_DEVICE_BACKEND_AUTOLOAD``, as torch reads it, and the entry point installed:
+    :func:`~trt_inline.switches.our_entry_point_runs`), or else when torch's import completes. (Waiting costs
+    ``wrapt``'s import, 0.1 s, which the ``trt-inline`` command would pay before it starts its child's
+    interpreter.) Where torch is being imported (it is running its entry points: ours, or another that imports
+    the package), the entry point or this call defines them now, at the end of torch's import."""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        if not getattr(getattr(torch, "__spec__", None), "_initializing", False):
-            define_all()
-    elif not entry_points_run():
+    importing = torch is not None and getattr(getattr(torch, "__spec__", None), "_initializing", False)
+    if torch is not None and not importing:
+        define_all()
+    elif our_entry_point_runs():
+        return  # (it defines them at the end of torch's import; where that is now, it is about to)
+    elif importing:
+        define_all()
+    else:
         when_imported(("torch",), lambda torch: define_all())

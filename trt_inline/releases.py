@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-# The two Torch-TensorRT modules the plugin patches: named where the import hook (which runs at
-# `import torch`, before trt_inline can be imported) needs them.
+# The two Torch-TensorRT modules the plugin patches: named where the import hook (registered at `import torch`, by
+# the entry point, which imports no torch itself) needs them.
 from trt_inline.switches import COMPILE as COMPILE_MODULE
 from trt_inline.switches import EXPORTER as EXPORTER_MODULE
 

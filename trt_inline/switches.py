@@ -1,13 +1,12 @@
-"""What must be known before ``trt_inline`` itself can be imported: the environment switches, watched modules, ops.
+"""What must be known while torch is still being imported: the environment switches, watched modules, operators.
 
 The ``torch.backends`` entry point (:mod:`trt_inline.autoload`) runs while torch
-is still being imported, so it cannot import the ``trt_inline`` package (which
-imports torch); the package's own modules read the same names and the same
-parser from here, and the names and schemas of the operators both define (the
-entry point at ``import torch``, the package where the entry point did not run).
-This module imports nothing but the standard library, and it is the lowest floor
-of ``python3 .ci/imports``: it imports nothing of trt-inline, so no import circle
-passes through it.
+is still being imported, so it reads the switches, the Torch-TensorRT modules it
+watches and the names and schemas of the operators (:mod:`trt_inline.operators`)
+from here, with nothing that imports torch; the package's own modules read the
+same names and the same parser. This module imports nothing but the standard
+library, and it is on the lowest floor of ``python3 .ci/imports``: it imports
+nothing of trt-inline, so no import circle passes through it.
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "AUTOLOAD_ENV", "CHECK_RANKS_ENV", "COMPILE", "DISABLE_ENV", "EXPORTER", "RANK_CHECK_OP", "RANK_CHECK_SCHEMA",
-    "REFERENCE_ENGINE_OP", "REFERENCE_ENGINE_SCHEMA", "checks_ranks", "disabled_by_env", "entry_points_run", "env_flag",
+    "AUTOLOAD_ENV", "CHECK_RANKS_ENV", "COMPILE", "DISABLE_ENV", "DISTRIBUTION", "ENTRY_POINT", "EXPORTER",
+    "RANK_CHECK_OP", "RANK_CHECK_SCHEMA", "REFERENCE_ENGINE_OP", "REFERENCE_ENGINE_SCHEMA", "checks_ranks",
+    "disabled_by_env", "entry_points_run", "env_flag", "our_entry_point_runs",
 ]  # fmt: skip
 
 # The Torch-TensorRT modules whose import the entry point waits for.
@@ -26,6 +26,9 @@ COMPILE = "torch_tensorrt._compile"
 DISABLE_ENV = "TRT_INLINE_DISABLE"
 # torch runs its torch.backends entry points (ours: trt_inline.autoload) at import unless this is other than 1.
 AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+# The distribution, and its torch.backends entry point (pyproject.toml).
+DISTRIBUTION = "trt-inline"
+ENTRY_POINT = "trt_inline.autoload:register"
 # TRT_INLINE_CHECK_RANKS=0: a rank file runs and loads on any rank (its embedded check and the patched
 # torch_tensorrt.load's check of its rank manifest both let it through).
 CHECK_RANKS_ENV = "TRT_INLINE_CHECK_RANKS"
@@ -67,6 +70,20 @@ def disabled_by_env() -> bool:
 def entry_points_run() -> bool:
     """Whether ``import torch`` runs the ``torch.backends`` entry points (ours among them), as torch decides it."""
     return os.environ.get(AUTOLOAD_ENV, "1") == "1"
+
+
+def our_entry_point_runs() -> bool:
+    """Whether ``import torch`` runs trt-inline's entry point: torch runs entry points (:func:`entry_points_run`) and
+    the installed distribution declares ours (not so where the package is only on the import path)."""
+    if not entry_points_run():
+        return False
+    import importlib.metadata  # (torch imports it anyway, to run its entry points)
+
+    try:
+        declared = importlib.metadata.distribution(DISTRIBUTION).entry_points
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any(entry.group == "torch.backends" and entry.value == ENTRY_POINT for entry in declared)
 
 
 def checks_ranks() -> bool:

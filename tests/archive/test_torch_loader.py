@@ -177,13 +177,15 @@ def test_the_entry_point_and_the_package_define_the_same_operators(
 
 
 _BROKEN_DEFINITION = """
-    import sys, warnings, torch
+    import os, sys, warnings, torch
 
     def broken(*args, **kwargs):
         raise RuntimeError("custom ops broken")
 
-    # As torch runs its entry points: at the end of its own import, which is not complete yet.
+    # As torch runs its entry points, ours among them: at the end of its own import, which is not complete yet (torch
+    # was imported without them, so that this process runs ours as torch would).
     real, torch.library.custom_op = torch.library.custom_op, broken
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
     torch.__spec__._initializing = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -226,20 +228,71 @@ def test_a_failed_definition_is_one_warning_and_trt_inline_load_defines_it(
 
 _IMPORTED_FIRST = """
     import json, sys
+    import importlib.metadata as metadata
+
+    if sys.argv[1] == "not installed":  # (the package on the import path only: torch finds no entry point of ours)
+        entry_points, distribution = metadata.entry_points, metadata.distribution
+        metadata.entry_points = lambda **kw: [] if kw.get("group") == "torch.backends" else entry_points(**kw)
+
+        def distribution(name, found=distribution):
+            if name == "trt-inline":
+                raise metadata.PackageNotFoundError(name)
+            return found(name)
+
+        metadata.distribution = distribution
     import trt_inline
 
     first = sorted(m for m in sys.modules if m.startswith(("torch", "trt_inline")) and "." not in m)
     import torch
 
     print(json.dumps({"first": first, "defined": [hasattr(torch.ops.trt_inline, name) for name in
-                                                  ("execute_engine", "check_ranks")]}))
+                                                  ("execute_engine", "check_ranks")],
+                      "entry point ran": "trt_inline.autoload" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize(("autoload", "installed"), [("1", "installed"), ("0", "installed"), ("1", "not installed")])
+def test_import_trt_inline_imports_no_torch_and_torch_then_has_the_operators(autoload: str, installed: str) -> None:
+    """``import trt_inline`` first: no torch (PEP 562), and the operators defined when torch is imported after it,
+    by the entry point or, where it does not run (switched off, or not installed), by the package's wait for
+    torch."""
+    done = _fresh(_IMPORTED_FIRST, installed, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ran = autoload == "1" and installed == "installed"
+    assert json.loads(done.stdout) == {"first": ["trt_inline"], "defined": [True, True], "entry point ran": ran}
+
+
+_INSIDE_TORCHS_IMPORT = """
+    import sys, torch
+
+    torch.__spec__._initializing = True   # as while torch runs its entry points: another's imports the package
+    import trt_inline
+    torch.__spec__._initializing = False
+    print(hasattr(torch.ops.trt_inline, "execute_engine"), hasattr(torch.ops.trt_inline, "check_ranks"))
 """
 
 
 @pytest.mark.parametrize("autoload", ["1", "0"])
-def test_import_trt_inline_imports_no_torch_and_torch_then_has_the_operators(autoload: str) -> None:
-    """``import trt_inline`` first: no torch (PEP 562), and the operators defined when torch is imported after it,
-    by the entry point or, without it, by the package's wait for torch."""
-    done = _fresh(_IMPORTED_FIRST, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
+def test_the_package_imported_inside_torchs_import_leaves_no_operator_undefined(autoload: str) -> None:
+    """Imported while torch is still being imported: ours defines them where it runs (autoload on, before this), the
+    package at once where it does not."""
+    done = _fresh(_INSIDE_TORCHS_IMPORT, TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout) == {"first": ["trt_inline"], "defined": [True, True]}
+    assert done.stdout.split() == ["True", "True"]
+
+
+_SUBMODULES = """
+    import sys
+    import trt_inline
+
+    assert "torch" not in sys.modules
+    print(trt_inline.package.__name__, trt_inline.isolation.reusing_interpreter.__name__, trt_inline.verify.__name__)
+"""
+
+
+def test_the_packages_submodules_are_its_attributes_after_import_trt_inline() -> None:
+    """As when the package imported them all: ``trt_inline.package.load_package`` after a plain ``import trt_inline``
+    (each imported on its first use), and ``trt_inline.verify`` still the function."""
+    done = _fresh(_SUBMODULES)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["trt_inline.package", "reusing_interpreter", "verify"]

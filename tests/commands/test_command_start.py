@@ -93,6 +93,10 @@ def test_the_commands_that_fork_a_child_start_its_interpreter_first() -> None:
         assert not forks_a_child(argv), argv
 
 
+# The `trt-inline` command as a module (the script runs the same main: test_the_command_starts_..._before_torch).
+COMMAND = ("-m", "trt_inline")
+
+
 @pytest.mark.heavy
 def test_the_command_starts_the_childs_interpreter_before_torch() -> None:
     """``main`` (the ``trt-inline`` script's, and ``python -m trt_inline``'s: the same function) starts the child's
@@ -112,6 +116,54 @@ def test_the_command_starts_the_childs_interpreter_before_torch() -> None:
     assert proc.stdout.strip() == "[(False, ['inspect', 'missing.pt2'])] 2", proc.stdout + proc.stderr
 
 
+def _processes_marked(mark: str) -> list[int]:
+    """The processes whose environment holds ``TRT_INLINE_TEST_MARK=mark`` (a child interpreter keeps it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"TRT_INLINE_TEST_MARK={mark}".encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_command_forks_its_child_from_the_interpreter_it_started_first(saved_seed: SavedSeed) -> None:
+    """The verdict is the same, the child is forked from the interpreter started before this process imported
+    torch (its environment is the one a child gets: no second one started), and nothing outlives the command."""
+    mark = f"fork-{id(saved_seed)}"
+    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin", "TRT_INLINE_TEST_MARK": mark}
+    proc = new_interpreter(*COMMAND, "--debug", "verify", saved_seed.good, cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("PASS"), proc.stdout + proc.stderr
+    assert "forking the child from the interpreter started before this process imported torch" in proc.stderr
+    assert "starting another" not in proc.stderr, proc.stderr
+    assert _processes_marked(mark) == []
+
+
+def test_a_refusal_stops_the_interpreter_started_for_nothing(tmp_path: Path) -> None:
+    mark = f"refusal-{tmp_path.name}"
+    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin", "TRT_INLINE_TEST_MARK": mark}
+    proc = new_interpreter(*COMMAND, "verify", tmp_path / "missing.pt2", cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("missing.pt2: no such file"), proc.stderr
+    assert _processes_marked(mark) == []
+
+
+def test_the_command_ends_on_a_closed_pipe_with_its_status(saved_seed: SavedSeed) -> None:
+    """Its end skips the interpreter's teardown: the status and stderr are still those of a closed pipe."""
+    process = subprocess.Popen(
+        [sys.executable, *COMMAND, "verify", str(saved_seed.good)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# (stdin and stdout: the pair a socket of the interpreter would be given first, the case that breaks it)
+@pytest.mark.heavy
 @pytest.mark.parametrize("closed", ["stdin and stdout"])
 def test_the_command_with_a_standard_descriptor_closed_ends_as_the_module_does(
     saved_seed: SavedSeed, closed: str, tmp_path: Path

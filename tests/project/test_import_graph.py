@@ -6,6 +6,8 @@ passes first, so that the failure is the plant's.
 
 from __future__ import annotations
 
+import ast
+import importlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -107,3 +109,36 @@ def test_an_import_planted_in_a_light_module_is_found(
     assert f"import circles (every import, deferred ones too): {1 if circle else 0}" in lines, done.stdout
     if circle:
         assert len(circles) == 1 and set(circle) <= set(circles[0]), done.stdout
+
+
+def _type_checking_imports(path: Path) -> dict[str, str]:
+    """What ``path``'s ``if TYPE_CHECKING:`` block imports: {name bound: "module:attribute"} (a module as
+    "package:module", as a lazy export of it may be written)."""
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom) and statement.module, ast.dump(statement)
+                for alias in statement.names:
+                    found[alias.asname or alias.name] = f"{statement.module}:{alias.name}"
+    return found
+
+
+def _as_written(where: str) -> str:
+    """A lazy export's target as ``module:attribute``; a module export (``trt_inline.inlining.passes``) as its
+    package's attribute."""
+    if ":" in where:
+        return where
+    package, _, name = where.rpartition(".")
+    return f"{package}:{name}"
+
+
+@pytest.mark.parametrize("package", ["trt_inline", "trt_inline.isolation", "trt_inline.verify"])
+def test_the_names_imported_on_first_use_are_the_ones_the_graph_reads(package: str) -> None:
+    """A lazy export's import is a string ``.ci/imports`` cannot read: each is also in the package's
+    ``if TYPE_CHECKING:`` block, which it does read (and the type checker with it), and the two say the same."""
+    module = importlib.import_module(package)
+    exports = {name: _as_written(where) for name, where in vars(module)["_exports"].items()}
+    path = Path(module.__spec__.origin)  # (``trt_inline.verify`` is the function: the package's own file)
+    assert len(exports) >= 10, exports  # (the check has something to hold)
+    assert _type_checking_imports(path) == exports

@@ -1,6 +1,7 @@
 """A child interpreter's command line and environment, and the interpreter the children are forked from.
 
-These are known before ``trt_inline`` (and so torch) is imported, so the ``trt-inline`` command
+These are known before torch is imported (this module and the package's ``__init__`` import only the standard
+library), so the ``trt-inline`` command
 (:mod:`trt_inline.__main__`) starts the interpreter its child will be forked from first, and imports
 torch while that interpreter imports it too: on two cores the two imports overlap rather than follow
 one another. Such an interpreter's loop (:func:`fork_per_job`: a job over a UNIX socket, a child forked

@@ -4,10 +4,11 @@
 a partitioned module of ``_run_on_acc_N`` engines (:class:`ReferenceEngine`) and
 ``_run_on_gpu_N`` fallbacks: the importable Torch-TensorRT release's own pipeline
 where there is one (its dry run, engines replaced), trt-inline's own otherwise.
-Importing this package defines the engine op ``torch.ops.trt_inline.execute_engine``
-(what loading a saved file needs) unless trt-inline's entry point defined it at
-``import torch``; the partitioners, which reach into ``torch.fx.passes.splitter_base``
-or a release, are imported only when ``compile`` is first used.
+The engine op ``torch.ops.trt_inline.execute_engine`` (what loading a saved file
+needs) is defined by trt-inline's entry point at ``import torch``, or by ``import
+trt_inline`` where that did not run (:mod:`trt_inline.operators`); the partitioners,
+which reach into ``torch.fx.passes.splitter_base`` or a release, are imported only
+when ``compile`` is first used.
 
 =============  =====================================================================
 module         concern

@@ -45,6 +45,8 @@ use it (``inspect``, ``check``, the JUnit file, the chart, rank sets) are :mod:`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trt_inline.errors import UnsafeArchiveError, VerifyInputError
 from trt_inline.importing import lazy_exports
 from trt_inline.verify.compare import default_tolerance
@@ -53,6 +55,21 @@ from trt_inline.verify.options import Inputs, Isolation, Outputs, Reference, Tol
 from trt_inline.verify.report import OutputComparison, VerifyReport, describe_value
 from trt_inline.verify.structure import structural_problems
 from trt_inline.verify.verifier import verify
+
+if TYPE_CHECKING:
+    from trt_inline.archive import AOTI_PACKAGE as AOTI_PACKAGE
+    from trt_inline.archive import EXPORTED_PROGRAM as EXPORTED_PROGRAM
+    from trt_inline.archive import REFERENCE_IO_FILE as REFERENCE_IO_FILE
+    from trt_inline.archive import EngineBoundary as EngineBoundary
+    from trt_inline.archive import LoadedFile as LoadedFile
+    from trt_inline.archive import ReferenceIO as ReferenceIO
+    from trt_inline.archive import capture_reference_io as capture_reference_io
+    from trt_inline.archive import classify_file as classify_file
+    from trt_inline.archive import decode_reference_io as decode_reference_io
+    from trt_inline.archive import encode_reference_io as encode_reference_io
+    from trt_inline.archive import load as load
+    from trt_inline.archive import load_exported_program as load_exported_program
+    from trt_inline.archive import open_file as open_file
 
 # The archive's names, importable from here as before the archive package held them (``from trt_inline.verify import
 # load``): defined in trt_inline.archive only, each imported from there on its first use here.
@@ -79,4 +96,5 @@ __all__ = [
     "diff",
     "structural_problems",
     "verify",
+    *_FORMER_HOMES,
 ]
