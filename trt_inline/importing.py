@@ -68,10 +68,12 @@ def when_imported(names: Sequence[str], callback: Callable[[ModuleType], object]
     """Run ``callback(module)`` once each module of ``names`` has been imported: at once for one imported already,
     otherwise as soon as its import has executed it. ``callback`` must not raise (it runs inside the importer's
     ``import``)."""
-    waiting = [name for name in names if name not in sys.modules]
+    waiting = []
     for name in names:
         if name in sys.modules:
             callback(sys.modules[name])
+        else:
+            waiting.append(name)
     if waiting:
         import wrapt  # (0.1 s: not for modules imported already)
 

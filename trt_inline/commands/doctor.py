@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from trt_inline import switches
 from trt_inline.commands.output import print_text
 from trt_inline.errors import TrtInlineError, first_line, printable
 
@@ -76,7 +77,7 @@ def _rehearsal_pipeline() -> str:
 
 def _entry_point() -> str | None:
     for entry in importlib.metadata.entry_points(group="torch.backends"):
-        if entry.value.startswith("trt_inline.autoload"):
+        if entry.value == switches.ENTRY_POINT:
             return f"{entry.name} = {entry.value}"
     return None
 
@@ -84,7 +85,7 @@ def _entry_point() -> str | None:
 def doctor() -> list[Finding]:
     import torch
 
-    from trt_inline import plugin, switches
+    from trt_inline import plugin
 
     findings = [Finding("torch", torch.__version__)]
     trt_text, trt_installed, trt_importable = _package_status("torch_tensorrt", "torch_tensorrt")
